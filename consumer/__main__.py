@@ -1,0 +1,56 @@
+"""`python -m consumer --tasks myapp.tasks`: run a consumer until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shared.errors import ConfigError
+from shared.logs import configure
+from shared.settings import ConsumerSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m consumer",
+        description="Receive tock jobs from SQS and run their handlers. "
+                    "Settings come from TOCK_* environment variables.")
+    parser.add_argument("--tasks", action="append", required=True, metavar="MODULE",
+                        help="module whose @task handlers to run (repeatable)")
+    parser.add_argument("--queues", help="comma-separated tock queues (default TOCK_QUEUES "
+                                         "or 'default')")
+    parser.add_argument("--concurrency", type=int, help="handlers run at once")
+    args = parser.parse_args(argv)
+    overrides: dict[str, object] = {}
+    if args.queues:
+        overrides["queues"] = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if args.concurrency is not None:
+        overrides["concurrency"] = args.concurrency
+    try:
+        settings = ConsumerSettings.load(**overrides)
+    except ConfigError as exc:
+        print(f"tock consumer: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log_format, settings.log_level, "consumer")
+    for module in args.tasks:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            print(f"tock consumer: cannot import task module {module!r}: {exc}",
+                  file=sys.stderr)
+            return 2
+    from consumer.tasks import registry
+    from consumer.worker import Consumer
+
+    if not registry.kinds():
+        print(f"tock consumer: no @task handlers registered by {args.tasks}", file=sys.stderr)
+        return 2
+    consumer = Consumer(settings, registry)
+    consumer.stop_flag.install_signal_handlers()
+    consumer.run_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

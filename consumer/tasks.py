@@ -1,0 +1,108 @@
+"""Registering handlers, and what a handler is given.
+
+    from consumer import task, TaskContext
+
+    @task("email", max_attempts=5, timeout=30)
+    def send_email(payload: dict, ctx: TaskContext) -> None:
+        ...
+
+A handler returns to succeed, raises to fail (retried with backoff until max_attempts),
+raises `shared.errors.Permanent` to go dead at once, or `RetryAfter(seconds)` to choose
+its own delay. Execution is at least once: make handlers idempotent (see README).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shared import validation
+from shared.errors import InvalidInput
+
+Handler = Callable[[Any, "TaskContext"], Any]
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a running handler knows about its job."""
+
+    job_id: int
+    kind: str
+    queue: str
+    attempt: int
+    """1 for the first attempt."""
+    max_attempts: int
+    scheduled_at: datetime
+    """The job's run_at: when it was due (for a recurring job, its slot time)."""
+    deadline: datetime
+    """When the attempt times out; the handler should stop by then."""
+    tenant: str | None
+    key: str | None
+    cancelled: threading.Event = field(repr=False)
+    """Set when the handler should stop: timeout, lease lost (e.g. cancelled by an operator),
+    or shutdown. Long handlers should check it (`ctx.cancelled.is_set()`) and return."""
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+class Abandon(Exception):
+    """Raise to walk away from a job as a killed worker would: nothing is recorded and its
+    lease is left to expire, so the timer recovers it. For chaos drills and demos."""
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str
+    handler: Handler
+    max_attempts: int | None
+    timeout_seconds: float | None
+
+
+class Registry:
+    """Handlers by kind."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    def add(self, kind: str, handler: Handler, *, max_attempts: int | None = None,
+            timeout: float | None = None) -> Task:
+        validation.kind(kind)
+        if kind in self._tasks and self._tasks[kind].handler is not handler:
+            raise InvalidInput(f"a handler for kind {kind!r} is already registered: "
+                               f"{self._tasks[kind].handler!r}")
+        entry = Task(kind, handler, validation.max_attempts(max_attempts),
+                     validation.timeout_seconds(timeout))
+        self._tasks[kind] = entry
+        return entry
+
+    def get(self, kind: str) -> Task | None:
+        return self._tasks.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def task(self, kind: str, *, max_attempts: int | None = None,
+             timeout: float | None = None) -> Callable[[Handler], Handler]:
+        """Decorator form of `add`."""
+
+        def register(handler: Handler) -> Handler:
+            self.add(kind, handler, max_attempts=max_attempts, timeout=timeout)
+            return handler
+
+        return register
+
+
+registry = Registry()
+"""The registry `python -m consumer --tasks module` runs: `@task` adds to it."""
+
+
+def task(kind: str, *, max_attempts: int | None = None,
+         timeout: float | None = None) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of `kind`. `max_attempts` and
+    `timeout` (seconds) apply to jobs of this kind enqueued without their own."""
+    return registry.task(kind, max_attempts=max_attempts, timeout=timeout)

@@ -1,0 +1,130 @@
+"""A local SQS server process: LocalStack (native, own venv) or moto's server.
+
+LocalStack is what `make run`, the end-to-end tests and the benchmarks use; moto's server
+starts in a fraction of a second but scans the whole queue on every call, so it is only
+fit for small tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from devstack.ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCALSTACK_VENV = Path(os.environ.get("TOCK_LOCALSTACK_VENV", ROOT / ".localstack-venv"))
+
+
+@dataclass
+class SqsServer:
+    """A running local SQS endpoint; `env()` gives the AWS variables that point at it."""
+
+    endpoint: str
+    process: subprocess.Popen[bytes]
+    work_dir: Path
+    kind: str
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL_SQS": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            # hypercorn sometimes ignores SIGTERM: TERM, wait, then KILL.
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, check: str) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"SQS server exited early:\n{log.read_text()[-3000:]}")
+        try:
+            resp = httpx.get(url, timeout=1)
+            if check in resp.text:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"SQS server not ready after 90 s:\n{log.read_text()[-3000:]}")
+
+
+def start_localstack() -> SqsServer:
+    """Start LocalStack natively from its pinned venv (see localstack/requirements.txt)."""
+    python = LOCALSTACK_VENV / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(
+            f"LocalStack venv missing at {LOCALSTACK_VENV}: run `make localstack-venv`."
+        )
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="tock-localstack-"))
+    env = {
+        **os.environ,
+        "SERVICES": "sqs",
+        "EAGER_SERVICE_LOADING": "1",
+        "GATEWAY_LISTEN": f"127.0.0.1:{port}",
+        "LOCALSTACK_HOST": f"127.0.0.1:{port}",
+        "GATEWAY_SERVER": "hypercorn",
+        "SQS_ENDPOINT_STRATEGY": "off",
+        "SQS_DISABLE_CLOUDWATCH_METRICS": "1",
+        "DNS_ADDRESS": "0",
+        "DISABLE_EVENTS": "1",
+        "SKIP_SSL_CERT_DOWNLOAD": "1",
+        "PERSISTENCE": "0",
+        "FILESYSTEM_ROOT": str(work),
+        "XDG_CACHE_HOME": str(LOCALSTACK_VENV / ".cache"),
+    }
+    log = work / "localstack.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(python), "-m", "localstack.runtime.main"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    _wait_ready(f"{endpoint}/_localstack/health", proc, log, '"sqs": "running"')
+    return SqsServer(endpoint, proc, work, "localstack")
+
+
+def start_moto() -> SqsServer:
+    """Start moto's server (small tests only: it scans the whole queue on every call)."""
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="tock-moto-"))
+    log = work / "moto.log"
+    moto_server = Path(sys.executable).parent / "moto_server"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(moto_server), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    _wait_ready(f"{endpoint}/moto-api/", proc, log, "")
+    return SqsServer(endpoint, proc, work, "moto")
+
+
+def start_sqs(kind: str = "localstack") -> SqsServer:
+    """Start the named local SQS server: `localstack` or `moto`."""
+    if kind == "localstack":
+        return start_localstack()
+    if kind == "moto":
+        return start_moto()
+    raise ValueError(f"unknown SQS server {kind!r}: expected 'localstack' or 'moto'")

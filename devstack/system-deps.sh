@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install what tock's local stack needs from the OS when it is missing: PostgreSQL server
+# binaries and Chromium (used by the dashboard's browser tests).
+set -euo pipefail
+need=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
+  || need+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+echo "installing system packages: ${need[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "missing ${need[*]} and no apt-get here: install them with your package manager" >&2
+  exit 1
+fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

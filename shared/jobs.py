@@ -1,0 +1,66 @@
+"""The job handle returned by the client, and its attempt history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from shared.states import AttemptOutcome, JobState
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One finished attempt of a job."""
+
+    attempt: int
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: AttemptOutcome
+    error: str | None
+    traceback: str | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as stored. `created` is False when `schedule(key=...)` found an existing job."""
+
+    id: int
+    kind: str
+    queue: str
+    payload: Any
+    priority: int
+    state: JobState
+    run_at: datetime
+    attempt: int
+    max_attempts: int | None
+    timeout_seconds: float | None
+    unique_key: str | None
+    tenant: str | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    dispatch_token: UUID | None
+    dispatched_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    created: bool = True
+    attempts: tuple[Attempt, ...] = field(default=())
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...], *, created: bool = True) -> Job:
+        """Build from a row selected with `sql.JOB_COLUMNS`."""
+        names = [f for f in cls.__dataclass_fields__ if f not in ("created", "attempts")]
+        values = dict(zip(names, row, strict=True))
+        values["state"] = JobState(values["state"])
+        return cls(**values, created=created)
+
+
+def attempt_from_row(row: tuple[Any, ...]) -> Attempt:
+    values = list(row)
+    values[4] = AttemptOutcome(values[4])
+    return Attempt(*values)

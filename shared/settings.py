@@ -1,0 +1,124 @@
+"""Typed settings, one object per process, read from `TOCK_*` environment variables and
+validated at start-up.
+
+AWS endpoint, region and credentials are not tock settings: boto3 reads them the standard
+way (`AWS_ENDPOINT_URL_SQS`, `AWS_DEFAULT_REGION`, `AWS_ACCESS_KEY_ID`, instance roles ...),
+so the same code runs against LocalStack and real SQS.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Self
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class CommonSettings(BaseSettings):
+    """Settings every process reads."""
+
+    model_config = SettingsConfigDict(env_prefix="TOCK_", extra="ignore")
+
+    database_url: str = Field(
+        default="postgresql://postgres@127.0.0.1:5432/tock",
+        description="Postgres URL (libpq form).",
+    )
+    queue_prefix: str = Field(
+        default="tock-", pattern=r"^[A-Za-z0-9_-]{0,15}$",
+        description="SQS queue name = prefix + tock queue name.",
+    )
+    log_format: Literal["json", "human"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    sqs_call_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+
+    @classmethod
+    def load(cls, **overrides: object) -> Self:
+        """Read the environment, apply overrides, and turn validation errors into one
+        readable `ConfigError`."""
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            lines = [
+                f"  TOCK_{'_'.join(str(p) for p in e['loc']).upper() or '?'}: {e['msg']}"
+                for e in exc.errors()
+            ]
+            raise ConfigError("invalid settings:\n" + "\n".join(lines)) from None
+
+
+class ClientSettings(CommonSettings):
+    """The producer client."""
+
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
+    default_queue: str = Field(default="default", pattern=QUEUE_NAME.pattern)
+    pool_max_size: int = Field(default=10, ge=1, le=200)
+
+
+class TimerSettings(CommonSettings):
+    """The timer service."""
+
+    batch_size: int = Field(default=200, ge=1, le=5000, description="Jobs claimed per pass.")
+    send_concurrency: int = Field(default=8, ge=1, le=64,
+                                  description="SendMessageBatch calls in flight.")
+    max_idle_seconds: float = Field(
+        default=1.0, gt=0, le=60,
+        description="Longest sleep without a pass, even with nothing due (covers lost NOTIFYs).",
+    )
+    notify_horizon_seconds: float = Field(default=60.0, ge=0)
+    dispatch_timeout_seconds: float = Field(
+        default=300.0, ge=5,
+        description="A job still `dispatched` this long after dispatch is sent again.",
+    )
+    maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
+    backoff_base_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0)
+    default_max_attempts: int = Field(default=5, ge=1, le=1000)
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.backoff_cap_seconds < self.backoff_base_seconds:
+            raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        return self
+
+
+class ConsumerSettings(CommonSettings):
+    """A consumer process."""
+
+    queues: list[str] = Field(default=["default"], min_length=1)
+    concurrency: int = Field(default=8, ge=1, le=1000, description="Handlers run at once.")
+    lease_seconds: float = Field(default=30.0, ge=1, le=43200)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    visibility_timeout_seconds: int = Field(default=60, ge=1, le=43200)
+    receive_wait_seconds: int = Field(default=2, ge=0, le=20)
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+    backoff_base_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0)
+    default_max_attempts: int = Field(default=5, ge=1, le=1000)
+    default_timeout_seconds: float = Field(default=300.0, gt=0)
+    completion_batch_size: int = Field(default=100, ge=1, le=1000)
+    worker_id: str | None = Field(default=None, max_length=200)
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        bad = [q for q in self.queues if not QUEUE_NAME.match(q)]
+        if bad:
+            raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
+        if self.heartbeat_seconds * 2 > self.lease_seconds:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most half of "
+                f"lease_seconds ({self.lease_seconds}), so one missed beat does not lose the lease"
+            )
+        if self.visibility_timeout_seconds < self.lease_seconds:
+            raise ValueError(
+                f"visibility_timeout_seconds ({self.visibility_timeout_seconds}) must be >= "
+                f"lease_seconds ({self.lease_seconds}), or SQS redelivers a job whose lease holds"
+            )
+        if self.backoff_cap_seconds < self.backoff_base_seconds:
+            raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        return self

@@ -1,0 +1,248 @@
+"""Every SQL statement tock runs against its job tables, named, in one place.
+
+Conventions:
+- Time is a parameter: `coalesce(%(now)s::timestamptz, now())` runs on the database clock
+  in production (leases are judged by one clock, not by many hosts') and lets tests pin it.
+- Every state transition is one guarded statement. The guard is in the WHERE clause; a
+  caller that gets no row back raises a typed error (`LeaseLost`, `StaleMessage`,
+  `InvalidTransition`), never carries on silently.
+- Batches travel as parallel arrays through `unnest`, so one round trip serves many jobs.
+"""
+
+NOW = "coalesce(%(now)s::timestamptz, now())"
+
+JOB_COLUMNS = (
+    "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
+    "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "
+    "dispatched_at, last_error, created_at, updated_at, started_at, finished_at"
+)
+
+# --- producer -------------------------------------------------------------------------------
+
+INSERT_JOBS = f"""
+INSERT INTO tock_jobs (kind, queue, payload, priority, run_at, max_attempts, timeout_seconds,
+                       unique_key, tenant)
+SELECT t.kind, t.queue, t.payload::jsonb, t.priority,
+       coalesce(t.at, {NOW} + make_interval(secs => t.delay)),
+       t.max_attempts, t.timeout_seconds, t.unique_key, t.tenant
+FROM unnest(%(kind)s::text[], %(queue)s::text[], %(payload)s::text[], %(priority)s::smallint[],
+            %(at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
+            %(timeout_seconds)s::float8[], %(unique_key)s::text[], %(tenant)s::text[])
+     AS t(kind, queue, payload, priority, at, delay, max_attempts, timeout_seconds,
+          unique_key, tenant)
+-- A key already taken (even by a row another transaction is inserting right now: we wait
+-- for it) inserts nothing; the caller then reads the existing job.
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+RETURNING {JOB_COLUMNS}
+"""
+
+SELECT_JOBS_BY_KEY = f"SELECT {JOB_COLUMNS} FROM tock_jobs WHERE unique_key = ANY(%(keys)s)"
+
+SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM tock_jobs WHERE id = %(id)s"
+
+SELECT_ATTEMPTS = """
+SELECT attempt, worker, started_at, finished_at, outcome, error, traceback
+FROM tock_attempts WHERE job_id = %(id)s ORDER BY id
+"""
+
+CANCEL_JOB = f"""
+UPDATE tock_jobs
+SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}
+WHERE id = %(id)s AND state IN ('scheduled', 'retrying', 'dispatched', 'running')
+RETURNING {JOB_COLUMNS}
+"""
+
+# A retried job starts its attempt count again; its history keeps the earlier attempts.
+RETRY_JOB = f"""
+UPDATE tock_jobs
+SET state = 'scheduled', run_at = {NOW}, attempt = 0, lease_owner = NULL,
+    lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = {NOW}
+WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+RETURNING {JOB_COLUMNS}
+"""
+
+NOTIFY_DUE = "SELECT pg_notify('tock_due', '')"
+
+# --- timer ------------------------------------------------------------------------------------
+
+# Walk the due index one priority level at a time, highest first: each level is an index
+# range scan in run_at order that stops at LIMIT, so a million far-future rows at a high
+# priority cost nothing when lower levels have due work. SKIP LOCKED lets any number of
+# timers claim side by side: each row goes to exactly one of them.
+CLAIM_DUE = f"""
+WITH due AS (
+    SELECT d.id, d.state AS prev_state
+    FROM generate_series(9, 0, -1) AS p(level)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state FROM tock_jobs j
+        WHERE j.state IN ('scheduled', 'retrying') AND j.priority = p.level
+          AND j.run_at <= {NOW}
+        ORDER BY j.run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) d
+    LIMIT %(limit)s
+)
+UPDATE tock_jobs j
+SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {NOW},
+    updated_at = {NOW}
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
+          extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
+"""
+
+# Sends that SQS refused: back to the state they came from, in the claiming transaction.
+UNDO_DISPATCH = f"""
+UPDATE tock_jobs j
+SET state = t.prev_state, dispatch_token = NULL, dispatched_at = NULL,
+    last_error = t.error, updated_at = {NOW}
+FROM unnest(%(ids)s::bigint[], %(prev_states)s::tock_job_state[], %(errors)s::text[])
+     AS t(id, prev_state, error)
+WHERE j.id = t.id AND j.state = 'dispatched'
+"""
+
+# Earliest due time per level, so the timer can sleep until exactly then.
+NEXT_DUE_AT = """
+SELECT min(n.run_at), clock_timestamp()
+FROM generate_series(0, 9) AS p(level)
+CROSS JOIN LATERAL (
+    SELECT run_at FROM tock_jobs
+    WHERE state IN ('scheduled', 'retrying') AND priority = p.level
+    ORDER BY run_at LIMIT 1
+) n
+"""
+
+# A dispatched job nobody claimed for too long (its message lost, or sent by a timer that
+# died after commit): make it due again; the next claim gives it a new token, so the old
+# message, should it ever arrive, is stale.
+REDISPATCH_STUCK = f"""
+WITH stuck AS (
+    SELECT id FROM tock_jobs
+    WHERE state = 'dispatched'
+      AND dispatched_at < {NOW} - make_interval(secs => %(timeout_seconds)s)
+    ORDER BY dispatched_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tock_jobs j
+SET state = CASE WHEN j.attempt > 0 THEN 'retrying'::tock_job_state
+                 ELSE 'scheduled'::tock_job_state END,
+    dispatch_token = NULL,
+    last_error = 'not claimed within ' || %(timeout_seconds)s || ' s of dispatch; sent again',
+    updated_at = {NOW}
+FROM stuck
+WHERE j.id = stuck.id
+RETURNING j.id
+"""
+
+SELECT_EXPIRED_LEASES = f"""
+SELECT id, attempt, coalesce(max_attempts, %(default_max_attempts)s), lease_owner, started_at,
+       lease_expires_at
+FROM tock_jobs
+WHERE state = 'running' AND lease_expires_at < {NOW}
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# The rows are locked by SELECT_EXPIRED_LEASES in the same transaction; the guard repeats
+# the expiry test so a heartbeat that won the race keeps its job.
+RESCUE_EXPIRED = f"""
+WITH r AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::tock_job_state[],
+                         %(delays)s::float8[], %(errors)s::text[], %(workers)s::text[])
+         AS t(id, attempt, state, delay, error, worker)
+), upd AS (
+    UPDATE tock_jobs j
+    SET state = r.state,
+        run_at = CASE WHEN r.state = 'retrying' THEN {NOW} + make_interval(secs => r.delay)
+                      ELSE j.run_at END,
+        last_error = r.error, lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = CASE WHEN r.state = 'dead' THEN {NOW} END, updated_at = {NOW}
+    FROM r
+    WHERE j.id = r.id AND j.state = 'running' AND j.attempt = r.attempt
+      AND j.lease_expires_at < {NOW}
+    RETURNING j.id, r.attempt, r.error, j.started_at, r.worker
+)
+INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
+SELECT id, attempt, worker, started_at, {NOW}, 'lease_expired', error FROM upd
+RETURNING job_id
+"""
+
+# --- consumer ---------------------------------------------------------------------------------
+
+# dispatched -> running, matched on the message's job id AND dispatch token: a forged, stale
+# or replayed message matches nothing. Task defaults fill max_attempts/timeout left NULL.
+CLAIM_MESSAGES = f"""
+UPDATE tock_jobs j
+SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
+    lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s),
+    started_at = {NOW}, updated_at = {NOW},
+    max_attempts = coalesce(j.max_attempts, m.default_max_attempts),
+    timeout_seconds = coalesce(j.timeout_seconds, m.default_timeout_seconds)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],
+            %(default_timeout_seconds)s::float8[])
+     AS m(id, token, default_max_attempts, default_timeout_seconds)
+WHERE j.id = m.id AND j.state = 'dispatched' AND j.dispatch_token = m.token
+RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds, j.run_at,
+          j.dispatch_token, j.queue, j.tenant, j.unique_key,
+          extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
+"""
+
+# Why a message claimed nothing: for the log line and the counter.
+EXPLAIN_UNCLAIMED = """
+SELECT id, state, dispatch_token FROM tock_jobs WHERE id = ANY(%(ids)s)
+"""
+
+# One statement extends every lease this worker holds; rows not returned are lost leases.
+HEARTBEAT = f"""
+UPDATE tock_jobs j
+SET lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(id, attempt, token)
+WHERE j.id = m.id AND j.state = 'running' AND j.lease_owner = %(worker)s
+  AND j.attempt = m.attempt AND j.dispatch_token = m.token
+RETURNING j.id
+"""
+
+UPSERT_WORKER = f"""
+INSERT INTO tock_workers (id, host, pid, queues, concurrency, in_flight, started_at,
+                          last_heartbeat)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, {NOW}, {NOW})
+ON CONFLICT (id) DO UPDATE
+SET in_flight = EXCLUDED.in_flight, last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
+"""
+
+STOP_WORKER = f"UPDATE tock_workers SET stopped_at = {NOW}, in_flight = 0 WHERE id = %(id)s"
+
+# Outcomes of many attempts in one statement, each fenced on (state, owner, attempt, token):
+# a worker whose lease expired and was taken over matches nothing and writes nothing.
+# `refund` gives the attempt back (a release on shutdown is not a failure).
+FINISH_ATTEMPTS = f"""
+WITH r AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[],
+                         %(states)s::tock_job_state[], %(delays)s::float8[],
+                         %(outcomes)s::tock_attempt_outcome[], %(errors)s::text[],
+                         %(tracebacks)s::text[], %(refunds)s::bool[])
+         AS t(id, attempt, token, state, delay, outcome, error, traceback, refund)
+), upd AS (
+    UPDATE tock_jobs j
+    SET state = r.state,
+        attempt = j.attempt - CASE WHEN r.refund THEN 1 ELSE 0 END,
+        run_at = CASE WHEN r.state IN ('retrying', 'scheduled')
+                      THEN {NOW} + make_interval(secs => r.delay) ELSE j.run_at END,
+        last_error = coalesce(r.error, j.last_error),
+        lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = CASE WHEN r.state IN ('succeeded', 'dead') THEN {NOW} END,
+        updated_at = {NOW}
+    FROM r
+    WHERE j.id = r.id AND j.state = 'running' AND j.lease_owner = %(worker)s
+      AND j.attempt = r.attempt AND j.dispatch_token = r.token
+    RETURNING j.id, j.started_at
+)
+INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error,
+                           traceback)
+SELECT upd.id, r.attempt, %(worker)s, upd.started_at, {NOW}, r.outcome, r.error, r.traceback
+FROM upd JOIN r ON r.id = upd.id
+RETURNING job_id
+"""

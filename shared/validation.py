@@ -1,0 +1,160 @@
+"""Checks on producer input, done before anything is written. Each failure is an
+`InvalidInput` that names the argument and what is wrong with it."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.errors import InvalidInput
+from shared.settings import QUEUE_NAME
+
+KIND = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+MAX_ATTEMPTS_LIMIT = 1000
+MAX_TIMEOUT_SECONDS = 12 * 3600.0
+MAX_KEY_LENGTH = 255
+MAX_TENANT_LENGTH = 128
+MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+
+
+def kind(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"kind must be a non-empty string, got {value!r}")
+    if not KIND.match(value):
+        raise InvalidInput(
+            f"kind {value!r} is not a valid kind: use letters, digits and . _ : - "
+            "(starting with a letter or _), at most 128 characters"
+        )
+    return value
+
+
+def queue(value: object) -> str:
+    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+        raise InvalidInput(
+            f"queue {value!r} is not a valid queue name: 1-64 letters, digits, - or _"
+        )
+    return value
+
+
+def payload(value: object, max_bytes: int) -> str:
+    """The payload as JSON text. NaN and infinity are refused: they are not JSON."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"payload is not JSON-serializable: {exc}") from None
+    size = len(text.encode())
+    if size > max_bytes:
+        raise InvalidInput(f"payload is {size} bytes encoded, over the limit of {max_bytes}")
+    if "\\u0000" in text:
+        raise InvalidInput("payload contains a NUL character, which Postgres jsonb cannot store")
+    return text
+
+
+def aware(name: str, value: object) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(
+            f"{name} must be timezone-aware (naive datetimes are ambiguous): got {value!r}"
+        )
+    return value
+
+
+def finite_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidInput(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def delay_seconds(value: object) -> float:
+    seconds = (
+        value.total_seconds() if isinstance(value, timedelta) else finite_number("delay", value)
+    )
+    if seconds < 0:
+        raise InvalidInput(f"delay must not be negative, got {value!r}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidInput(f"delay must be at most 10 years, got {value!r}")
+    return seconds
+
+
+def run_time(at: object, delay: object) -> tuple[datetime | None, float]:
+    """(at, delay_seconds): exactly one of the two decides run_at; neither means now."""
+    if at is not None and delay is not None:
+        raise InvalidInput("give either at= or delay=, not both")
+    if at is not None:
+        return aware("at", at), 0.0
+    if delay is not None:
+        return None, delay_seconds(delay)
+    return None, 0.0
+
+
+def priority(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"priority must be an integer, got {value!r}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(
+            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY} "
+            f"(higher is dispatched first), got {value}"
+        )
+    return value
+
+
+def max_attempts(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"max_attempts must be an integer, got {value!r}")
+    if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
+    return value
+
+
+def timeout_seconds(value: object) -> float | None:
+    if value is None:
+        return None
+    seconds = (
+        value.total_seconds() if isinstance(value, timedelta)
+        else finite_number("timeout", value)
+    )
+    if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
+        raise InvalidInput(f"timeout must be > 0 and at most 12 hours, got {value!r}")
+    return seconds
+
+
+def optional_text(name: str, value: object, max_length: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+    if len(value) > max_length:
+        raise InvalidInput(f"{name} must be at most {max_length} characters, got {len(value)}")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} must not contain NUL characters")
+    return value
+
+
+def job_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"job id must be a positive integer, got {value!r}")
+    return value
+
+
+def spec_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """Used by schedule_many: refuse unknown keys with a hint instead of ignoring them."""
+    known = {"kind", "payload", "at", "delay", "key", "priority", "queue", "max_attempts",
+             "timeout", "tenant"}
+    unknown = set(spec) - known
+    if unknown:
+        raise InvalidInput(f"unknown job field(s) {sorted(unknown)}; known: {sorted(known)}")
+    if "kind" not in spec:
+        raise InvalidInput("every job needs a kind")
+    return spec
+
+
