@@ -1,0 +1,1 @@
+"""The `tock` command line."""

@@ -1,0 +1,95 @@
+"""`tock`: one command for operators. Each subcommand lives in its own module and registers
+itself with `add_parser(subparsers)`; exit codes: 0 ok, 1 operation refused (e.g. not
+found, invalid transition), 2 bad usage or configuration, 3 a service is unavailable."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from shared.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    TransportError,
+)
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from shared.migrate import migrate
+    from shared.settings import CommonSettings
+
+    settings = CommonSettings.load(**({"database_url": args.database_url}
+                                      if args.database_url else {}))
+    applied = migrate(settings.database_url)
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied
+                                                    else "; database is up to date"))
+    return EXIT_OK
+
+
+def _timer(args: argparse.Namespace) -> int:
+    from timer_service.__main__ import main as timer_main
+
+    return timer_main([])
+
+
+def _consumer(args: argparse.Namespace) -> int:
+    from consumer.__main__ import main as consumer_main
+
+    return consumer_main(args.consumer_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tock", description="tock: a distributed job scheduler on Postgres and SQS. "
+        "Settings come from TOCK_* environment variables.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="apply database migrations")
+    p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
+    p.set_defaults(func=_migrate)
+
+    p = sub.add_parser("timer", help="run a timer instance (python -m timer_service)")
+    p.set_defaults(func=_timer)
+
+    p = sub.add_parser("consumer", help="run a consumer (python -m consumer --tasks MODULE)",
+                       add_help=False)
+    p.add_argument("consumer_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_consumer)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
+    """Subcommand modules beyond the process launchers (jobs, schedules, dashboard...)."""
+    return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Command = args.func
+    try:
+        return func(args)
+    except (InvalidInput, ConfigError) as exc:
+        print(f"tock: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (JobNotFound, InvalidTransition) as exc:
+        print(f"tock: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (DatabaseUnavailable, TransportError) as exc:
+        print(f"tock: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
