@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -73,7 +74,8 @@ def _short(value: Any) -> str:
 def configure(fmt: str, level: str, process_name: str) -> None:
     """Send every tock log line to stderr in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter(process_name))
+    name = os.environ.get("TOCK_PROCESS_NAME", process_name)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter(name))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

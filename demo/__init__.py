@@ -1,0 +1,1 @@
+"""The demo that `make run` shows: task handlers and a producer that keeps enqueuing."""

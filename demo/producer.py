@@ -1,0 +1,40 @@
+"""`python -m demo.producer`: enqueue a mix of demo jobs continuously until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+
+from shared.client import Client
+from shared.errors import TockError
+from shared.lifecycle import StopFlag
+from shared.logs import configure, emit
+from shared.settings import ClientSettings
+
+log = logging.getLogger("tock.demo")
+
+MIX = [("email", 6), ("flaky", 2), ("slow", 1), ("crash", 1)]
+
+
+def main() -> int:
+    settings = ClientSettings.load()
+    configure(settings.log_format, settings.log_level, "producer")
+    stop = StopFlag()
+    stop.install_signal_handlers()
+    kinds = [k for k, weight in MIX for _ in range(weight)]
+    with Client(settings) as client:
+        while not stop.wait(random.uniform(0.5, 1.5)):
+            kind = random.choice(kinds)
+            delay = random.choice([0, 0, 0, 2, 5])
+            try:
+                job = client.schedule(kind, {"demo": True}, delay=delay)
+            except TockError as exc:
+                emit(log, "enqueue_failed", logging.ERROR, error=str(exc))
+                continue
+            emit(log, "job_enqueued", job_id=job.id, kind=kind, delay_s=delay)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

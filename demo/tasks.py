@@ -1,0 +1,39 @@
+"""Demo handlers: `python -m consumer --tasks demo.tasks`.
+
+- email: fast, always succeeds.
+- flaky: fails 60% of the time; retried with backoff, some end dead.
+- slow: runs 6 s; with make run's 3 s lease it lives on heartbeats.
+- crash: the first attempt walks away like a killed worker; the lease expires, the timer
+  rescues the job and a later attempt finishes it.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from consumer import Abandon, TaskContext, task
+
+
+@task("email", max_attempts=3, timeout=10)
+def email(payload: Any, ctx: TaskContext) -> None:
+    """Pretend to send an email."""
+
+
+@task("flaky", max_attempts=4, timeout=10)
+def flaky(payload: Any, ctx: TaskContext) -> None:
+    if random.random() < 0.6:
+        raise RuntimeError(f"upstream said no (attempt {ctx.attempt})")
+
+
+@task("slow", max_attempts=3, timeout=30)
+def slow(payload: Any, ctx: TaskContext) -> None:
+    seconds = float(payload.get("seconds", 6)) if isinstance(payload, dict) else 6.0
+    # Returns early if the job is cancelled, its lease is lost or the worker shuts down.
+    ctx.cancelled.wait(seconds)
+
+
+@task("crash", max_attempts=3, timeout=10)
+def crash(payload: Any, ctx: TaskContext) -> None:
+    if ctx.attempt == 1:
+        raise Abandon()
