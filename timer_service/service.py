@@ -64,6 +64,11 @@ class Timer:
         )
         self.extra_steps: list[Any] = []
         """Callables `step(now) -> int` run each pass (recurring schedules plug in here)."""
+        from timer_service.scheduler import Scheduler, SchedulerSettings
+
+        self.scheduler = Scheduler.from_settings(self.pool, SchedulerSettings.load(
+            database_url=settings.database_url))
+        self.extra_steps.append(self.scheduler.step)
         self.stop_flag = StopFlag()
         self.last_pass_ok: float | None = None
         self._opened = False

@@ -1,0 +1,318 @@
+"""Recurring schedule definitions: what a schedule is, its policies, and the checks that keep
+a bad one out of the database.
+
+A schedule fires on *slots*: for `cron=` the local wall times the expression names in `tz`
+(5 fields, or 6 with seconds first: `"*/15 * * * * *"`); for `every=` the instants
+`anchor + k * every` (absolute elapsed time, the Unix epoch by default, so `every=15 s` fires
+at :00, :15, :30 and :45). Slot arithmetic lives in `shared.schedule_slots`, what a timer
+does with due slots in `shared.schedule_policies`; both are pure functions of `now`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from functools import cache
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from shared import validation
+from shared.errors import InvalidInput, InvalidSchedule, TockError
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+MIN_EVERY = timedelta(seconds=1)
+MAX_EVERY = timedelta(days=366)
+MAX_SPREAD_SECONDS = 86400.0
+MAX_BACKFILL = 10000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class ScheduleNotFound(TockError, LookupError):
+    """No schedule with that name."""
+
+
+class Misfire(StrEnum):
+    """What to do with slots the timers missed (all of them down, or paused by load)."""
+
+    SKIP = "skip"
+    """Record missed slots as missed; the next slot runs (default)."""
+    LATEST = "latest"
+    """Run once for the most recent missed slot; record the others."""
+    ALL = "all"
+    """Run every missed slot (the newest `backfill_max`), spaced `backfill_gap_seconds` apart."""
+
+
+class Overlap(StrEnum):
+    """What to do when a slot comes while an earlier run has not finished."""
+
+    ALLOW = "allow"
+    """Run anyway (default)."""
+    SKIP = "skip"
+    """Record the slot as skipped."""
+    BUFFER_ONE = "buffer_one"
+    """Keep the newest such slot and run it when the earlier run finishes."""
+
+
+class DstGap(StrEnum):
+    """A local time that does not exist (clocks spring forward over it)."""
+
+    SHIFT = "shift"
+    """Run at the first valid instant after the gap (default)."""
+    SKIP = "skip"
+    """Do not run; record the slot as skipped."""
+
+
+class DstFold(StrEnum):
+    """A local time that happens twice (clocks fall back over it)."""
+
+    ONCE = "once"
+    """Run at its first occurrence only (default)."""
+    TWICE = "twice"
+    """Run at both occurrences."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a schedule's slots are: the part of a definition slot arithmetic needs."""
+
+    cron: str | None
+    every: timedelta | None
+    anchor: datetime | None
+    tz: str
+    dst_gap: DstGap = DstGap.SHIFT
+    dst_fold: DstFold = DstFold.ONCE
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return _zone(self.tz)
+
+    def describe(self) -> str:
+        if self.cron is not None:
+            return f"cron {self.cron!r} in {self.tz}"
+        assert self.every is not None
+        every = _human_seconds(self.every.total_seconds())
+        return f"every {every} from {self.anchor:%Y-%m-%dT%H:%M:%SZ}"
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """A validated schedule definition (what `recurring()` stores)."""
+
+    name: str
+    kind: str
+    payload: str
+    """JSON text."""
+    timing: Timing
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int | None = None
+    timeout_seconds: float | None = None
+    tenant: str | None = None
+    misfire: Misfire = Misfire.SKIP
+    misfire_grace_seconds: float = 60.0
+    backfill_max: int = 100
+    backfill_gap_seconds: float = 1.0
+    overlap: Overlap = Overlap.ALLOW
+    spread_seconds: float = 0.0
+    jitter_seconds: float = 0.0
+
+
+def schedule_name(value: object) -> str:
+    """Check a schedule name: it is half of every run key (`name:<slot>`), so no colons."""
+    if not isinstance(value, str) or not NAME.match(value):
+        raise InvalidSchedule(
+            f"schedule name {value!r} is not valid: 1-100 letters, digits and . _ - "
+            "(starting with a letter or digit)")
+    return value
+
+
+def make_spec(name: object, kind: object, payload: Any = None, *,
+              every: object = None, cron: object = None, tz: object = "UTC",
+              start: object = None, queue: object = "default", priority: object = 0,
+              max_attempts: object = None, timeout: object = None, tenant: object = None,
+              misfire: object = "skip", misfire_grace: object = 60.0,
+              backfill_max: object = 100, backfill_gap: object = 1.0,
+              overlap: object = "allow", dst_gap: object = "shift", dst_fold: object = "once",
+              spread: object = 0.0, jitter: object = 0.0,
+              max_payload_bytes: int = 256 * 1024, now: datetime | None = None) -> ScheduleSpec:
+    """Validate every argument of a schedule and return its definition; raises
+    `InvalidSchedule` naming the argument and the problem."""
+    with _schedule_errors():
+        return _make_spec(**{k: v for k, v in locals().items() if k != "now"}, now=now)
+
+
+@contextmanager
+def _schedule_errors() -> Iterator[None]:
+    try:
+        yield
+    except InvalidSchedule:
+        raise
+    except InvalidInput as exc:
+        raise InvalidSchedule(str(exc)) from None
+
+
+def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron: object,
+               tz: object, start: object, queue: object, priority: object,
+               max_attempts: object, timeout: object, tenant: object, misfire: object,
+               misfire_grace: object, backfill_max: object, backfill_gap: object,
+               overlap: object, dst_gap: object, dst_fold: object, spread: object,
+               jitter: object, max_payload_bytes: int, now: datetime | None) -> ScheduleSpec:
+    name = schedule_name(name)
+    if (every is None) == (cron is None):
+        raise InvalidSchedule("give exactly one of every= (an interval) and cron= (an expression)")
+    zone_name = time_zone(tz)
+    gap = _choice("dst_gap", dst_gap, DstGap)
+    fold = _choice("dst_fold", dst_fold, DstFold)
+    if cron is not None:
+        if start is not None:
+            raise InvalidSchedule("start= anchors every= intervals; a cron schedule has no anchor")
+        timing = Timing(cron_expression(cron), None, None, zone_name, gap, fold)
+        _first_fire(timing, now or datetime.now(UTC))
+        period = None
+    else:
+        if zone_name != "UTC":
+            raise InvalidSchedule(
+                "tz= applies to cron schedules: every= intervals are absolute elapsed time "
+                "(for 'every day at 09:00 Berlin time' use cron='0 9 * * *', tz='Europe/Berlin')")
+        interval = interval_of(every)
+        anchor = EPOCH if start is None else validation.aware("start", start).astimezone(UTC)
+        timing = Timing(None, interval, anchor, "UTC", gap, fold)
+        period = interval.total_seconds()
+    misfire_policy = _choice("misfire", misfire, Misfire)
+    overlap_policy = _choice("overlap", overlap, Overlap)
+    if misfire_policy is Misfire.ALL and overlap_policy is not Overlap.ALLOW:
+        raise InvalidSchedule(
+            f"misfire='all' backfills several runs at once, which overlap={overlap_policy.value!r}"
+            " would skip or collapse; use overlap='allow' with it, or misfire='latest'")
+    spread_s = _seconds("spread", spread, 0.0, MAX_SPREAD_SECONDS)
+    jitter_s = _seconds("jitter", jitter, 0.0, MAX_SPREAD_SECONDS)
+    if period is not None and spread_s + jitter_s >= period:
+        raise InvalidSchedule(
+            f"spread + jitter ({spread_s + jitter_s:g} s) must be shorter than the interval "
+            f"({period:g} s), or runs would pass each other")
+    backfill = backfill_max
+    if isinstance(backfill, bool) or not isinstance(backfill, int) or not (
+            1 <= backfill <= MAX_BACKFILL):
+        raise InvalidSchedule(f"backfill_max must be an integer from 1 to {MAX_BACKFILL}, "
+                              f"got {backfill_max!r}")
+    return ScheduleSpec(
+        name=name,
+        kind=validation.kind(kind),
+        payload=validation.payload(payload, max_payload_bytes),
+        timing=timing,
+        queue=validation.queue(queue),
+        priority=validation.priority(priority),
+        max_attempts=validation.max_attempts(max_attempts),
+        timeout_seconds=validation.timeout_seconds(timeout),
+        tenant=validation.optional_text("tenant", tenant, validation.MAX_TENANT_LENGTH),
+        misfire=misfire_policy,
+        misfire_grace_seconds=_seconds("misfire_grace", misfire_grace, 0.0, 7 * 86400.0),
+        backfill_max=backfill,
+        backfill_gap_seconds=_seconds("backfill_gap", backfill_gap, 0.0, 3600.0),
+        overlap=overlap_policy,
+        spread_seconds=spread_s,
+        jitter_seconds=jitter_s,
+    )
+
+
+def cron_expression(value: object) -> str:
+    """A 5-field cron, or 6 fields with seconds first. Raises `InvalidSchedule` saying why."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidSchedule(f"cron must be a non-empty string, got {value!r}")
+    expr = " ".join(value.split())
+    fields = expr.split(" ")
+    if len(fields) not in (5, 6):
+        raise InvalidSchedule(
+            f"cron {value!r} has {len(fields)} fields; use 5 (minute hour day month weekday) "
+            "or 6 (second minute hour day month weekday)")
+    if any(ch in expr.upper() for ch in ("H", "R")) and not re.search(r"[A-Z]{3}", expr.upper()):
+        raise InvalidSchedule(
+            f"cron {value!r}: H and R are not supported; spread runs with spread= instead")
+    try:
+        croniter(expr, datetime(2000, 1, 1), second_at_beginning=len(fields) == 6)  # noqa: DTZ001
+    except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
+        raise InvalidSchedule(f"cron {value!r} is malformed: {exc}") from None
+    return expr
+
+
+def _first_fire(timing: Timing, now: datetime) -> None:
+    from shared.schedule_slots import next_slot
+
+    try:
+        first = next_slot(timing, now)
+    except CroniterBadDateError:
+        first = None
+    if first is None:
+        raise InvalidSchedule(f"cron {timing.cron!r} never fires (no such date in the calendar)")
+
+
+def time_zone(value: object) -> str:
+    """An IANA zone name; an unknown one gets the closest names as hints."""
+    if not isinstance(value, str) or not value:
+        raise InvalidSchedule(f"tz must be an IANA time zone name such as 'Europe/Berlin', "
+                              f"got {value!r}")
+    try:
+        _zone(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        hints = difflib.get_close_matches(value, sorted(available_timezones()), n=3)
+        hint = f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else ""
+        raise InvalidSchedule(f"unknown time zone {value!r}{hint}") from None
+    return value
+
+
+def interval_of(value: object) -> timedelta:
+    """`every=`: a timedelta or seconds, at least 1 s."""
+    if isinstance(value, timedelta):
+        interval = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = validation.finite_number("every", value)
+        interval = timedelta(seconds=seconds)
+    else:
+        raise InvalidSchedule(f"every must be a timedelta or a number of seconds, got {value!r}")
+    if interval <= timedelta(0):
+        raise InvalidSchedule(f"every must be positive, got {interval.total_seconds():g} s")
+    if interval < MIN_EVERY:
+        raise InvalidSchedule(
+            f"every must be at least {MIN_EVERY.total_seconds():g} s, got "
+            f"{interval.total_seconds():g} s")
+    if interval > MAX_EVERY:
+        raise InvalidSchedule(f"every must be at most 366 days, got {interval}")
+    return interval
+
+
+def _choice(name: str, value: object, enum: type[StrEnum]) -> Any:
+    try:
+        return enum(str(value))
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in enum)
+        hints = difflib.get_close_matches(str(value), [m.value for m in enum], n=1)
+        hint = f" (did you mean {hints[0]!r}?)" if hints else ""
+        raise InvalidSchedule(f"{name} must be one of {allowed}, got {value!r}{hint}") from None
+
+
+def _seconds(name: str, value: object, low: float, high: float) -> float:
+    seconds = (value.total_seconds() if isinstance(value, timedelta)
+               else validation.finite_number(name, value))
+    if not low <= seconds <= high:
+        raise InvalidSchedule(f"{name} must be between {low:g} and {high:g} seconds, "
+                              f"got {seconds:g}")
+    return seconds
+
+
+def _human_seconds(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+@cache
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)

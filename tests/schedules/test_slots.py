@@ -1,0 +1,148 @@
+"""Slot arithmetic: boundaries, no drift, DST in three zones, spreading, preview."""
+
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from zoneinfo import ZoneInfo
+
+from shared.schedule_slots import next_slot, preview, slot_key, slots_after, spread_offset
+from shared.schedules import EPOCH, DstFold, DstGap, Timing
+
+
+def utc(*args):
+    return datetime(*args, tzinfo=UTC)
+
+
+def cron(expr, tz="UTC", gap=DstGap.SHIFT, fold=DstFold.ONCE):
+    return Timing(expr, None, None, tz, gap, fold)
+
+
+def take(timing, after, n):
+    return list(islice(slots_after(timing, after), n))
+
+
+def local(slot, tz):
+    return slot.at.astimezone(ZoneInfo(tz)).strftime("%m-%d %H:%M%z")
+
+
+def test_interval_slots_are_strictly_after_and_anchored():
+    every = Timing(None, timedelta(seconds=15), EPOCH, "UTC")
+    assert next_slot(every, utc(2026, 1, 1, 0, 0, 0)).at == utc(2026, 1, 1, 0, 0, 15)
+    assert next_slot(every, utc(2026, 1, 1, 0, 0, 14, 999999)).at == utc(2026, 1, 1, 0, 0, 15)
+    anchored = Timing(None, timedelta(minutes=10), utc(2026, 1, 1, 0, 3), "UTC")
+    assert [s.at for s in take(anchored, utc(2025, 1, 1), 2)] == [
+        utc(2026, 1, 1, 0, 3), utc(2026, 1, 1, 0, 13)]  # nothing before the anchor
+
+
+def test_cron_slot_boundaries_and_seconds_field():
+    c = cron("*/5 * * * *")
+    assert next_slot(c, utc(2026, 5, 1, 10, 4, 59)).at == utc(2026, 5, 1, 10, 5)
+    assert next_slot(c, utc(2026, 5, 1, 10, 5)).at == utc(2026, 5, 1, 10, 10)
+    six = cron("*/20 * * * * *")
+    assert [s.at for s in take(six, utc(2026, 5, 1, 10, 0, 0), 3)] == [
+        utc(2026, 5, 1, 10, 0, 20), utc(2026, 5, 1, 10, 0, 40), utc(2026, 5, 1, 10, 1, 0)]
+
+
+def test_no_drift_restarting_from_any_slot_gives_the_same_sequence():
+    for timing in (cron("7,31 */3 * * *", "Europe/Berlin"),
+                   Timing(None, timedelta(seconds=7), EPOCH, "UTC")):
+        whole = take(timing, utc(2026, 3, 28), 60)
+        stepwise = [next_slot(timing, utc(2026, 3, 28))]
+        while len(stepwise) < 60:
+            stepwise.append(next_slot(timing, stepwise[-1].at))
+        assert whole == stepwise
+
+
+def test_berlin_spring_forward_shift_runs_at_the_first_valid_instant():
+    slots = take(cron("30 2 * * *", "Europe/Berlin"), utc(2026, 3, 27), 4)
+    assert [local(s, "Europe/Berlin") for s in slots] == [
+        "03-27 02:30+0100", "03-28 02:30+0100", "03-29 03:00+0200", "03-30 02:30+0200"]
+    assert slots[2].note == "dst_shifted"
+    assert slots[2].at == utc(2026, 3, 29, 1, 0)
+
+
+def test_berlin_gap_times_shifted_onto_one_instant_fire_once():
+    slots = take(cron("*/20 * * * *", "Europe/Berlin"), utc(2026, 3, 29, 0, 30), 4)
+    assert [local(s, "Europe/Berlin") for s in slots] == [
+        "03-29 01:40+0100", "03-29 03:00+0200", "03-29 03:20+0200", "03-29 03:40+0200"]
+
+
+def test_berlin_spring_forward_skip_leaves_skip_slots():
+    slots = take(cron("30 2 * * *", "Europe/Berlin", gap=DstGap.SKIP), utc(2026, 3, 28, 12), 2)
+    assert slots[0].skip_reason == "dst_nonexistent"
+    assert slots[0].local == datetime(2026, 3, 29, 2, 30)
+    assert slots[1].skip_reason is None
+    assert local(slots[1], "Europe/Berlin") == "03-30 02:30+0200"
+
+
+def test_berlin_fall_back_once_and_twice():
+    once = take(cron("30 2 * * *", "Europe/Berlin"), utc(2026, 10, 24, 12), 2)
+    assert [local(s, "Europe/Berlin") for s in once] == ["10-25 02:30+0200", "10-26 02:30+0100"]
+    twice = take(cron("30 2 * * *", "Europe/Berlin", fold=DstFold.TWICE),
+                 utc(2026, 10, 24, 12), 3)
+    assert [local(s, "Europe/Berlin") for s in twice] == [
+        "10-25 02:30+0200", "10-25 02:30+0100", "10-26 02:30+0100"]
+    assert [s.note for s in twice] == ["dst_first", "dst_second", None]
+    # Asked between the two occurrences, the second one is still ahead.
+    between = next_slot(cron("30 2 * * *", "Europe/Berlin", fold=DstFold.TWICE),
+                        utc(2026, 10, 25, 0, 45))
+    assert local(between, "Europe/Berlin") == "10-25 02:30+0100"
+    hourly = take(cron("0 * * * *", "Europe/Berlin", fold=DstFold.TWICE),
+                  utc(2026, 10, 24, 23, 30), 3)
+    assert [s.at for s in hourly] == [utc(2026, 10, 25, 0), utc(2026, 10, 25, 1),
+                                      utc(2026, 10, 25, 2)]
+    hourly_once = take(cron("0 * * * *", "Europe/Berlin"), utc(2026, 10, 24, 23, 30), 2)
+    assert [s.at for s in hourly_once] == [utc(2026, 10, 25, 0), utc(2026, 10, 25, 2)]
+
+
+def test_new_york_both_transitions():
+    spring = take(cron("15 2 * * *", "America/New_York"), utc(2026, 3, 7, 12), 3)
+    assert [local(s, "America/New_York") for s in spring] == [
+        "03-08 03:00-0400", "03-09 02:15-0400", "03-10 02:15-0400"]
+    fall = take(cron("30 1 * * *", "America/New_York", fold=DstFold.TWICE),
+                utc(2026, 10, 31, 12), 3)
+    assert [local(s, "America/New_York") for s in fall] == [
+        "11-01 01:30-0400", "11-01 01:30-0500", "11-02 01:30-0500"]
+
+
+def test_lord_howe_thirty_minute_shift():
+    tz = "Australia/Lord_Howe"
+    # Spring forward 2026-10-04 02:00 -> 02:30 (+10:30 -> +11:00): 02:15 does not exist.
+    spring = take(cron("15 2 * * *", tz), utc(2026, 10, 2, 12), 3)
+    assert [local(s, tz) for s in spring] == ["10-03 02:15+1030", "10-04 02:30+1100",
+                                              "10-05 02:15+1100"]
+    skipped = take(cron("15 2 * * *", tz, gap=DstGap.SKIP), utc(2026, 10, 3, 12), 1)
+    assert skipped[0].skip_reason == "dst_nonexistent"
+    # Fall back 2026-04-05 02:00 -> 01:30: 01:45 happens twice, 30 minutes apart.
+    fall = take(cron("45 1 * * *", tz, fold=DstFold.TWICE), utc(2026, 4, 4, 6), 2)
+    assert [local(s, fall_tz := tz) for s in fall] == ["04-05 01:45+1100", "04-05 01:45+1030"]
+    assert fall[1].at - fall[0].at == timedelta(minutes=30)
+    assert fall_tz == tz
+    once = take(cron("45 1 * * *", tz), utc(2026, 4, 4, 6), 2)
+    assert [local(s, tz) for s in once] == ["04-05 01:45+1100", "04-06 01:45+1030"]
+
+
+def test_spread_offset_is_stable_and_inside_the_window():
+    offsets = {name: spread_offset(name, 300) for name in (f"s{i}" for i in range(200))}
+    assert all(timedelta(0) <= o < timedelta(seconds=300) for o in offsets.values())
+    assert spread_offset("s1", 300) == offsets["s1"]
+    assert len(set(offsets.values())) > 150  # names scatter over the window
+    assert spread_offset("s1", 0) == timedelta(0)
+
+
+def test_preview_gives_real_fire_times():
+    timing = cron("30 2 * * *", "Europe/Berlin")
+    offset = spread_offset("nightly", 600)
+    fires = preview(timing, "nightly", 600, utc(2026, 3, 27, 12), 3)
+    assert [f.slot for f in fires] == [utc(2026, 3, 28, 1, 30), utc(2026, 3, 29, 1, 0),
+                                       utc(2026, 3, 30, 0, 30)]
+    assert [f.fire_at - f.slot for f in fires] == [offset] * 3
+    assert fires[1].note == "dst_shifted"
+    assert fires[1].local.utcoffset() == timedelta(hours=2)
+    skip = preview(cron("30 2 * * *", "Europe/Berlin", gap=DstGap.SKIP), "x", 0,
+                   utc(2026, 3, 27, 12), 2)
+    assert [f.slot.day for f in skip] == [28, 30]
+
+
+def test_slot_key_is_name_and_utc_iso():
+    berlin = datetime(2026, 3, 29, 3, 0, tzinfo=ZoneInfo("Europe/Berlin"))
+    assert slot_key("nightly", berlin) == "nightly:2026-03-29T01:00:00Z"
