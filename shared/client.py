@@ -230,3 +230,21 @@ def cancel(job_id: int, **options: Any) -> Job:
 def retry(job_id: int, **options: Any) -> Job:
     """`Client.retry` on the default client."""
     return default_client().retry(job_id, **options)
+
+
+# Recurring schedules (shared/recurring.py), re-exported so one import serves producers
+# (typed code that runs mypy --strict imports them from shared.recurring).
+from shared.recurring import (  # noqa: E402, F401
+    Schedule,
+    ScheduleEvent,
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    pause_schedule,
+    preview_schedule,
+    recurring,
+    resume_schedule,
+    schedule_history,
+    schedule_runs,
+    update_schedule,
+)
