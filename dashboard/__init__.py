@@ -1,0 +1,1 @@
+"""tock's operator dashboard and HTTP API: `python -m dashboard`."""

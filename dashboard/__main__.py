@@ -1,0 +1,49 @@
+"""`python -m dashboard`: serve the dashboard and the HTTP API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared.errors import ConfigError
+from shared.logs import configure
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dashboard",
+        description="Serve tock's dashboard, HTTP API, /metrics, /healthz and /readyz. "
+                    "Settings come from TOCK_* environment variables "
+                    "(TOCK_DASHBOARD_HOST, _PORT, _OPERATOR_TOKEN, _VIEWER_TOKEN, "
+                    "_SECRET_KEY).")
+    parser.add_argument("--host", help="default TOCK_DASHBOARD_HOST or 127.0.0.1")
+    parser.add_argument("--port", type=int, help="default TOCK_DASHBOARD_PORT or 8080")
+    args = parser.parse_args(argv)
+    from dashboard.settings import DashboardSettings
+
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["dashboard_host"] = args.host
+    if args.port is not None:
+        overrides["dashboard_port"] = args.port
+    try:
+        settings = DashboardSettings.load(**overrides)
+    except ConfigError as exc:
+        print(f"tock dashboard: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log_format, settings.log_level, "dashboard")
+    import uvicorn
+
+    from dashboard.app import create_app
+
+    app = create_app(settings)
+    if not settings.loopback_only:
+        print(f"tock dashboard: listening on {settings.dashboard_host}, not only loopback: "
+              "put TLS in front and set TOCK_DASHBOARD_SECURE_COOKIES=1", file=sys.stderr)
+    uvicorn.run(app, host=settings.dashboard_host, port=settings.dashboard_port,
+                log_config=None, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The dashboard's FastAPI application: `create_app(settings)`.
+
+    /                 the live page (login required)      /login, /logout
+    /api/...          the HTTP API (see /openapi.json)     /static/...  assets, no CDN
+    /healthz          liveness: the process answers        /readyz  Postgres answers
+    /metrics          cluster-wide gauges (Prometheus), computed once per TTL
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from dashboard import api, pages
+from dashboard.auth import Authenticator
+from dashboard.settings import DashboardSettings
+from dashboard.stats import ClusterCollector, StatsCache
+from shared.client import Client
+from shared.db import make_pool
+from shared.errors import (
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    TransportError,
+)
+from shared.logs import emit
+from shared.settings import ClientSettings
+
+log = logging.getLogger("tock.dashboard")
+
+# The page runs only our own script and styles; nothing may frame it.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def _connect_error(database_url: str) -> str:
+    """Why Postgres cannot be used: the pool only says it timed out."""
+    try:
+        with psycopg.connect(database_url, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return str(exc).strip().splitlines()[-1]
+    return "connections are exhausted or slow (the pool timed out)"
+
+
+def create_app(settings: DashboardSettings) -> FastAPI:
+    """A ready-to-serve app; the database pool opens with the app's lifespan."""
+    pool = make_pool(settings.database_url, max_size=settings.pool_max_size,
+                     name="tock-dashboard")
+    # A page or scrape that cannot get a connection soon answers 503 rather than hanging.
+    pool.timeout = 3.0
+    client = Client(ClientSettings(database_url=settings.database_url,
+                                   queue_prefix=settings.queue_prefix))
+    stats = StatsCache(pool, ttl_seconds=settings.dashboard_stats_ttl_seconds,
+                       stale_after_seconds=settings.dashboard_worker_stale_seconds)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(stats))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool.open(wait=False)
+        try:
+            yield
+        finally:
+            client.close()
+            pool.close()
+
+    app = FastAPI(
+        title="tock", version="0.1.0", lifespan=lifespan,
+        description="Operate tock: enqueue, inspect, explain, retry and cancel jobs; "
+                    "queue statistics and workers. Authenticate with "
+                    "`Authorization: Bearer <token>` (operator or viewer role).",
+        docs_url=None, redoc_url=None,  # their UIs load scripts from a CDN
+    )
+    app.state.settings = settings
+    app.state.pool = pool
+    app.state.client = client
+    app.state.stats = stats
+    app.state.auth = Authenticator(settings)
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(packages=[("dashboard", "static")]), name="static")
+
+    def _error(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
+        async def handler(request: Request, exc: Exception) -> Response:
+            return JSONResponse({"detail": str(exc)}, status_code=status)
+        return handler
+
+    app.add_exception_handler(InvalidInput, _error(400))
+    app.add_exception_handler(JobNotFound, _error(404))
+    app.add_exception_handler(InvalidTransition, _error(409))
+    app.add_exception_handler(DatabaseUnavailable, _error(503))
+    app.add_exception_handler(TransportError, _error(503))
+
+    @app.middleware("http")
+    async def security_headers(request: Request,
+                               call_next: Callable[[Request], Awaitable[Response]]
+                               ) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> PlainTextResponse:
+        try:
+            with pool.connection(timeout=2) as conn:
+                conn.execute("SELECT 1")
+        except Exception:  # any failure means not ready: find out why, to say so
+            reason = _connect_error(settings.database_url)
+            emit(log, "not_ready", logging.WARNING, error=reason)
+            return PlainTextResponse(f"not ready: postgres: {reason}\n", status_code=503)
+        return PlainTextResponse("ready\n")
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return app

@@ -1,0 +1,216 @@
+"""Request and response bodies of the HTTP API (they are the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from shared import job_queries
+from shared.explain import Explanation
+from shared.jobs import Attempt, Job
+from shared.states import AttemptOutcome, JobState
+
+MAX_ID = 2**63 - 1
+"""Postgres bigint: larger ids cannot exist, so they are refused before the database."""
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="What is wrong, in words.")
+
+
+class EnqueueIn(BaseModel):
+    """A job to enqueue. Give `at` (timezone-aware) or `delay`, or neither for now."""
+
+    kind: str = Field(min_length=1, max_length=128, examples=["email"])
+    payload: Any = Field(default=None, examples=[{"to": "a@example.com"}])
+    at: datetime | None = None
+    delay: float | None = Field(default=None, ge=0, description="seconds from now")
+    key: str | None = Field(default=None, description="idempotency key")
+    priority: int = Field(default=0, ge=0, le=9)
+    queue: str | None = None
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    timeout: float | None = Field(default=None, gt=0, description="seconds")
+    tenant: str | None = None
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    worker: str | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: AttemptOutcome
+    error: str | None
+    traceback: str | None
+
+    @classmethod
+    def of(cls, a: Attempt) -> AttemptOut:
+        return cls(attempt=a.attempt, worker=a.worker, started_at=a.started_at,
+                   finished_at=a.finished_at, outcome=a.outcome, error=a.error,
+                   traceback=a.traceback)
+
+
+class JobSummary(BaseModel):
+    id: int
+    kind: str
+    queue: str
+    state: JobState
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int | None
+    key: str | None
+    tenant: str | None
+    lease_owner: str | None
+    last_error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, j: Job) -> JobSummary:
+        return cls(id=j.id, kind=j.kind, queue=j.queue, state=j.state, priority=j.priority,
+                   run_at=j.run_at, attempt=j.attempt, max_attempts=j.max_attempts,
+                   key=j.unique_key, tenant=j.tenant, lease_owner=j.lease_owner,
+                   last_error=j.last_error, created_at=j.created_at,
+                   finished_at=j.finished_at)
+
+
+class JobOut(JobSummary):
+    payload: Any
+    timeout_seconds: float | None
+    lease_expires_at: datetime | None
+    dispatched_at: datetime | None
+    updated_at: datetime
+    started_at: datetime | None
+    created: bool = Field(description="False when an existing job with the key was returned")
+
+    @classmethod
+    def of(cls, j: Job) -> JobOut:
+        return cls(**JobSummary.of(j).model_dump(), payload=j.payload,
+                   timeout_seconds=j.timeout_seconds, lease_expires_at=j.lease_expires_at,
+                   dispatched_at=j.dispatched_at, updated_at=j.updated_at,
+                   started_at=j.started_at, created=j.created)
+
+
+class ExplanationOut(BaseModel):
+    job_id: int
+    state: JobState
+    summary: str
+    details: list[str]
+    next_step: str
+    can_retry: bool
+    can_cancel: bool
+    text: str
+
+    @classmethod
+    def of(cls, e: Explanation) -> ExplanationOut:
+        return cls(job_id=e.job_id, state=e.state, summary=e.summary, details=e.details,
+                   next_step=e.next_step, can_retry=e.can_retry, can_cancel=e.can_cancel,
+                   text=e.text())
+
+
+class JobDetail(BaseModel):
+    job: JobOut
+    attempts: list[AttemptOut]
+    explanation: ExplanationOut
+
+
+class JobPage(BaseModel):
+    jobs: list[JobSummary]
+    next_cursor: int | None = Field(description="pass as before_id for the next page")
+
+
+class FilterIn(BaseModel):
+    """Which jobs a bulk action applies to; empty fields do not filter."""
+
+    state: list[JobState] = Field(default_factory=list)
+    kind: str | None = None
+    queue: str | None = None
+    tenant: str | None = None
+    key: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def to_filter(self) -> job_queries.JobFilter:
+        return job_queries.JobFilter.of(
+            states=list(self.state), kind=self.kind, queue=self.queue, tenant=self.tenant,
+            key=self.key, created_after=self.created_after, created_before=self.created_before)
+
+
+class BulkIn(BaseModel):
+    filter: FilterIn = Field(default_factory=FilterIn)
+    dry_run: bool = Field(default=True, description="only count; the default, for safety")
+    up_to_id: int | None = Field(
+        default=None, ge=1, le=MAX_ID,
+        description="from the dry run: leave out jobs created after it")
+    all: bool = Field(default=False,
+                      description="required to act on every job when the filter is empty")
+
+
+class BulkOut(BaseModel):
+    action: str
+    dry_run: bool
+    count: int = Field(description="jobs that would change (dry run) or changed")
+    up_to_id: int | None
+    description: str
+
+
+class QueueStatsOut(BaseModel):
+    queue: str
+    kind: str
+    due: int
+    dispatched: int
+    running: int
+    future: int
+    depth: int
+    oldest_due_age_seconds: float
+
+    @classmethod
+    def of(cls, q: job_queries.QueueKindStats) -> QueueStatsOut:
+        return cls(queue=q.queue, kind=q.kind, due=q.due, dispatched=q.dispatched,
+                   running=q.running, future=q.future, depth=q.depth,
+                   oldest_due_age_seconds=q.oldest_due_age_seconds)
+
+
+class WorkerOut(BaseModel):
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+    heartbeat_age_seconds: float
+    status: str
+
+    @classmethod
+    def of(cls, w: job_queries.WorkerInfo) -> WorkerOut:
+        return cls(**w.__dict__)
+
+
+class BucketOut(BaseModel):
+    start: datetime
+    outcomes: dict[str, int]
+    succeeded: int
+    start_lag_p50: float | None
+    start_lag_p95: float | None
+    run_p50: float | None
+    run_p95: float | None
+
+
+class OverviewOut(BaseModel):
+    now: datetime
+    totals: dict[str, int] = Field(description="jobs per state")
+    by_kind: dict[str, dict[str, int]] = Field(description="kind -> state -> jobs")
+    queues: list[QueueStatsOut]
+    workers: list[WorkerOut]
+    timeline: list[BucketOut] = Field(description="last 10 minutes in 10 s buckets")
+
+
+class MeOut(BaseModel):
+    role: str
+    csrf_token: str | None = Field(description="send as X-CSRF-Token on state changes "
+                                   "made with the session cookie")

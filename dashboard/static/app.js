@@ -1,0 +1,483 @@
+// tock dashboard: one page, hash routes, short polling of /api (no reloads, no CDN).
+// Every value from the API reaches the DOM as text (el() below), never as HTML.
+"use strict";
+
+const STATES = ["scheduled", "retrying", "dispatched", "running", "succeeded", "dead",
+                "cancelled"];
+const FINAL = new Set(["succeeded", "dead", "cancelled"]);
+const DEMO_KINDS = ["email", "flaky", "slow", "crash", "report"];
+const OUTCOME_COLORS = {succeeded: "#2a9d5c", failed: "#d98b1c", timed_out: "#e0b040",
+                        permanent: "#d1432f", no_handler: "#8e2a1d", lease_expired: "#b05ad1",
+                        released: "#9aa1ad"};
+
+let me = {role: "viewer", csrf_token: null};
+let pollTimer = null;
+let lastOk = 0;
+
+// --- helpers -------------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = tag.startsWith("svg:")
+    ? document.createElementNS("http://www.w3.org/2000/svg", tag.slice(4))
+    : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k === "className") node.setAttribute("class", v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function badge(state, testid) {
+  return el("span", {className: `badge s-${state}`, "data-testid": testid}, state);
+}
+
+function ago(iso, now) {
+  if (!iso) return "–";
+  const secs = ((now ? new Date(now) : new Date()) - new Date(iso)) / 1000;
+  const text = human(Math.abs(secs));
+  return secs >= 0 ? `${text} ago` : `in ${text}`;
+}
+
+function human(secs) {
+  if (secs < 10) return `${secs.toFixed(1)} s`;
+  if (secs < 90) return `${Math.round(secs)} s`;
+  if (secs < 5400) return `${Math.round(secs / 60)} min`;
+  if (secs < 172800) return `${(secs / 3600).toFixed(1)} h`;
+  return `${(secs / 86400).toFixed(1)} d`;
+}
+
+function stamp(iso) {
+  return iso ? new Date(iso).toLocaleString() : "–";
+}
+
+function toast(text, bad) {
+  const t = document.getElementById("toast");
+  t.textContent = text;
+  t.className = bad ? "toast bad" : "toast";
+  t.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { t.hidden = true; }, 4000);
+}
+
+async function api(path, options) {
+  const opts = Object.assign({method: "GET", headers: {}}, options || {});
+  if (opts.body !== undefined) {
+    opts.body = JSON.stringify(opts.body);
+    opts.headers["Content-Type"] = "application/json";
+  }
+  if (opts.method !== "GET" && me.csrf_token) opts.headers["X-CSRF-Token"] = me.csrf_token;
+  const res = await fetch(path, opts);
+  if (res.status === 401) { location.href = "/login"; throw new Error("not logged in"); }
+  let data = null;
+  try { data = await res.json(); } catch (e) { data = null; }
+  if (!res.ok) {
+    let detail = data && data.detail;
+    if (Array.isArray(detail)) detail = detail.map(d => `${d.loc.slice(1).join(".")}: ${d.msg}`).join("; ");
+    throw new Error(detail || `HTTP ${res.status}`);
+  }
+  lastOk = Date.now();
+  return data;
+}
+
+function poll(fn, ms) {
+  stopPolling();
+  const tick = async () => {
+    try { await fn(); } catch (e) { if (e.message !== "not logged in") showLive(false); }
+    pollTimer = setTimeout(tick, ms);
+  };
+  tick();
+}
+
+function stopPolling() {
+  if (pollTimer) clearTimeout(pollTimer);
+  pollTimer = null;
+}
+
+function showLive(ok) {
+  const live = document.getElementById("live");
+  const fresh = ok !== false && Date.now() - lastOk < 10000;
+  live.className = fresh ? "live" : "live stale";
+  live.textContent = fresh ? `live · ${new Date().toLocaleTimeString()}` : "reconnecting…";
+}
+
+function view(...children) {
+  const v = document.getElementById("view");
+  v.replaceChildren(...children);
+  return v;
+}
+
+function canWrite() { return me.role === "operator"; }
+
+// --- charts (inline SVG) -----------------------------------------------------------------------
+
+function throughputChart(timeline) {
+  const W = 600, H = 130, pad = 22;
+  const totals = timeline.map(b => Object.values(b.outcomes).reduce((a, n) => a + n, 0));
+  const max = Math.max(1, ...totals);
+  const bw = (W - pad) / Math.max(timeline.length, 1);
+  const svg = el("svg:svg", {className: "chart", viewBox: `0 0 ${W} ${H + 16}`,
+                             preserveAspectRatio: "none", role: "img",
+                             "aria-label": "finished attempts per 10 seconds"});
+  svg.append(el("svg:text", {x: 0, y: 10}, String(max)), el("svg:text", {x: 0, y: H}, "0"));
+  timeline.forEach((b, i) => {
+    let y = H;
+    for (const [outcome, n] of Object.entries(b.outcomes)) {
+      const h = (n / max) * (H - 14);
+      y -= h;
+      svg.append(el("svg:rect", {x: pad + i * bw + 1, y, width: Math.max(bw - 2, 1), height: h,
+                                 fill: OUTCOME_COLORS[outcome] || "#888"},
+                    el("svg:title", {}, `${n} ${outcome}`)));
+    }
+  });
+  svg.append(el("svg:text", {x: pad, y: H + 14}, "−10 min"),
+             el("svg:text", {x: W - 30, y: H + 14}, "now"));
+  return svg;
+}
+
+function latencyChart(timeline) {
+  const W = 600, H = 130, pad = 30;
+  const values = timeline.flatMap(b => [b.start_lag_p50, b.start_lag_p95]).filter(v => v !== null);
+  const max = Math.max(0.01, ...values);
+  const step = (W - pad) / Math.max(timeline.length - 1, 1);
+  const svg = el("svg:svg", {className: "chart", viewBox: `0 0 ${W} ${H + 16}`,
+                             preserveAspectRatio: "none", role: "img",
+                             "aria-label": "due-to-start latency"});
+  svg.append(el("svg:text", {x: 0, y: 10}, `${max.toFixed(max < 1 ? 2 : 1)} s`),
+             el("svg:text", {x: 0, y: H}, "0"));
+  for (const [key, color] of [["start_lag_p95", "#d98b1c"], ["start_lag_p50", "#1f86d1"]]) {
+    let d = "";
+    timeline.forEach((b, i) => {
+      if (b[key] === null) return;
+      const x = pad + i * step, y = H - (b[key] / max) * (H - 14);
+      d += `${d ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
+    });
+    if (d) svg.append(el("svg:path", {d, fill: "none", stroke: color, "stroke-width": 2}));
+  }
+  svg.append(el("svg:text", {x: pad, y: H + 14}, "−10 min"),
+             el("svg:text", {x: W - 30, y: H + 14}, "now"));
+  return svg;
+}
+
+function legend(pairs) {
+  return el("div", {className: "legend"},
+            pairs.map(([label, color]) => {
+              const i = el("i");
+              i.style.setProperty("--c", color);
+              return el("span", {}, i, label);
+            }));
+}
+
+// --- overview ------------------------------------------------------------------------------------
+
+function renderOverview() {
+  const cards = el("div", {className: "cards"});
+  const charts = el("div", {className: "grid"});
+  const queues = el("div", {className: "panel"});
+  const kinds = el("div", {className: "panel"});
+  const workers = el("div", {className: "panel"});
+  view(el("h1", {}, "Overview"), cards, charts, el("div", {className: "grid"}, queues, kinds),
+       workers);
+  poll(async () => {
+    const o = await api("/api/stats/overview");
+    cards.replaceChildren(...STATES.map(s => el("a", {
+      className: `card s-${s}`, href: `#/jobs?state=${s}`, "data-testid": `count-${s}`},
+      el("div", {className: "n"}, o.totals[s] || 0), el("div", {className: "l"}, s))));
+    charts.replaceChildren(
+      el("div", {className: "panel"}, el("h2", {}, "Throughput: finished attempts / 10 s"),
+         throughputChart(o.timeline),
+         legend(Object.entries(OUTCOME_COLORS).slice(0, 4).map(([k, c]) => [k, c]))),
+      el("div", {className: "panel"}, el("h2", {}, "Latency: due → started (succeeded jobs)"),
+         latencyChart(o.timeline), legend([["p50", "#1f86d1"], ["p95", "#d98b1c"]])));
+    queues.replaceChildren(el("h2", {}, "Queues"), o.queues.length ? el("table", {},
+      el("thead", {}, el("tr", {}, ["queue", "kind", "due", "in SQS", "running", "later",
+                                     "oldest due"].map((h, i) => el("th", {className: i > 1 ? "num" : ""}, h)))),
+      el("tbody", {}, o.queues.map(q => el("tr", {"data-testid": `queue-${q.queue}-${q.kind}`},
+        el("td", {}, q.queue), el("td", {}, q.kind), el("td", {className: "num"}, q.due),
+        el("td", {className: "num"}, q.dispatched), el("td", {className: "num"}, q.running),
+        el("td", {className: "num"}, q.future),
+        el("td", {className: "num", "data-testid": "oldest-due"},
+           q.depth ? human(q.oldest_due_age_seconds) : "–")))))
+      : el("p", {className: "muted"}, "No unfinished work."));
+    const kindNames = Object.keys(o.by_kind).sort();
+    kinds.replaceChildren(el("h2", {}, "Jobs by kind"), kindNames.length ? el("table", {},
+      el("thead", {}, el("tr", {}, el("th", {}, "kind"),
+                         STATES.map(s => el("th", {className: "num"}, s)))),
+      el("tbody", {}, kindNames.map(k => el("tr", {},
+        el("td", {}, el("a", {href: `#/jobs?kind=${encodeURIComponent(k)}`}, k)),
+        STATES.map(s => el("td", {className: "num"}, o.by_kind[k][s] || "")))))) :
+      el("p", {className: "muted"}, "No jobs yet."));
+    workers.replaceChildren(el("h2", {}, "Workers"), workerTable(o.workers, o.now));
+    showLive(true);
+  }, 2000);
+}
+
+function workerTable(list, now) {
+  if (!list.length) return el("p", {className: "muted"}, "No consumer has reported in the last hour.");
+  return el("table", {}, el("thead", {}, el("tr", {},
+    ["worker", "status", "queues", "busy", "last heartbeat", "started"].map(h => el("th", {}, h)))),
+    el("tbody", {}, list.map(w => el("tr", {"data-testid": "worker-row"},
+      el("td", {}, w.id), el("td", {}, badge(w.status)), el("td", {}, w.queues.join(", ")),
+      el("td", {}, `${w.in_flight} / ${w.concurrency}`), el("td", {}, ago(w.last_heartbeat, now)),
+      el("td", {}, stamp(w.started_at))))));
+}
+
+// --- jobs list --------------------------------------------------------------------------------------
+
+function parseQuery(q) {
+  const params = new URLSearchParams(q || "");
+  return {state: params.getAll("state"), kind: params.get("kind") || "",
+          queue: params.get("queue") || "", tenant: params.get("tenant") || "",
+          key: params.get("key") || "", created_after: params.get("created_after") || "",
+          created_before: params.get("created_before") || ""};
+}
+
+function filterToParams(f) {
+  const p = new URLSearchParams();
+  for (const s of f.state) p.append("state", s);
+  for (const k of ["kind", "queue", "tenant", "key", "created_after", "created_before"]) {
+    if (f[k]) p.set(k, f[k]);
+  }
+  return p;
+}
+
+function localToIso(value) {
+  return value ? new Date(value).toISOString() : "";
+}
+
+function isoToLocal(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const pad = n => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+
+function renderJobs(query) {
+  const f = parseQuery(query);
+  const form = el("form", {className: "filters", "data-testid": "filters"},
+    el("div", {className: "states"}, STATES.map(s => el("label", {},
+      el("input", {type: "checkbox", name: "state", value: s, checked: f.state.includes(s)}), s))),
+    ...["kind", "queue", "tenant", "key"].map(k => el("label", {}, k,
+      el("input", {name: k, value: f[k], size: 12}))),
+    el("label", {}, "created after", el("input", {type: "datetime-local", name: "created_after",
+                                                 value: isoToLocal(f.created_after)})),
+    el("label", {}, "created before", el("input", {type: "datetime-local", name: "created_before",
+                                                  value: isoToLocal(f.created_before)})),
+    el("button", {type: "submit"}, "Filter"));
+  form.addEventListener("submit", e => {
+    e.preventDefault();
+    const data = new FormData(form);
+    const next = {state: data.getAll("state"), kind: data.get("kind").trim(),
+                  queue: data.get("queue").trim(), tenant: data.get("tenant").trim(),
+                  key: data.get("key").trim(),
+                  created_after: localToIso(data.get("created_after")),
+                  created_before: localToIso(data.get("created_before"))};
+    location.hash = `#/jobs?${filterToParams(next)}`;
+  });
+  const bulk = el("div", {className: "actions"},
+    el("button", {type: "button", className: "quiet", "data-testid": "bulk-retry",
+                  disabled: !canWrite(), onclick: () => bulkAction("retry", f)},
+       "Retry matching…"),
+    el("button", {type: "button", className: "quiet", "data-testid": "bulk-cancel",
+                  disabled: !canWrite(), onclick: () => bulkAction("cancel", f)},
+       "Cancel matching…"));
+  const body = el("tbody");
+  const pager = el("div", {className: "pager"});
+  view(el("h1", {}, "Jobs"), el("div", {className: "panel"}, form, bulk),
+       el("div", {className: "panel"}, el("table", {"data-testid": "jobs-table"},
+         el("thead", {}, el("tr", {}, ["id", "kind", "queue", "state", "attempt", "run at",
+                                        "created", "last error"].map(h => el("th", {}, h)))),
+         body), pager));
+  const cursors = [];
+  let cursor = null;
+  const load = async () => {
+    const params = filterToParams(f);
+    if (cursor) params.set("before_id", cursor);
+    const page = await api(`/api/jobs?${params}`);
+    body.replaceChildren(...page.jobs.map(j => el("tr", {"data-testid": `job-row-${j.id}`},
+      el("td", {}, el("a", {href: `#/jobs/${j.id}`}, `#${j.id}`)), el("td", {}, j.kind),
+      el("td", {}, j.queue), el("td", {}, badge(j.state, `job-state-${j.id}`)),
+      el("td", {}, j.max_attempts ? `${j.attempt}/${j.max_attempts}` : j.attempt),
+      el("td", {title: stamp(j.run_at)}, ago(j.run_at)),
+      el("td", {title: stamp(j.created_at)}, ago(j.created_at)),
+      el("td", {className: "error-text"}, (j.last_error || "").slice(0, 80)))));
+    if (!page.jobs.length) body.append(el("tr", {}, el("td", {colspan: 8, className: "muted"}, "No jobs match.")));
+    pager.replaceChildren(
+      el("button", {type: "button", className: "quiet", disabled: !cursors.length,
+                    onclick: () => { cursor = cursors.pop() || null; load(); }}, "← Newer"),
+      el("span", {className: "muted"}, cursor ? `older than #${cursor}` : "newest first"),
+      el("button", {type: "button", className: "quiet", disabled: !page.next_cursor,
+                    onclick: () => { cursors.push(cursor); cursor = page.next_cursor; load(); }},
+         "Older →"));
+    showLive(true);
+  };
+  // The first page refreshes live; older pages stay put while being read.
+  poll(async () => { if (!cursor) await load(); }, 3000);
+}
+
+async function bulkAction(action, f) {
+  const filter = {state: f.state, kind: f.kind || null, queue: f.queue || null,
+                  tenant: f.tenant || null, key: f.key || null,
+                  created_after: f.created_after || null, created_before: f.created_before || null};
+  try {
+    const plan = await api(`/api/jobs/bulk/${action}`, {method: "POST",
+                                                         body: {filter, dry_run: true}});
+    const verb = action === "retry" ? "Retry" : "Cancel";
+    const ok = await confirmDialog(`${verb} ${plan.count} job(s)?`,
+      `${plan.count} job(s) match (${plan.description}${action === "retry"
+        ? "; only dead and cancelled jobs are retried" : "; only unfinished jobs are cancelled"}).` +
+      " Jobs created after this count are left alone.", plan.count > 0);
+    if (!ok) return;
+    const done = await api(`/api/jobs/bulk/${action}`, {method: "POST",
+      body: {filter, dry_run: false, up_to_id: plan.up_to_id}});
+    toast(`${action === "retry" ? "Retried" : "Cancelled"} ${done.count} job(s).`);
+  } catch (e) {
+    toast(e.message, true);
+  }
+}
+
+function confirmDialog(title, text, allowed) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-title").textContent = title;
+  document.getElementById("confirm-text").textContent = text;
+  document.getElementById("confirm-yes").disabled = !allowed;
+  dialog.returnValue = "";
+  dialog.showModal();
+  return new Promise(resolve => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), {once: true});
+  });
+}
+
+// --- one job -----------------------------------------------------------------------------------------
+
+function renderJob(id) {
+  const head = el("h1", {}, `Job #${id}`);
+  const body = el("div");
+  view(head, body);
+  const act = async (verb) => {
+    try {
+      await api(`/api/jobs/${id}/${verb}`, {method: "POST"});
+      toast(verb === "retry" ? `Job #${id} sent back to scheduled.` : `Job #${id} cancelled.`);
+      await load();
+    } catch (e) { toast(e.message, true); }
+  };
+  const load = async () => {
+    const d = await api(`/api/jobs/${id}`);
+    const j = d.job, x = d.explanation;
+    head.replaceChildren(`Job #${j.id} · ${j.kind} `, badge(j.state, "job-state"));
+    const explainBox = el("div", {className: `explain s-${j.state}`, "data-testid": "explanation"},
+      el("div", {className: "summary"}, x.summary),
+      x.details.length ? el("ul", {}, x.details.map(t => el("li", {}, t))) : null,
+      x.next_step ? el("div", {className: "muted"}, `Next: ${x.next_step}`) : null);
+    const actions = el("div", {className: "actions"},
+      el("button", {type: "button", "data-testid": "retry-button",
+                    disabled: !(canWrite() && x.can_retry), onclick: () => act("retry")}, "Retry"),
+      el("button", {type: "button", className: "danger", "data-testid": "cancel-button",
+                    disabled: !(canWrite() && x.can_cancel), onclick: () => act("cancel")},
+         "Cancel"),
+      canWrite() ? null : el("span", {className: "muted"}, "Read-only: log in as operator to act."));
+    const fields = [["queue", j.queue], ["priority", j.priority],
+      ["attempt", j.max_attempts ? `${j.attempt} of ${j.max_attempts}` : j.attempt],
+      ["run at", `${stamp(j.run_at)} (${ago(j.run_at)})`], ["key", j.key], ["tenant", j.tenant],
+      ["timeout", j.timeout_seconds ? `${j.timeout_seconds} s` : null],
+      ["lease", j.lease_owner ? `${j.lease_owner} until ${stamp(j.lease_expires_at)}` : null],
+      ["dispatched", j.dispatched_at ? stamp(j.dispatched_at) : null],
+      ["created", stamp(j.created_at)], ["finished", j.finished_at ? stamp(j.finished_at) : null],
+      ["last error", j.last_error]].filter(([, v]) => v !== null && v !== undefined && v !== "");
+    const timeline = el("ol", {className: "timeline", "data-testid": "attempts"},
+      d.attempts.map(a => el("li", {className: `s-${a.outcome}`},
+        el("div", {}, el("strong", {}, `Attempt ${a.attempt} `), badge(a.outcome),
+           ` on ${a.worker || "?"} · ${stamp(a.started_at)}`,
+           a.started_at ? ` · ran ${human((new Date(a.finished_at) - new Date(a.started_at)) / 1000)}` : ""),
+        a.error ? el("div", {className: "error-text"}, a.error) : null,
+        a.traceback ? el("details", {}, el("summary", {}, "traceback"), el("pre", {}, a.traceback)) : null)),
+      j.state === "running" ? el("li", {className: "s-running"},
+        el("strong", {}, `Attempt ${j.attempt} `), badge("running"),
+        ` on ${j.lease_owner} since ${stamp(j.started_at)}`) : null);
+    body.replaceChildren(explainBox, actions, el("div", {className: "grid"},
+      el("div", {className: "panel"}, el("h2", {}, "Job"), el("dl", {className: "fields"},
+        fields.map(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))])),
+        el("h2", {}, "Payload"), el("pre", {}, JSON.stringify(j.payload, null, 2))),
+      el("div", {className: "panel"}, el("h2", {}, "Attempts"),
+         d.attempts.length || j.state === "running" ? timeline
+           : el("p", {className: "muted"}, "No attempt yet."))));
+    showLive(true);
+    return j.state;
+  };
+  poll(load, 1000);
+}
+
+// --- enqueue ----------------------------------------------------------------------------------------
+
+function renderEnqueue() {
+  const list = el("datalist", {id: "kinds"}, DEMO_KINDS.map(k => el("option", {value: k})));
+  const form = el("form", {className: "stack", "data-testid": "enqueue-form"},
+    el("label", {}, "kind", el("input", {name: "kind", list: "kinds", value: "email", required: true})),
+    el("label", {}, "delay (seconds)", el("input", {name: "delay", type: "number", min: 0, step: "any", value: 0})),
+    el("label", {}, "priority (0-9)", el("input", {name: "priority", type: "number", min: 0, max: 9, value: 0})),
+    el("label", {}, "queue", el("input", {name: "queue", placeholder: "default"})),
+    el("label", {}, "key (idempotency)", el("input", {name: "key"})),
+    el("label", {}, "max attempts", el("input", {name: "max_attempts", type: "number", min: 1, max: 1000})),
+    el("label", {className: "wide"}, "payload (JSON)", el("textarea", {name: "payload"}, '{"demo": true}')),
+    el("div", {className: "wide"}, el("button", {type: "submit", disabled: !canWrite()}, "Enqueue"),
+       canWrite() ? null : el("span", {className: "muted"}, " Read-only: log in as operator to enqueue.")),
+    list);
+  form.addEventListener("submit", async e => {
+    e.preventDefault();
+    const data = new FormData(form);
+    let payload;
+    try { payload = data.get("payload").trim() ? JSON.parse(data.get("payload")) : null; }
+    catch (err) { toast(`payload is not JSON: ${err.message}`, true); return; }
+    const body = {kind: data.get("kind").trim(), payload,
+                  delay: Number(data.get("delay") || 0), priority: Number(data.get("priority") || 0)};
+    for (const k of ["queue", "key"]) if (data.get(k).trim()) body[k] = data.get(k).trim();
+    if (data.get("max_attempts")) body.max_attempts = Number(data.get("max_attempts"));
+    try {
+      const job = await api("/api/jobs", {method: "POST", body});
+      toast(job.created ? `Enqueued job #${job.id}.` : `Key taken: showing existing job #${job.id}.`);
+      location.hash = `#/jobs/${job.id}`;
+    } catch (err) { toast(err.message, true); }
+  });
+  stopPolling();
+  view(el("h1", {}, "Enqueue a job"), el("div", {className: "panel"},
+    el("p", {className: "muted"}, "Demo kinds: email (succeeds), flaky (fails 60% of attempts), " +
+       "slow (6 s), crash (first attempt dies like a killed worker), report."), form));
+}
+
+// --- routing ------------------------------------------------------------------------------------------
+
+function route() {
+  const hash = location.hash.slice(1) || "/";
+  const [path, query] = hash.split("?");
+  let section = "overview";
+  const m = path.match(/^\/jobs\/(\d+)$/);
+  if (m) { section = "jobs"; renderJob(m[1]); }
+  else if (path === "/jobs") { section = "jobs"; renderJobs(query); }
+  else if (path === "/enqueue") { section = "enqueue"; renderEnqueue(); }
+  else renderOverview();
+  for (const a of document.querySelectorAll("[data-nav]")) {
+    a.classList.toggle("active", a.dataset.nav === section);
+  }
+}
+
+async function start() {
+  me = await api("/api/me");
+  document.getElementById("whoami").textContent = me.role;
+  document.getElementById("whoami").dataset.testid = "role";
+  document.getElementById("logout").addEventListener("click", () => {
+    const form = el("form", {method: "post", action: "/logout"},
+                    el("input", {type: "hidden", name: "csrf_token", value: me.csrf_token || ""}));
+    document.body.append(form);
+    form.submit();
+  });
+  window.addEventListener("hashchange", route);
+  setInterval(() => showLive(), 5000);
+  route();
+}
+
+document.addEventListener("DOMContentLoaded", start);

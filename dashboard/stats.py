@@ -1,0 +1,130 @@
+"""Cluster-wide numbers, computed from Postgres at most once per TTL, shared by the live
+page (/api/stats/overview) and the Prometheus endpoint (/metrics). However many browsers
+and scrapers ask, the database answers once per TTL; the timer and consumer replicas
+export only their own process counters (shared.metrics)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from psycopg_pool import ConnectionPool
+
+from shared import job_queries
+from shared.db import transaction
+from shared.errors import DatabaseUnavailable
+from shared.states import JobState
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: datetime
+    counts: dict[tuple[str, str], int]
+    queues: list[job_queries.QueueKindStats]
+    workers: list[job_queries.WorkerInfo]
+    timeline: list[job_queries.Bucket]
+    compute_seconds: float
+
+
+class StatsCache:
+    """Computes a `Snapshot` when the last one is older than `ttl_seconds`; concurrent
+    callers wait for the one computation instead of each running it."""
+
+    def __init__(self, pool: ConnectionPool, *, ttl_seconds: float,
+                 stale_after_seconds: float) -> None:
+        self.pool = pool
+        self.ttl_seconds = ttl_seconds
+        self.stale_after_seconds = stale_after_seconds
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._taken = 0.0
+
+    def get(self) -> Snapshot:
+        with self._lock:
+            if self._snapshot is None or time.monotonic() - self._taken >= self.ttl_seconds:
+                self._snapshot = self._compute()
+                self._taken = time.monotonic()
+            return self._snapshot
+
+    def _compute(self) -> Snapshot:
+        started = time.monotonic()
+        with transaction(self.pool) as conn:
+            # One snapshot of the database for every number (REPEATABLE READ would need a
+            # separate transaction start; the figures are seconds-fresh anyway).
+            now = job_queries.database_now(conn)
+            counts = job_queries.counts_by_state_kind(conn)
+            queues = job_queries.queue_stats(conn, now)
+            workers = job_queries.workers(conn, stale_after_seconds=self.stale_after_seconds,
+                                          now=now)
+            timeline = job_queries.timeline(conn, now=now)
+        return Snapshot(now, counts, queues, workers, timeline, time.monotonic() - started)
+
+
+class ClusterCollector(Collector):
+    """Prometheus gauges of the whole cluster, from the shared snapshot."""
+
+    def __init__(self, cache: StatsCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("tock_cluster_stats_up",
+                               "1 if the cluster statistics could be read from Postgres")
+        try:
+            snap = self.cache.get()
+        except DatabaseUnavailable:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        jobs = GaugeMetricFamily("tock_jobs", "Jobs by state and kind", labels=["state", "kind"])
+        for (state, kind), n in sorted(snap.counts.items()):
+            jobs.add_metric([state, kind], n)
+        yield jobs
+        depth = GaugeMetricFamily(
+            "tock_queue_depth", "Jobs due and not yet running (waiting for a timer or in SQS)",
+            labels=["queue", "kind"])
+        oldest = GaugeMetricFamily(
+            "tock_oldest_due_age_seconds",
+            "How long the oldest due job that has not started has waited (autoscaling signal)",
+            labels=["queue", "kind"])
+        running = GaugeMetricFamily("tock_jobs_running", "Jobs running now",
+                                    labels=["queue", "kind"])
+        future = GaugeMetricFamily("tock_jobs_scheduled_future", "Jobs not yet due",
+                                   labels=["queue", "kind"])
+        for q in snap.queues:
+            labels = [q.queue, q.kind]
+            depth.add_metric(labels, q.depth)
+            oldest.add_metric(labels, q.oldest_due_age_seconds)
+            running.add_metric(labels, q.running)
+            future.add_metric(labels, q.future)
+        yield from (depth, oldest, running, future)
+        workers = GaugeMetricFamily("tock_workers", "Consumer processes by status",
+                                    labels=["status"])
+        by_status = {"alive": 0, "stale": 0, "stopped": 0}
+        for w in snap.workers:
+            by_status[w.status] += 1
+        for status, n in by_status.items():
+            workers.add_metric([status], n)
+        yield workers
+        alive = [w for w in snap.workers if w.status == "alive"]
+        yield GaugeMetricFamily("tock_worker_slots", "Handler slots of live consumers",
+                                value=sum(w.concurrency for w in alive))
+        yield GaugeMetricFamily("tock_worker_slots_busy", "Busy handler slots of live consumers",
+                                value=sum(w.in_flight for w in alive))
+        yield GaugeMetricFamily("tock_cluster_stats_seconds",
+                                "Time the last statistics computation took",
+                                value=snap.compute_seconds)
+
+
+def state_totals(counts: dict[tuple[str, str], int]) -> dict[str, int]:
+    """Jobs per state, every state present."""
+    totals = {s.value: 0 for s in JobState}
+    for (state, _), n in counts.items():
+        totals[state] = totals.get(state, 0) + n
+    return totals

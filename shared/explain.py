@@ -1,0 +1,254 @@
+"""Why is this job (not) running right now? One answer in plain words, for the API, the
+dashboard's job page and `tock show`.
+
+`explain()` is a pure function of the job, the time and what is known about the workers,
+so every case is testable with a pinned `now`; `gather()` loads that context from
+Postgres in one short transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shared import job_queries
+from shared.db import Connection
+from shared.jobs import Attempt, Job
+from shared.states import AttemptOutcome, JobState
+
+DEFAULT_STALE_AFTER_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """`summary` is one sentence; `details` add facts; `next_step` says what happens next
+    or what an operator can do."""
+
+    job_id: int
+    state: JobState
+    summary: str
+    details: list[str] = field(default_factory=list)
+    next_step: str = ""
+    can_retry: bool = False
+    can_cancel: bool = False
+
+    def text(self) -> str:
+        lines = [self.summary, *(f"- {d}" for d in self.details)]
+        if self.next_step:
+            lines.append(f"Next: {self.next_step}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the explanation needs beyond the job row."""
+
+    now: datetime
+    lease_worker: job_queries.WorkerInfo | None = None
+    queue_workers: int = 0
+    """Live (heartbeating) consumers that receive from the job's queue."""
+    due_ahead: int | None = None
+    paused_schedule: str | None = None
+    """Name of a paused recurring schedule that holds this job back, if any."""
+
+
+def duration(seconds: float) -> str:
+    """'3 s', '4 min 5 s', '2 h 1 min', '3 d 4 h': short and exact enough for people."""
+    seconds = abs(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s".replace(".0 s", " s")
+    total = round(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
+
+
+def when(at: datetime, now: datetime) -> str:
+    """'15:04:05 UTC on 2026-12-02 (in 3 min)' / '(2 s ago)'."""
+    stamp = at.astimezone(now.tzinfo).strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    delta = (at - now).total_seconds()
+    rel = f"in {duration(delta)}" if delta > 0 else f"{duration(delta)} ago"
+    return f"{stamp} ({rel})"
+
+
+def _last(attempts: tuple[Attempt, ...]) -> Attempt | None:
+    return attempts[-1] if attempts else None
+
+
+def _attempts_of(job: Job) -> str:
+    return f"{job.attempt} of {job.max_attempts}" if job.max_attempts else f"{job.attempt}"
+
+
+def explain(job: Job, ctx: Context) -> Explanation:
+    """The plain-words story of where `job` is now and why."""
+    handler = _BY_STATE[job.state]
+    return handler(job, ctx)
+
+
+def _scheduled(job: Job, ctx: Context) -> Explanation:
+    now = ctx.now
+    details = [f"Priority {job.priority} on queue {job.queue}."]
+    if ctx.paused_schedule:
+        return Explanation(
+            job.id, job.state,
+            f"Blocked: its recurring schedule {ctx.paused_schedule!r} is paused.",
+            details, "Resume the schedule to let it run.", can_cancel=True)
+    if job.run_at > now:
+        return Explanation(
+            job.id, job.state, f"Not due until {when(job.run_at, now)}.", details,
+            "A timer dispatches it to SQS once it is due.", can_cancel=True)
+    ahead = ""
+    if ctx.due_ahead:
+        more = "+" if ctx.due_ahead >= job_queries.DUE_AHEAD_CAP else ""
+        ahead = f" {ctx.due_ahead}{more} due job(s) go before it (higher priority or older)."
+    details.append("If this lasts, check that a timer is running (GET /healthz on its "
+                   "health port) and that it can reach Postgres and SQS.")
+    return Explanation(
+        job.id, job.state,
+        f"Due since {when(job.run_at, now)} and waiting for a timer to dispatch it.{ahead}",
+        details, "A timer sends it to SQS on its next pass.", can_cancel=True)
+
+
+def _retrying(job: Job, ctx: Context) -> Explanation:
+    now = ctx.now
+    last = _last(job.attempts)
+    error = (last.error if last and last.error else job.last_error) or "no error recorded"
+    failed = f"attempt {_attempts_of(job)} failed: {error}"
+    details = [f"Priority {job.priority} on queue {job.queue}."]
+    if last and last.outcome is AttemptOutcome.LEASE_EXPIRED:
+        details.append(f"Worker {last.worker} stopped heartbeating during that attempt; "
+                       "the timer rescued the job.")
+    if job.run_at > now:
+        return Explanation(
+            job.id, job.state, f"In backoff until {when(job.run_at, now)} after {failed}.",
+            details, f"Attempt {job.attempt + 1} is dispatched once the backoff ends.",
+            can_cancel=True)
+    return Explanation(
+        job.id, job.state,
+        f"Backoff ended {when(job.run_at, now)}; waiting for a timer to dispatch attempt "
+        f"{job.attempt + 1} (after {failed}).",
+        details, "A timer sends it to SQS on its next pass.", can_cancel=True)
+
+
+def _dispatched(job: Job, ctx: Context) -> Explanation:
+    now = ctx.now
+    at = job.dispatched_at or job.updated_at
+    details = [f"Due at {when(job.run_at, now)}."]
+    if ctx.queue_workers == 0:
+        details.append(f"No live consumer is receiving from queue {job.queue!r}: start one "
+                       f"with `python -m consumer --tasks ... --queues {job.queue}`.")
+    else:
+        details.append(f"{ctx.queue_workers} live consumer(s) receive from queue "
+                       f"{job.queue!r}.")
+    return Explanation(
+        job.id, job.state,
+        f"Dispatched to SQS queue {job.queue!r} at {when(at, now)} and waiting for a "
+        "consumer to claim it.",
+        details,
+        "A consumer claims it; if none does within the timer's dispatch timeout, the timer "
+        "sends it again.", can_cancel=True)
+
+
+def _running(job: Job, ctx: Context) -> Explanation:
+    now = ctx.now
+    owner = job.lease_owner or "an unknown worker"
+    details = []
+    if job.started_at:
+        details.append(f"Started {when(job.started_at, now)}.")
+    if job.timeout_seconds:
+        details.append(f"Times out after {duration(job.timeout_seconds)}.")
+    w = ctx.lease_worker
+    if w is not None and w.status != "alive":
+        details.append(f"Worker {w.id} is {w.status}: last heartbeat "
+                       f"{duration(w.heartbeat_age_seconds)} ago.")
+    expires = job.lease_expires_at
+    if expires is not None and expires < now:
+        return Explanation(
+            job.id, job.state,
+            f"Was leased by worker {owner} (attempt {_attempts_of(job)}), but the lease "
+            f"expired {when(expires, now)}: the worker stopped heartbeating.",
+            details, "A timer rescues it on its next pass: it retries, or goes dead if no "
+            "attempts are left.", can_cancel=True)
+    until = f" until {when(expires, now)}" if expires else ""
+    return Explanation(
+        job.id, job.state,
+        f"Running: leased by worker {owner}{until} (attempt {_attempts_of(job)}).",
+        details, "The worker renews the lease while the handler runs, then records the "
+        "outcome.", can_cancel=True)
+
+
+def _succeeded(job: Job, ctx: Context) -> Explanation:
+    details = []
+    if job.started_at and job.finished_at:
+        details.append(f"Ran for {duration((job.finished_at - job.started_at).total_seconds())}"
+                       f" and started {duration((job.started_at - job.run_at).total_seconds())}"
+                       " after it was due.")
+    at = when(job.finished_at, ctx.now) if job.finished_at else "an unknown time"
+    return Explanation(job.id, job.state,
+                       f"Succeeded at {at} on attempt {_attempts_of(job)}.", details)
+
+
+def _dead(job: Job, ctx: Context) -> Explanation:
+    last = _last(job.attempts)
+    error = (last.error if last and last.error else job.last_error) or "no error recorded"
+    at = when(job.finished_at, ctx.now) if job.finished_at else "an unknown time"
+    if last and last.outcome is AttemptOutcome.PERMANENT:
+        why = f"its handler raised a permanent error: {error}"
+    elif last and last.outcome is AttemptOutcome.NO_HANDLER:
+        why = f"no consumer has a handler for kind {job.kind!r}: {error}"
+    elif last and last.outcome is AttemptOutcome.LEASE_EXPIRED:
+        why = (f"its last attempt ({_attempts_of(job)}) was lost when worker {last.worker} "
+               "stopped heartbeating")
+    else:
+        why = f"attempt {_attempts_of(job)} failed and no attempts are left: {error}"
+    return Explanation(job.id, job.state, f"Dead since {at} because {why}.",
+                       [f"{len(job.attempts)} attempt(s) recorded."],
+                       "Retry it to run it again with a fresh attempt count.", can_retry=True)
+
+
+def _cancelled(job: Job, ctx: Context) -> Explanation:
+    at = when(job.finished_at, ctx.now) if job.finished_at else "an unknown time"
+    return Explanation(job.id, job.state, f"Cancelled at {at} by an operator or the API.",
+                       [], "Retry it to run it again.", can_retry=True)
+
+
+_BY_STATE: dict[JobState, Callable[[Job, Context], Explanation]] = {
+    JobState.SCHEDULED: _scheduled,
+    JobState.RETRYING: _retrying,
+    JobState.DISPATCHED: _dispatched,
+    JobState.RUNNING: _running,
+    JobState.SUCCEEDED: _succeeded,
+    JobState.DEAD: _dead,
+    JobState.CANCELLED: _cancelled,
+}
+
+PausedScheduleLookup = Callable[[Connection, Job], "str | None"]
+
+paused_schedule_lookups: list[PausedScheduleLookup] = []
+"""Hooks that name a paused schedule holding a job back (recurring schedules register one)."""
+
+
+def gather(conn: Connection, job: Job, *,
+           stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS) -> Context:
+    """Load what `explain` needs, on the database clock."""
+    now = job_queries.database_now(conn)
+    live = job_queries.workers(conn, stale_after_seconds=stale_after_seconds, now=now)
+    lease_worker = next((w for w in live if w.id == job.lease_owner), None)
+    queue_workers = sum(1 for w in live if w.status == "alive" and job.queue in w.queues)
+    ahead = None
+    if job.state in (JobState.SCHEDULED, JobState.RETRYING) and job.run_at <= now:
+        ahead = job_queries.due_ahead(conn, job, now)
+    paused = None
+    for lookup in paused_schedule_lookups:
+        paused = lookup(conn, job)
+        if paused:
+            break
+    return Context(now, lease_worker, queue_workers, ahead, paused)

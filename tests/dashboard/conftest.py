@@ -1,0 +1,85 @@
+"""Dashboard fixtures: the app against the per-test database, HTTP clients with each role,
+a real uvicorn server on a free loopback port for the browser, and Chromium from Debian's
+package for pytest-playwright."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+
+from dashboard.app import create_app
+from dashboard.settings import DashboardSettings
+from devstack.ports import free_port
+from tests.wait import wait_for
+
+OPERATOR = "operator-token-for-tests-0001"
+VIEWER = "viewer-token-for-tests-00001"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    # `playwright install` cannot download a browser here: use Debian's Chromium.
+    return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium",
+            "args": ["--headless", "--no-sandbox", "--disable-gpu",
+                     "--disable-background-networking", "--disable-component-update",
+                     "--disable-sync", "--no-first-run"]}
+
+
+@pytest.fixture
+def dashboard_settings(database_url: str) -> DashboardSettings:
+    return DashboardSettings(database_url=database_url, dashboard_operator_token=OPERATOR,
+                             dashboard_viewer_token=VIEWER, dashboard_stats_ttl_seconds=0)
+
+
+@pytest.fixture
+def app(dashboard_settings: DashboardSettings) -> Any:
+    return create_app(dashboard_settings)
+
+
+@pytest.fixture
+def anon(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def operator(app: Any) -> Iterator[TestClient]:
+    with TestClient(app, headers={"Authorization": f"Bearer {OPERATOR}"}) as c:
+        yield c
+
+
+@pytest.fixture
+def viewer(app: Any) -> Iterator[TestClient]:
+    with TestClient(app, headers={"Authorization": f"Bearer {VIEWER}"}) as c:
+        yield c
+
+
+class LiveServer:
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None,
+                                access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        wait_for(lambda: self.server.started, timeout=20, message="uvicorn to start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_server(app: Any) -> Iterator[LiveServer]:
+    server = LiveServer(app)
+    server.start()
+    yield server
+    server.stop()

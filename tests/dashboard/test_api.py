@@ -1,0 +1,274 @@
+"""The HTTP API against a real Postgres: every call goes through FastAPI, auth, the client
+and the operator queries into the per-test database."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dashboard.app import create_app
+from dashboard.settings import DashboardSettings
+from tests.dashboard.conftest import OPERATOR, VIEWER
+
+
+def make_dead(db, job_id: int, error: str = "boom") -> None:
+    db.execute("UPDATE tock_jobs SET state = 'dead', attempt = 3, max_attempts = 3, "
+               "finished_at = now(), last_error = %s WHERE id = %s", (error, job_id))
+    db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, "
+               "outcome, error) VALUES (%s, 3, 'w1', now() - interval '1 s', now(), 'failed', "
+               "%s)", (job_id, error))
+
+
+def enqueue(client: TestClient, **body) -> dict:
+    res = client.post("/api/jobs", json={"kind": "email", **body})
+    assert res.status_code == 201, res.text
+    return res.json()
+
+
+def test_enqueue_get_and_explain(operator):
+    job = enqueue(operator, payload={"to": "a@b"}, delay=3600, priority=4, tenant="acme")
+    assert job["state"] == "scheduled" and job["created"] is True
+    detail = operator.get(f"/api/jobs/{job['id']}").json()
+    assert detail["job"]["payload"] == {"to": "a@b"}
+    assert detail["job"]["tenant"] == "acme"
+    assert detail["attempts"] == []
+    assert detail["explanation"]["summary"].startswith("Not due until ")
+    assert detail["explanation"]["can_cancel"] is True
+    again = operator.get(f"/api/jobs/{job['id']}/explain").json()
+    assert again["summary"].startswith("Not due until")
+
+
+def test_idempotent_key_returns_existing_job(operator):
+    first = enqueue(operator, key="welcome:1")
+    second = enqueue(operator, key="welcome:1")
+    assert second["id"] == first["id"] and second["created"] is False
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"kind": "bad kind!"}, 400, "not a valid kind"),
+    ({"kind": "email", "at": "2030-01-01T00:00:00"}, 400, "timezone-aware"),
+    ({"kind": "email", "at": "2030-01-01T00:00:00Z", "delay": 5}, 400, "either at= or delay="),
+    ({"kind": "email", "queue": "no spaces"}, 400, "not a valid queue name"),
+    ({"kind": "email", "payload": "x" * 300_000}, 400, "over the limit"),
+    ({"kind": "email", "priority": 10}, 422, "less than or equal to 9"),
+    ({"payload": {}}, 422, "kind"),
+])
+def test_bad_enqueue_says_what_is_wrong(operator, body, status, words):
+    res = operator.post("/api/jobs", json=body)
+    assert res.status_code == status
+    assert words in res.text
+
+
+def test_authentication_and_roles(anon, viewer, operator):
+    assert anon.get("/api/jobs").status_code == 401
+    assert anon.get("/api/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    job = enqueue(operator)
+    assert viewer.get(f"/api/jobs/{job['id']}").status_code == 200
+    res = viewer.post("/api/jobs", json={"kind": "email"})
+    assert res.status_code == 403 and "read-only" in res.json()["detail"]
+    assert viewer.post(f"/api/jobs/{job['id']}/cancel").status_code == 403
+    assert viewer.get("/api/me").json() == {"role": "viewer", "csrf_token": None}
+
+
+def test_cancel_retry_and_refusals(operator, db):
+    job = enqueue(operator)
+    assert operator.post(f"/api/jobs/{job['id']}/retry").status_code == 409
+    res = operator.post(f"/api/jobs/{job['id']}/cancel")
+    assert res.status_code == 200 and res.json()["state"] == "cancelled"
+    res = operator.post(f"/api/jobs/{job['id']}/cancel")
+    assert res.status_code == 409 and "it is cancelled" in res.json()["detail"]
+    res = operator.post(f"/api/jobs/{job['id']}/retry")
+    assert res.status_code == 200 and res.json()["state"] == "scheduled"
+    assert operator.get("/api/jobs/999999").status_code == 404
+    assert operator.post("/api/jobs/999999/retry").status_code == 404
+    assert operator.get(f"/api/jobs/{2**63}").status_code == 422
+
+
+def test_list_pages_newest_first_with_filters(operator, db):
+    ids = [enqueue(operator, kind=k, queue=q, tenant=t)["id"] for k, q, t in [
+        ("email", "default", "a"), ("report", "default", "b"), ("email", "bulk", "a"),
+        ("email", "default", None), ("report", "bulk", "a"), ("email", "default", "a"),
+        ("email", "default", "b")]]
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 3, **({"before_id": cursor} if cursor else {})}
+        page = operator.get("/api/jobs", params=params).json()
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(ids, reverse=True)
+
+    def listed(**params):
+        return [j["id"] for j in operator.get("/api/jobs", params=params).json()["jobs"]]
+
+    assert listed(kind="report") == [ids[4], ids[1]]
+    assert listed(queue="bulk") == [ids[4], ids[2]]
+    assert listed(tenant="a", kind="email") == [ids[5], ids[2], ids[0]]
+    make_dead(db, ids[3])
+    assert listed(state=["dead"]) == [ids[3]]
+    assert listed(state=["dead", "scheduled"], queue="bulk") == [ids[4], ids[2]]
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert listed(created_after=future) == []
+    assert len(listed(created_before=future)) == 7
+    res = operator.get("/api/jobs", params={"created_after": "2020-01-01T00:00:00"})
+    assert res.status_code == 400 and "timezone-aware" in res.text
+    res = operator.get("/api/jobs", params={"state": "sleeping"})
+    assert res.status_code == 422
+    assert operator.get("/api/jobs", params={"limit": 501}).status_code == 422
+
+
+def test_bulk_retry_dry_run_then_only_what_was_counted(operator, db):
+    dead = [enqueue(operator, kind="flaky")["id"] for _ in range(3)]
+    other = enqueue(operator, kind="email")["id"]
+    for job_id in dead:
+        make_dead(db, job_id)
+    make_dead(db, other)
+    body = {"filter": {"state": ["dead"], "kind": "flaky"}}
+    plan = operator.post("/api/jobs/bulk/retry", json=body).json()
+    assert plan["dry_run"] is True and plan["count"] == 3
+    assert plan["description"] == "state dead, kind flaky"
+    # A job that dies after the dry run is not part of what the operator confirmed.
+    late = enqueue(operator, kind="flaky")["id"]
+    make_dead(db, late)
+    done = operator.post("/api/jobs/bulk/retry",
+                         json={**body, "dry_run": False, "up_to_id": plan["up_to_id"]}).json()
+    assert done["count"] == 3
+    states = dict(db.execute("SELECT id, state::text FROM tock_jobs").fetchall())
+    assert [states[i] for i in dead] == ["scheduled"] * 3
+    assert states[late] == "dead" and states[other] == "dead"
+
+
+def test_bulk_cancel_and_empty_filter_guard(operator, db):
+    ids = [enqueue(operator, queue="q1")["id"] for _ in range(4)]
+    make_dead(db, ids[0])
+    res = operator.post("/api/jobs/bulk/cancel", json={"dry_run": False})
+    assert res.status_code == 400 and "filter is empty" in res.json()["detail"]
+    plan = operator.post("/api/jobs/bulk/cancel", json={"all": True}).json()
+    assert plan["count"] == 3  # the dead one is not cancellable
+    done = operator.post("/api/jobs/bulk/cancel",
+                         json={"filter": {"queue": "q1"}, "dry_run": False}).json()
+    assert done["count"] == 3
+    assert db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'cancelled'"
+                      ).fetchone()[0] == 3
+
+
+def test_queue_stats_workers_and_metrics(operator, anon, db):
+    past = (datetime.now(UTC) - timedelta(seconds=90)).isoformat()
+    enqueue(operator, kind="email", queue="mail", at=past)
+    enqueue(operator, kind="email", queue="mail", delay=3600)
+    db.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency, in_flight, "
+               "last_heartbeat) VALUES ('w-live', 'h', 1, '{mail}', 4, 1, now()), "
+               "('w-old', 'h', 2, '{mail}', 4, 0, now() - interval '10 min')")
+    stats = operator.get("/api/stats/queues").json()
+    assert len(stats) == 1
+    (row,) = stats
+    assert (row["queue"], row["kind"], row["due"], row["future"], row["depth"]) == (
+        "mail", "email", 1, 1, 1)
+    assert 89 <= row["oldest_due_age_seconds"] < 300
+    workers = {w["id"]: w for w in operator.get("/api/workers").json()}
+    assert workers["w-live"]["status"] == "alive" and workers["w-old"]["status"] == "stale"
+    overview = operator.get("/api/stats/overview").json()
+    assert overview["totals"]["scheduled"] == 2
+    assert overview["by_kind"] == {"email": {"scheduled": 2}}
+    assert len(overview["timeline"]) == 60
+    text = anon.get("/metrics").text
+    assert 'tock_jobs{kind="email",state="scheduled"} 2.0' in text
+    assert 'tock_queue_depth{kind="email",queue="mail"} 1.0' in text
+    age = next(line for line in text.splitlines()
+               if line.startswith("tock_oldest_due_age_seconds{"))
+    assert 89 <= float(age.rsplit(" ", 1)[1]) < 300
+    assert 'tock_workers{status="stale"} 1.0' in text
+    assert "tock_worker_slots 4.0" in text
+
+
+def test_timeline_counts_finished_attempts(operator, db):
+    job = enqueue(operator)["id"]
+    db.execute("UPDATE tock_jobs SET state = 'succeeded', attempt = 1, "
+               "run_at = now() - interval '3 s', started_at = now() - interval '1 s', "
+               "finished_at = now() WHERE id = %s", (job,))
+    db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, "
+               "outcome) VALUES (%s, 1, 'w', now() - interval '1 s', now(), 'succeeded')",
+               (job,))
+    timeline = operator.get("/api/stats/overview").json()["timeline"]
+    finished = [b for b in timeline if b["outcomes"]]
+    assert len(finished) == 1 and finished[0]["outcomes"] == {"succeeded": 1}
+    assert 1.5 < finished[0]["start_lag_p50"] < 2.5
+
+
+def test_health_endpoints(anon, pg_server):
+    assert anon.get("/healthz").text == "ok\n"
+    assert anon.get("/readyz").status_code == 200
+    broken = DashboardSettings(database_url=pg_server.url("no_such_database"),
+                               dashboard_operator_token=OPERATOR)
+    with TestClient(create_app(broken)) as c:
+        assert c.get("/healthz").status_code == 200
+        res = c.get("/readyz")
+        assert res.status_code == 503 and "no_such_database" in res.text
+        res = c.get("/api/jobs", headers={"Authorization": f"Bearer {OPERATOR}"})
+        assert res.status_code == 503
+        assert "tock_cluster_stats_up 0.0" in c.get("/metrics").text
+
+
+def test_openapi_served_and_no_cdn_docs(anon):
+    schema = anon.get("/openapi.json").json()
+    assert "/api/jobs/{job_id}/explain" in schema["paths"]
+    assert anon.get("/docs").status_code == 404
+
+
+def login(client: TestClient, token: str) -> str:
+    """Log in through the form; returns the session's CSRF token."""
+    form = client.get("/login")
+    csrf = client.cookies["tock_login_csrf"]
+    assert f'value="{csrf}"' in form.text
+    res = client.post("/login", data={"token": token, "csrf_token": csrf},
+                      follow_redirects=False)
+    assert res.status_code == 303, res.text
+    return client.get("/api/me").json()["csrf_token"]
+
+
+def test_login_session_and_csrf(anon, db):
+    assert anon.get("/", follow_redirects=False).headers["location"] == "/login"
+    form = anon.get("/login")
+    assert form.status_code == 200
+    res = anon.post("/login", data={"token": OPERATOR, "csrf_token": "forged"})
+    assert res.status_code == 403
+    csrf = anon.cookies["tock_login_csrf"]
+    res = anon.post("/login", data={"token": "wrong", "csrf_token": csrf})
+    assert res.status_code == 401 and "Wrong token" in res.text
+    session_csrf = login(anon, OPERATOR)
+    page = anon.get("/")
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    # A state change with the cookie alone is refused; with the session's token it works.
+    res = anon.post("/api/jobs", json={"kind": "email"})
+    assert res.status_code == 403 and "X-CSRF-Token" in res.json()["detail"]
+    res = anon.post("/api/jobs", json={"kind": "email"},
+                    headers={"X-CSRF-Token": session_csrf})
+    assert res.status_code == 201
+    res = anon.post("/api/jobs", json={"kind": "email"},
+                    headers={"X-CSRF-Token": session_csrf, "Origin": "http://evil.example"})
+    assert res.status_code == 403 and "cross-site" in res.json()["detail"]
+    res = anon.post("/logout", data={"csrf_token": session_csrf}, follow_redirects=False)
+    assert res.status_code == 303
+    assert anon.get("/api/me").status_code == 401
+
+
+def test_viewer_session_cannot_change_anything(anon, db):
+    csrf = login(anon, VIEWER)
+    res = anon.post("/api/jobs", json={"kind": "email"}, headers={"X-CSRF-Token": csrf})
+    assert res.status_code == 403 and "read-only" in res.json()["detail"]
+
+
+def test_settings_refuse_unsafe_configuration(database_url):
+    from shared.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="OPERATOR_TOKEN is required"):
+        DashboardSettings.load(database_url=database_url)
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        DashboardSettings.load(database_url=database_url, dashboard_operator_token="short")
+    dev = DashboardSettings.load(database_url=database_url, dashboard_dev=True)
+    assert dev.dashboard_operator_token and dev.dashboard_viewer_token
+    assert dev.dashboard_host == "127.0.0.1" and dev.loopback_only
