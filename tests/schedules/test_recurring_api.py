@@ -1,0 +1,106 @@
+"""The client API against a real Postgres: upsert by name, update, pause/resume, delete,
+get/list, preview, history."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from shared.client import (
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    pause_schedule,
+    preview_schedule,
+    recurring,
+    resume_schedule,
+    schedule_history,
+    update_schedule,
+)
+from shared.errors import InvalidInput, InvalidSchedule
+from shared.recurring import slot_of
+from shared.schedules import Misfire, Overlap, ScheduleNotFound
+
+T0 = datetime(2026, 6, 1, 12, 0, 7, tzinfo=UTC)
+
+
+def test_recurring_creates_then_upserts_idempotently(client, db):
+    s = recurring("report-15s", "report", {"x": 1}, every=15, client=client, now=T0)
+    assert s.changed
+    assert s.next_slot == datetime(2026, 6, 1, 12, 0, 15, tzinfo=UTC)  # epoch-anchored
+    assert s.next_fire_at == s.next_slot
+    again = recurring("report-15s", "report", {"x": 1}, every=timedelta(seconds=15),
+                      client=client, now=T0 + timedelta(hours=1))
+    assert not again.changed
+    assert again.next_slot == s.next_slot  # an unchanged re-declaration keeps its place
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 1
+
+
+def test_changing_the_payload_keeps_the_place_changing_the_timing_restarts(client):
+    recurring("r", "report", {"x": 1}, every=15, client=client, now=T0)
+    payload = recurring("r", "report", {"x": 2}, every=15, client=client,
+                        now=T0 + timedelta(minutes=5))
+    assert payload.changed and payload.payload == {"x": 2}
+    assert payload.next_slot == datetime(2026, 6, 1, 12, 0, 15, tzinfo=UTC)
+    timing = recurring("r", "report", {"x": 2}, cron="0 3 * * *", tz="Europe/Berlin",
+                       client=client, now=T0 + timedelta(minutes=5))
+    assert timing.cron == "0 3 * * *" and timing.every is None
+    assert timing.next_slot == datetime(2026, 6, 2, 1, 0, tzinfo=UTC)
+
+
+def test_update_get_list_delete(client):
+    recurring("a", "report", every=60, client=client, now=T0)
+    recurring("b", "report", cron="*/5 * * * *", client=client, now=T0)
+    updated = update_schedule("a", overlap="skip", misfire="latest", client=client, now=T0)
+    assert (updated.overlap, updated.misfire) == (Overlap.SKIP, Misfire.LATEST)
+    assert updated.every == timedelta(seconds=60)
+    switched = update_schedule("a", cron="0 * * * *", client=client, now=T0)
+    assert switched.cron == "0 * * * *" and switched.every is None
+    assert [s.name for s in list_schedules(client=client)] == ["a", "b"]
+    assert get_schedule("b", client=client).describe() == "cron '*/5 * * * *' in UTC"
+    delete_schedule("a", client=client)
+    with pytest.raises(ScheduleNotFound, match="no schedule named 'a'"):
+        get_schedule("a", client=client)
+    with pytest.raises(ScheduleNotFound):
+        delete_schedule("a", client=client)
+    with pytest.raises(InvalidInput, match="unknown schedule argument"):
+        update_schedule("b", colour="red", client=client)
+    with pytest.raises(InvalidSchedule, match="malformed"):
+        update_schedule("b", cron="99 * * * *", client=client)
+
+
+def test_invalid_definition_writes_nothing(client, db):
+    with pytest.raises(InvalidSchedule, match="unknown time zone"):
+        recurring("x", "report", cron="0 2 * * *", tz="Europe/Nowhere", client=client)
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
+
+
+def test_pause_and_resume_audit_the_slots_that_passed(client):
+    recurring("p", "report", every=60, client=client, now=T0)
+    paused = pause_schedule("p", client=client, now=T0)
+    assert paused.paused
+    # Re-declaring at start-up does not unpause an operator's pause.
+    assert recurring("p", "report", every=60, client=client, now=T0).paused
+    resumed = resume_schedule("p", client=client, now=T0 + timedelta(minutes=10, seconds=30))
+    assert not resumed.paused
+    assert resumed.next_slot == datetime(2026, 6, 1, 12, 11, tzinfo=UTC)
+    (event,) = schedule_history("p", client=client)
+    assert event.reason == "paused"
+    assert (event.first_slot, event.last_slot, event.slot_count) == (
+        datetime(2026, 6, 1, 12, 1, tzinfo=UTC), datetime(2026, 6, 1, 12, 10, tzinfo=UTC), 10)
+
+
+def test_preview_by_name(client):
+    recurring("nightly", "report", cron="30 2 * * *", tz="Europe/Berlin", spread=0,
+              client=client, now=datetime(2026, 3, 27, 12, tzinfo=UTC))
+    fires = preview_schedule("nightly", 3, after=datetime(2026, 3, 27, 12, tzinfo=UTC),
+                             client=client)
+    assert [f.local.strftime("%d %H:%M%z") for f in fires] == [
+        "28 02:30+0100", "29 03:00+0200", "30 02:30+0200"]
+    with pytest.raises(InvalidInput, match="n must be"):
+        preview_schedule("nightly", 0, client=client)
+
+
+def test_slot_of_reads_the_run_key():
+    assert slot_of("nightly:2026-03-29T01:00:00Z") == datetime(2026, 3, 29, 1, tzinfo=UTC)
+    assert slot_of("welcome:42") is None
+    assert slot_of(None) is None
