@@ -156,6 +156,8 @@ function latencyChart(timeline) {
       if (b[key] === null) return;
       const x = pad + i * step, y = H - (b[key] / max) * (H - 14);
       d += `${d ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
+      svg.append(el("svg:circle", {cx: x, cy: y, r: 2.5, fill: color},
+                    el("svg:title", {}, `${key.endsWith("p95") ? "p95" : "p50"} ${b[key].toFixed(3)} s`)));
     });
     if (d) svg.append(el("svg:path", {d, fill: "none", stroke: color, "stroke-width": 2}));
   }

@@ -1,0 +1,173 @@
+"""The dashboard in a real headless Chromium (Debian's package) against a real uvicorn
+server, Postgres and, where jobs must run, a real Timer and Consumer on the LocalStack SQS
+fixture. The page is never reloaded after login: what changes shows up by itself."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from consumer.tasks import Registry
+from consumer.worker import Consumer
+from devstack.ports import free_port
+from shared.client import Client
+from tests.dashboard.conftest import OPERATOR, VIEWER, LiveServer
+from tests.dashboard.test_api import make_dead
+from tests.wait import wait_for
+from timer_service.service import Timer
+
+pytestmark = pytest.mark.browser
+
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
+
+
+def login(page: Page, server: LiveServer, token: str) -> None:
+    page.goto(server.url + "/")
+    expect(page).to_have_url(server.url + "/login")  # login is required
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    expect(page.get_by_test_id("role")).to_have_text("operator" if token == OPERATOR
+                                                     else "viewer")
+
+
+@pytest.fixture
+def system(transport: Any, timer_settings: Any, consumer_settings: Any) -> Iterator[None]:
+    """A timer and a consumer running for real, in this process, on threads."""
+    registry = Registry()
+    registry.add("email", lambda payload, ctx: None)
+
+    def flaky(payload: Any, ctx: Any) -> None:
+        raise RuntimeError(f"upstream said no (attempt {ctx.attempt})")
+
+    registry.add("flaky", flaky, max_attempts=2)
+    timer = Timer(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport)
+    consumer = Consumer(consumer_settings, registry, transport)
+    thread = threading.Thread(target=timer.run_forever, daemon=True)
+    thread.start()
+    consumer.start()
+    yield
+    consumer.shutdown()
+    timer.stop_flag.set()
+    thread.join(timeout=15)
+
+
+def test_job_enqueued_through_the_page_reaches_succeeded(
+        page: Page, live_server: LiveServer, system: None, client: Client, db: Any) -> None:
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    login(page, live_server, OPERATOR)
+    page.click("text=Enqueue")
+    page.fill("[name=kind]", "email")
+    page.fill("[name=payload]", '{"to": "ops@example.com"}')
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+    expect(page).to_have_url(f"{live_server.url}/#/jobs/1")
+    expect(page.get_by_test_id("job-state")).to_have_text("succeeded", timeout=30_000)
+    expect(page.get_by_test_id("explanation")).to_contain_text("Succeeded at")
+    expect(page.get_by_test_id("attempts")).to_contain_text("Attempt 1")
+    row = db.execute("SELECT state::text, payload FROM tock_jobs WHERE id = 1").fetchone()
+    assert row == ("succeeded", {"to": "ops@example.com"})
+
+    page.click("text=Jobs")
+    expect(page.get_by_test_id("job-state-1")).to_have_text("succeeded")
+
+    # The overview fills in live as more work runs: the README's screenshot.
+    page.click("text=Overview")
+    client.schedule_many([{"kind": "email", "payload": {"n": n}} for n in range(12)]
+                         + [{"kind": "flaky"} for _ in range(3)]
+                         + [{"kind": "email", "delay": 3600} for _ in range(2)])
+    expect(page.get_by_test_id("count-succeeded")).to_contain_text("13", timeout=30_000)
+    expect(page.get_by_test_id("count-dead")).to_contain_text("3", timeout=30_000)
+    expect(page.get_by_test_id("count-scheduled")).to_contain_text("2")
+    expect(page.get_by_test_id("worker-row")).to_contain_text("alive")
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+def test_dead_jobs_retry_button_sends_it_back_to_scheduled(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    job = client.schedule("flaky", {"n": 1})
+    make_dead(db, job.id, "upstream said no")
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.get_by_test_id("job-state")).to_have_text("dead")
+    expect(page.get_by_test_id("explanation")).to_contain_text("upstream said no")
+    page.get_by_test_id("retry-button").click()
+    expect(page.get_by_test_id("job-state")).to_have_text("scheduled")
+    assert client.get(job.id).state.value == "scheduled"
+
+
+def test_bulk_retry_shows_its_dry_run_count_first(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    dead = [client.schedule("flaky").id for _ in range(3)]
+    other = client.schedule("email").id
+    for job_id in [*dead, other]:
+        make_dead(db, job_id)
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs?state=dead&kind=flaky")
+    expect(page.get_by_test_id(f"job-row-{dead[0]}")).to_be_visible()
+    page.get_by_test_id("bulk-retry").click()
+    expect(page.locator("#confirm")).to_be_visible()
+    expect(page.locator("#confirm-title")).to_have_text("Retry 3 job(s)?")
+    expect(page.locator("#confirm-text")).to_contain_text("state dead, kind flaky")
+    # Counting changed nothing: the operator has not confirmed yet.
+    states = db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dead'").fetchone()[0]
+    assert states == 4
+    page.locator("#confirm-yes").click()
+    expect(page.locator("#toast")).to_have_text("Retried 3 job(s).")
+    wait_for(lambda: db.execute(
+        "SELECT array_agg(id ORDER BY id) FROM tock_jobs WHERE state = 'scheduled'"
+    ).fetchone()[0] == dead, message="the three flaky jobs to be scheduled")
+    assert client.get(other).state.value == "dead"
+    # The filtered list (state dead) refreshes by itself: the retried jobs leave it.
+    expect(page.get_by_test_id(f"job-row-{dead[0]}")).to_have_count(0)
+
+
+def test_viewer_sees_but_cannot_retry(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    job = client.schedule("flaky")
+    make_dead(db, job.id)
+    login(page, live_server, VIEWER)
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.get_by_test_id("job-state")).to_have_text("dead")
+    expect(page.get_by_test_id("retry-button")).to_be_disabled()
+    # Even a hand-made request from the viewer's session is refused by the server.
+    status = page.evaluate(
+        """async (id) => {
+             const me = await (await fetch('/api/me')).json();
+             const res = await fetch(`/api/jobs/${id}/retry`,
+               {method: 'POST', headers: {'X-CSRF-Token': me.csrf_token || ''}});
+             return res.status;
+           }""", job.id)
+    assert status == 403
+    assert client.get(job.id).state.value == "dead"
+    page.click("text=Jobs")
+    expect(page.get_by_test_id("bulk-retry")).to_be_disabled()
+
+
+@pytest.mark.parametrize("evil_host", ["127.0.0.1", "localhost"],
+                         ids=["same-site-other-port", "cross-site"])
+def test_cross_site_form_post_is_rejected(
+        page: Page, live_server: LiveServer, client: Client, db: Any, evil_host: str) -> None:
+    """A logged-in operator visits another site whose page posts a form to the dashboard.
+    Same site on another port: the browser sends the cookie, and the CSRF check refuses.
+    Another site: the SameSite=Strict cookie is not even sent."""
+    job = client.schedule("flaky")
+    make_dead(db, job.id)
+    login(page, live_server, OPERATOR)
+    evil = f"http://{evil_host}:{free_port()}/win-a-prize"
+    target = f"{live_server.url}/api/jobs/{job.id}/retry"
+    page.route(evil, lambda route: route.fulfill(content_type="text/html", body=(
+        f'<form id="f" method="post" action="{target}">'
+        '<input type="hidden" name="state" value="scheduled"></form>'
+        '<script>document.getElementById("f").submit()</script>')))
+    with page.expect_response(target) as response:
+        page.goto(evil)
+    assert response.value.status in (401, 403)
+    if evil_host == "127.0.0.1":
+        assert response.value.status == 403
+        assert "cross-site" in response.value.text()
+    assert client.get(job.id).state.value == "dead"
