@@ -13,6 +13,7 @@ usage: <image> PROCESS [ARGS...]
   dashboard                    python -m dashboard (listens on TOCK_DASHBOARD_PORT, 8080)
   migrate                      tock migrate (apply database migrations, then exit)
   tock ARGS...                 any other `tock` command
+  python ARGS...               a one-off Python command (e.g. python -m demo.producer)
 
 Settings come from TOCK_* environment variables (see README, "Configuration").
 USAGE
@@ -31,6 +32,7 @@ case "$process" in
     dashboard) exec python -m dashboard "$@" ;;
     migrate) exec tock migrate "$@" ;;
     tock) exec tock "$@" ;;
+    python) exec python "$@" ;;
     help | -h | --help)
         usage
         exit 0
