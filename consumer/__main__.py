@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     consumer = Consumer(settings, registry)
     consumer.stop_flag.install_signal_handlers()
+    if settings.health_port:
+        from shared.health import HealthServer, consumer_probes
+
+        live, ready = consumer_probes(consumer)
+        HealthServer(settings.health_port, live=live, ready=ready, process="consumer").start()
     consumer.run_forever()
     return 0
 

@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
 
     timer = Timer(settings)
     timer.stop_flag.install_signal_handlers()
+    if settings.health_port:
+        from shared.health import HealthServer, timer_probes
+
+        live, ready = timer_probes(timer)
+        HealthServer(settings.health_port, live=live, ready=ready, process="timer").start()
     timer.run_forever()
     return 0
 

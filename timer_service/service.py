@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -114,6 +115,7 @@ class Timer:
                     listener = connect(self.settings.database_url, autocommit=True)
                     listener.execute("LISTEN tock_due")
                 result = self.run_once()
+                self.last_pass_ok = time.monotonic()  # readiness (shared.health)
                 self._log_pass(result)
                 error_backoff = 0.0
                 if result.refused:

@@ -1,0 +1,109 @@
+"""Liveness, readiness and /metrics of the timer and consumer (shared.health): in-process
+against their real loops, and as real processes started with TOCK_HEALTH_PORT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+from consumer.tasks import Registry
+from consumer.worker import Consumer
+from devstack.ports import free_port
+from shared.health import HealthServer, consumer_probes, timer_probes
+from tests.wait import wait_for
+from timer_service.service import Timer
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as res:
+            return res.status, res.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def test_timer_probes_follow_its_loop(transport, timer_settings, client):
+    timer = Timer(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport)
+    loop = threading.Thread(target=timer.run_forever, daemon=True)
+    live, ready = timer_probes(timer, loop)
+    server = HealthServer(0, live=live, ready=ready, host="127.0.0.1", process="timer").start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        status, body = get(base + "/readyz")
+        assert status == 503 and "no successful timer pass yet" in body
+        loop.start()
+        wait_for(lambda: get(base + "/readyz")[0] == 200, message="timer ready")
+        assert get(base + "/healthz")[0] == 200
+        client.schedule("email")
+        wait_for(lambda: 'tock_jobs_dispatched_total{queue="default"}' in get(
+            base + "/metrics")[1], message="dispatch counted in /metrics")
+        assert get(base + "/nope")[0] == 404
+        timer.stop_flag.set()
+        loop.join(timeout=10)
+        status, body = get(base + "/healthz")
+        assert status == 503 and ("exited" in body or "stopping" in body)
+    finally:
+        timer.stop_flag.set()
+        server.close()
+
+
+def test_consumer_ready_after_a_heartbeat(consumer_settings, transport):
+    consumer = Consumer(consumer_settings, Registry(), transport)
+    live, ready = consumer_probes(consumer)
+    server = HealthServer(0, live=live, ready=ready, host="127.0.0.1").start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        consumer.open()
+        assert get(base + "/healthz")[0] == 200
+        status, body = get(base + "/readyz")
+        assert status == 503 and "no successful heartbeat yet" in body
+        consumer.heartbeat_once()
+        status, body = get(base + "/readyz")
+        assert status == 200 and "last successful heartbeat" in body
+    finally:
+        server.close()
+        consumer.pool.close()
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, *args], env={**os.environ, **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err.decode()
+
+
+def test_processes_serve_probes_on_tock_health_port(database_url, queue_prefix, transport):
+    common = {"TOCK_DATABASE_URL": database_url, "TOCK_QUEUE_PREFIX": queue_prefix,
+              "TOCK_HEALTH_HOST": "127.0.0.1", "TOCK_LOG_FORMAT": "json"}
+    timer_port, consumer_port = free_port(), free_port()
+    timer = _spawn(["-m", "timer_service"], {**common, "TOCK_HEALTH_PORT": str(timer_port)})
+    consumer = _spawn(["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "2"], {
+        **common, "TOCK_HEALTH_PORT": str(consumer_port), "TOCK_HEARTBEAT_SECONDS": "0.5",
+        "TOCK_LEASE_SECONDS": "5", "TOCK_VISIBILITY_TIMEOUT_SECONDS": "10"})
+    procs: list[Any] = [timer, consumer]
+    try:
+        for port in (timer_port, consumer_port):
+            wait_for(lambda p=port: get(f"http://127.0.0.1:{p}/readyz")[0] == 200,
+                     timeout=60, message=f"readyz on {port}")
+            assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+            assert "# HELP" in get(f"http://127.0.0.1:{port}/metrics")[1]
+    finally:
+        logs = [_stop(p) for p in procs]
+    assert '"event": "health_server_started"' in logs[0]
+    assert '"event": "health_server_started"' in logs[1]
