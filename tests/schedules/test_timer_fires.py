@@ -9,7 +9,6 @@ from consumer.tasks import Registry
 from consumer.worker import Consumer
 from shared.client import recurring, schedule_history
 from shared.schedule_slots import slot_key
-from shared.states import JobState
 from timer_service.service import Timer
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -162,7 +161,7 @@ def test_three_timers_racing_make_exactly_one_job_per_slot(client, db, transport
                 barrier.wait(timeout=60)
                 # Each timer's clock is a little off from the others', as on real hosts.
                 fired[i] += timers[i].run_once(now=T0 + step * S + i * 150 * MS).fired
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(exc)
             barrier.abort()
 
