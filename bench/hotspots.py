@@ -1,0 +1,154 @@
+"""Where the time goes: cProfile in every thread of an in-process timer + consumer run over
+the in-memory transport, and the database time per tock statement (pg_stat_statements)."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from bench.pipeline import Context, insert_due, run_in_memory, statement_times
+from shared import sql
+
+# pg_stat_statements shows bound parameters and constants alike as $n: fold both sides
+# (placeholders, quoted literals, numbers) to `$` and drop comments before comparing.
+_PLACEHOLDER = re.compile(r"%\(\w+\)s|\$\d+|'[^']*'|\b\d+(\.\d+)?\b")
+_COMMENT = re.compile(r"--[^\n]*")
+_SPACE = re.compile(r"\s+")
+
+# Entry points whose cumulative time, per job, says which step costs what.
+STEPS = {
+    "dispatcher.py:dispatch_due": "timer: claim due + send + commit (one batch)",
+    "dispatcher.py:_send": "timer: SendMessageBatch calls (waiting on sends)",
+    "worker.py:receive_once": "consumer: receive + claim",
+    "worker.py:_claim_rows": "consumer: claim statement",
+    "worker.py:_explain_unclaimed": "consumer: explain unclaimed messages",
+    "worker.py:run_handler": "consumer: handler (no-op) and outcome",
+    "worker.py:_finish": "consumer: completion write + delete",
+    "worker.py:_write": "consumer: FINISH_ATTEMPTS statement",
+    "worker.py:_delete": "consumer: DeleteMessageBatch",
+    "logs.py:emit": "structured logging (emit)",
+    "rescuer.py:rescue_expired": "timer: lease rescue query",
+    "rescuer.py:redispatch_stuck": "timer: stuck re-dispatch query",
+    "service.py:seconds_until_next_due": "timer: next-due query",
+}
+
+# Waiting for work to arrive is not cost: leave these out of the self-time table.
+_IDLE = ("acquire' of '_thread.lock", "queue.py", "threading.py", "time.sleep",
+         "SimpleQueue", "select.epoll")
+
+
+def _normal(text: str) -> str:
+    text = _PLACEHOLDER.sub("$", _COMMENT.sub("", text)).replace("extract(epoch", "extract($")
+    return _SPACE.sub(" ", text).strip()
+
+
+_NAMES = {_normal(v): k for k, v in vars(sql).items()
+          if k.isupper() and isinstance(v, str) and len(v) > 40}
+
+
+def statement_name(query: str) -> str:
+    """The `shared.sql` name of a statement pg_stat_statements reports, else its start."""
+    normal = _normal(query)
+    if normal in _NAMES:
+        return f"sql.{_NAMES[normal]}"
+    # pg_stat_statements folds a few more tokens than we do: accept a long common prefix.
+    best, name = max((_common_prefix(normal, text), name) for text, name in _NAMES.items())
+    if best >= 120:
+        return f"sql.{name}"
+    return normal[:90]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@contextmanager
+def profile_all_threads() -> Iterator[list[cProfile.Profile]]:
+    """Profile every thread started inside the block (and this one)."""
+    profiles: list[cProfile.Profile] = []
+    original = threading.Thread.run
+
+    def run(self: threading.Thread) -> None:
+        prof = cProfile.Profile()
+        profiles.append(prof)
+        prof.enable()
+        try:
+            original(self)
+        finally:
+            prof.disable()
+
+    main = cProfile.Profile()
+    profiles.append(main)
+    threading.Thread.run = run  # type: ignore[method-assign]
+    main.enable()
+    try:
+        yield profiles
+    finally:
+        main.disable()
+        threading.Thread.run = original  # type: ignore[method-assign]
+
+
+def measure(ctx: Context) -> None:
+    n = ctx.profile.hotspot_jobs
+    if n <= 0:
+        return
+    url = ctx.services.fresh_database("bench_hotspots")
+    insert_due(url, n)
+    from bench.pipeline import _reset_statements
+
+    _reset_statements(url)
+    with profile_all_threads() as profiles:
+        run_in_memory(url, ctx.profile.consumer_concurrency, n, ctx.log_dir / "hotspots.log")
+    stats = pstats.Stats(profiles[0], stream=io.StringIO())
+    for prof in profiles[1:]:
+        stats.add(prof)
+    ctx.results.hotspots["memory_run_jobs"] = n
+    ctx.results.hotspots["steps_ms_per_job"] = _steps(stats, n)
+    ctx.results.hotspots["self_time_top"] = _self_time(stats, n)
+    ctx.results.hotspots["statements_memory"] = statement_times(url, n)
+    ctx.progress.say(f"  profiled {n} jobs in memory ({len(profiles)} threads)")
+
+
+def _entries(stats: pstats.Stats) -> Iterator[tuple[str, str, Any]]:
+    for (filename, line, func), value in stats.stats.items():  # type: ignore[attr-defined]
+        yield filename, f"{filename.rsplit('/', 1)[-1]}:{func}", (line, value)
+
+
+def _steps(stats: pstats.Stats, jobs: int) -> list[dict[str, Any]]:
+    out = []
+    for _filename, short, (_line, value) in _entries(stats):
+        if short in STEPS:
+            _cc, ncalls, _tt, cumulative, _callers = value
+            out.append({"step": STEPS[short], "function": short, "calls": ncalls,
+                        "ms_per_job": round(cumulative * 1000 / jobs, 4)})
+    return sorted(out, key=lambda s: -s["ms_per_job"])
+
+
+def _self_time(stats: pstats.Stats, jobs: int, top: int = 20) -> list[dict[str, Any]]:
+    rows = []
+    for filename, short, (line, value) in _entries(stats):
+        label = f"{filename}:{line}({short.split(':', 1)[1]})"
+        if any(marker in label for marker in _IDLE):
+            continue
+        _cc, ncalls, tottime, _cum, _callers = value
+        rows.append({"function": label.replace(str(ctx_root()), ""), "calls": ncalls,
+                     "self_ms_per_job": round(tottime * 1000 / jobs, 4)})
+    rows.sort(key=lambda r: -r["self_ms_per_job"])
+    return rows[:top]
+
+
+def ctx_root() -> str:
+    from bench.services import ROOT
+
+    return f"{ROOT}/"

@@ -1,0 +1,280 @@
+"""tock's own figures: enqueue, dispatch, end to end with 1/2/4 consumer processes, and the
+database work per job over the in-memory transport. Each phase gets a fresh database and
+its own SQS queue prefix. Rates come from the database's own timestamps (run_at,
+dispatched_at, started_at, finished_at), so nothing is timed inside a handler process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import noop_tasks, waiting
+from bench.memory_transport import MemoryTransport
+from bench.procs import Fleet, RssSampler
+from bench.profiles import Profile
+from bench.progress import Progress
+from bench.results import Results
+from bench.services import Services
+from bench.stats import rate
+from consumer.tasks import Registry
+from consumer.worker import Consumer
+from shared.client import Client
+from shared.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.sqs import SqsTransport
+from timer_service.service import Timer
+
+INSERT_DUE = """
+INSERT INTO tock_jobs (kind, queue, payload, run_at)
+SELECT %(kind)s, 'default', jsonb_build_object('n', g),
+       coalesce(%(at)s::timestamptz, now()) + random() * make_interval(secs => %(spread)s)
+FROM generate_series(1, %(n)s) AS g
+"""
+
+COUNT_STATE = "SELECT count(*) FROM tock_jobs WHERE state = %(state)s"
+LIVE_WORKERS = "SELECT count(*) FROM tock_workers WHERE stopped_at IS NULL"
+
+
+@dataclass
+class Context:
+    services: Services
+    profile: Profile
+    results: Results
+    progress: Progress
+    sampler: RssSampler
+    log_dir: Path
+    _prefixes: int = 0
+
+    def phase_queue(self, phase: str) -> str:
+        """A fresh SQS queue prefix with its `default` queue created."""
+        self._prefixes += 1
+        prefix = f"b{self._prefixes}{phase[:8]}-"
+        SqsTransport(prefix).create_queue("default", visibility_timeout=60)
+        return prefix
+
+    def fleet(self, phase: str, url: str, prefix: str) -> Fleet:
+        fleet = Fleet(url, prefix, self.log_dir, phase, self.services.aws_env(),
+                      self.profile.consumer_concurrency)
+        self.sampler.watch(fleet)
+        return fleet
+
+
+def insert_due(url: str, n: int, *, at: Any = None, spread_seconds: float = 0.0) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(INSERT_DUE, {"kind": noop_tasks.KIND, "n": n, "at": at,
+                                  "spread": spread_seconds})
+
+
+def _timeout(jobs: int) -> float:
+    """Generous: a stuck pipeline fails the run instead of hanging it."""
+    return 60.0 + jobs / 50.0
+
+
+# --- enqueue ----------------------------------------------------------------------------------
+
+def enqueue(ctx: Context) -> None:
+    p = ctx.profile
+    url = ctx.services.fresh_database("bench_enqueue")
+    with Client(ClientSettings(database_url=url)) as client:
+        client.schedule(noop_tasks.KIND, {"warm": True}, delay=3600)
+        start = time.perf_counter()
+        for i in range(p.enqueue_one_by_one):
+            client.schedule(noop_tasks.KIND, {"n": i}, delay=3600)
+        one = rate(p.enqueue_one_by_one, time.perf_counter() - start)
+        batch = [{"kind": noop_tasks.KIND, "payload": {"n": i}, "delay": 3600}
+                 for i in range(p.enqueue_batch_size)]
+        start = time.perf_counter()
+        for _ in range(p.enqueue_batches):
+            client.schedule_many(batch)
+        many = rate(p.enqueue_batches * p.enqueue_batch_size, time.perf_counter() - start)
+    ctx.results.ratio("enqueue.one", "enqueue", "schedule() one by one", one, "jobs/s",
+                      "raw.pg.insert_1")
+    ctx.results.ratio("enqueue.many", "enqueue",
+                      f"schedule_many() in batches of {p.enqueue_batch_size}", many, "jobs/s",
+                      "raw.pg.insert_batch")
+    ctx.progress.say(f"  schedule(): {one:,.0f} jobs/s; schedule_many(): {many:,.0f} jobs/s")
+
+
+# --- dispatch, then consume-only with one consumer ----------------------------------------------
+
+DISPATCH_RATE = """
+SELECT count(*) FILTER (WHERE dispatched_at < m.last),
+       extract(epoch FROM m.last - m.first)
+FROM tock_jobs, (SELECT min(dispatched_at) AS first, max(dispatched_at) AS last
+                 FROM tock_jobs) m
+GROUP BY m.first, m.last
+"""
+
+# Jobs finished once every consumer had announced itself, over that window: start-up skew
+# between processes does not count against them.
+CONSUME_RATE = """
+SELECT count(*) FILTER (WHERE finished_at >= w.ready),
+       extract(epoch FROM max(finished_at) - w.ready)
+FROM tock_jobs, (SELECT max(started_at) AS ready FROM tock_workers) w
+GROUP BY w.ready
+"""
+
+END_TO_END = """
+SELECT count(*), extract(epoch FROM max(finished_at) - min(run_at))
+FROM tock_jobs WHERE state = 'succeeded'
+"""
+
+
+def dispatch(ctx: Context) -> None:
+    """The real timer process dispatching a due backlog with no consumer running; then
+    one consumer draining the queue it filled (SQS receive + delete + DB claim + complete)."""
+    n = ctx.profile.dispatch_jobs
+    url = ctx.services.fresh_database("bench_dispatch")
+    prefix = ctx.phase_queue("dispatch")
+    insert_due(url, n)
+    fleet = ctx.fleet("dispatch", url, prefix)
+    try:
+        fleet.start_timer()
+        waiting.until(url, COUNT_STATE, lambda v: v == n, params={"state": "dispatched"},
+                      timeout=_timeout(n), what=f"{n} jobs dispatched", fleet=fleet)
+        count, seconds = _row(url, DISPATCH_RATE)
+        sent = rate(count, float(seconds))
+        ctx.results.ratio("dispatch.sqs", "dispatch", "timer: due rows to SQS messages", sent,
+                          "jobs/s", "raw.sqs.send", minimum=0.7)
+        ctx.results.ratio("dispatch.vs_claim", "dispatch",
+                          "timer dispatch vs the bare claim (batch 100)", sent, "jobs/s",
+                          "raw.pg.claim_b100")
+        ctx.progress.say(f"  dispatch: {sent:,.0f} jobs/s")
+        fleet.start_consumers(1)
+        waiting.until(url, COUNT_STATE, lambda v: v == n, params={"state": "succeeded"},
+                      timeout=_timeout(n), what=f"{n} jobs succeeded", fleet=fleet)
+        count, seconds = _row(url, CONSUME_RATE)
+        consumed = rate(count, float(seconds))
+        ctx.results.ratio("consume.c1", "end-to-end",
+                          "1 consumer draining a dispatched backlog (no timer work)",
+                          consumed, "jobs/s", "raw.sqs.cycle", minimum=0.8)
+        ctx.progress.say(f"  consume only, 1 consumer: {consumed:,.0f} jobs/s")
+    finally:
+        fleet.stop()
+
+
+# --- end to end with 1, 2, 4 consumers ----------------------------------------------------------
+
+def end_to_end(ctx: Context) -> int:
+    """Timer + k consumer processes running; a due backlog inserted at once; completed
+    jobs/s from due to the last finish. Returns the consumer count that did best."""
+    n = ctx.profile.dispatch_jobs
+    by_count: dict[int, float] = {}
+    for k in ctx.profile.consumer_counts:
+        url = ctx.services.fresh_database(f"bench_e2e_{k}")
+        prefix = ctx.phase_queue(f"e2e{k}")
+        fleet = ctx.fleet(f"e2e-{k}", url, prefix)
+        try:
+            fleet.start_timer()
+            fleet.start_consumers(k)
+            waiting.until(url, LIVE_WORKERS, _equals(k), timeout=60,
+                          what=f"{k} consumers up", fleet=fleet)
+            _reset_statements(url)
+            insert_due(url, n)
+            waiting.until(url, COUNT_STATE, lambda v: v == n, params={"state": "succeeded"},
+                          timeout=_timeout(n), what=f"{n} jobs succeeded", fleet=fleet)
+            count, seconds = _row(url, END_TO_END)
+            by_count[k] = rate(count, float(seconds))
+            if k == max(ctx.profile.consumer_counts):
+                ctx.results.hotspots["statements_e2e"] = statement_times(url, n)
+        finally:
+            fleet.stop()
+        ctx.results.ratio(f"e2e.c{k}", "end-to-end", f"end to end, {k} consumer process(es)",
+                          by_count[k], "jobs/s", "raw.sqs.cycle", minimum=0.8)
+        ctx.results.ratio(f"e2e.c{k}.vs_path", "end-to-end",
+                          f"end to end, {k} consumer(s), vs send + receive + delete",
+                          by_count[k], "jobs/s", "raw.sqs.path")
+        ctx.progress.say(f"  end to end, {k} consumer(s): {by_count[k]:,.0f} jobs/s")
+    ctx.results.series["throughput_vs_consumers"] = [
+        {"consumers": k, "jobs_per_s": v} for k, v in sorted(by_count.items())]
+    return max(by_count, key=lambda k: by_count[k])
+
+
+# --- database work per job, in-memory transport -------------------------------------------------
+
+def database_work(ctx: Context) -> None:
+    """The same Timer and Consumer code in this process over `MemoryTransport`: what is left
+    is tock's database work (and its Python) per job."""
+    n = ctx.profile.memory_jobs
+    url = ctx.services.fresh_database("bench_memory")
+    insert_due(url, n)
+    run_in_memory(url, ctx.profile.consumer_concurrency, n, ctx.log_dir / "memory.log")
+    rows = _row(url, """SELECT count(*), extract(epoch FROM max(finished_at) - min(dispatched_at))
+                        FROM tock_jobs WHERE state = 'succeeded'""")
+    jobs = rate(rows[0], float(rows[1]))
+    ctx.results.ratio("dbwork.memory", "end-to-end",
+                      "database work per job: timer + consumer over the in-memory transport",
+                      jobs, "jobs/s", "raw.pg.claim_complete_b100", minimum=0.5,
+                      note="timer and consumer share one Python process (one GIL)")
+    ctx.progress.say(f"  database work per job (memory transport): {jobs:,.0f} jobs/s")
+
+
+def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None:
+    """Run a Timer and a Consumer over one MemoryTransport until `jobs` jobs succeeded.
+    They log at INFO to `log_file`, as the real processes do."""
+    transport = MemoryTransport()
+    registry = Registry()
+    registry.add(noop_tasks.KIND, noop_tasks.noop, max_attempts=3, timeout=60)
+    timer = Timer(TimerSettings(database_url=url), transport)
+    consumer = Consumer(ConsumerSettings(database_url=url, concurrency=concurrency,
+                                         receive_wait_seconds=1), registry, transport)
+    handler = logging.FileHandler(log_file)
+    root = logging.getLogger()
+    saved_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    timer_thread = threading.Thread(target=timer.run_forever, name="bench-timer", daemon=True)
+    try:
+        consumer.start()
+        timer_thread.start()
+        waiting.until(url, COUNT_STATE, lambda v: v == jobs, params={"state": "succeeded"},
+                      timeout=_timeout(jobs), what=f"{jobs} jobs succeeded in memory")
+    finally:
+        timer.stop_flag.set()
+        timer_thread.join(timeout=30)
+        consumer.shutdown()
+        root.removeHandler(handler)
+        root.setLevel(saved_level)
+        handler.close()
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _row(url: str, statement: str) -> tuple[Any, ...]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(statement).fetchone()
+    if row is None or row[1] is None:
+        raise RuntimeError(f"nothing measured by: {statement.strip()[:80]}")
+    return tuple(row)
+
+
+def _reset_statements(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def statement_times(url: str, jobs: int) -> list[dict[str, Any]]:
+    """Database time per tock statement (pg_stat_statements) in this database, named after
+    `shared.sql` where the text matches, per job of the phase."""
+    from bench.hotspots import statement_name
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("""
+            SELECT s.query, s.calls, s.total_exec_time, s.rows
+            FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+            WHERE d.datname = current_database()
+            ORDER BY s.total_exec_time DESC LIMIT 15""").fetchall()
+    return [{"statement": statement_name(q), "calls": calls,
+             "total_ms": round(total, 1), "mean_ms": round(total / calls, 3) if calls else None,
+             "rows": nrows, "ms_per_job": round(total / jobs, 4)}
+            for q, calls, total, nrows in rows]
+
+
+def _equals(expected: int) -> Callable[[Any], bool]:
+    return lambda value: bool(value == expected)

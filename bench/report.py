@@ -1,0 +1,195 @@
+"""report.md from a results.json: tables of every figure next to its ceiling, the latency,
+scale and memory tables, where the time goes, and what would close each gap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.gaps import GAP_NOTES
+
+GROUP_TITLES = {
+    "raw-postgres": "Raw Postgres ceilings", "raw-sqs": "Raw SQS ceilings",
+    "enqueue": "Enqueue", "dispatch": "Dispatch", "end-to-end": "End to end",
+    "latency": "Latency", "burst": "Burst", "scale": "Scale", "memory": "Memory",
+}
+
+
+def _num(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 100 or digits == 0:
+            return f"{value:,.0f}" if abs(value) >= 10 else f"{value:,.2f}"
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _met(flag: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: ""}[flag]
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return [*out, ""]
+
+
+def render(data: dict[str, Any], plots: list[str]) -> str:
+    env = data["environment"]
+    figures = data["figures"]
+    lines = [
+        f"# tock benchmark report ({data['profile']} profile)", "",
+        f"Run {data['started_at']}, {(data.get('duration_seconds') or 0) / 60:.1f} minutes, "
+        f"on {env.get('cpu_count')} x {env.get('cpu_model')}, load average "
+        f"{_load(env.get('load_average_start'))} at the start and "
+        f"{_load(env.get('load_average_end'))} at the end. "
+        f"Postgres: {env.get('postgres_mode')}; SQS: {env.get('sqs_server')}.", "",
+        "Every figure sits next to a raw ceiling measured on the same services in the same "
+        "run; on a shared, noisy machine the ratios are the numbers to read, not the "
+        "absolute rates.", "",
+        "## Targets", "",
+    ]
+    targets = [f for f in figures if f["target"]]
+    lines += _table(["figure", "value", "ceiling", "ratio", "target", "met"], [
+        [f["label"], f"{_num(f['value'], 2)} {f['unit']}", _ceiling(f),
+         _num(f["ratio"], 2), f["target"], _met(f["met"])] for f in targets])
+    lines += ["## Every figure", ""]
+    for group, title in GROUP_TITLES.items():
+        mine = [f for f in figures if f["group"] == group]
+        if not mine:
+            continue
+        lines += [f"### {title}", ""]
+        lines += _table(["figure", "value", "ceiling", "ratio", "note"], [
+            [f["label"], f"{_num(f['value'], 2)} {f['unit']}", _ceiling(f),
+             _num(f["ratio"], 2), f["note"]] for f in mine])
+    lines += _latency(data["series"])
+    lines += _scale(data["series"])
+    lines += _memory(figures)
+    lines += _hotspots(data.get("hotspots", {}))
+    lines += _gaps(figures)
+    lines += _environment(env)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def _load(values: Any) -> str:
+    return " / ".join(f"{v:.2f}" for v in values) if values else "?"
+
+
+def _ceiling(f: dict[str, Any]) -> str:
+    if f["ceiling"] is None:
+        return ""
+    return f"{_num(f['ceiling_value'], 2)} (`{f['ceiling']}`)"
+
+
+def _latency(series: dict[str, Any]) -> list[str]:
+    rows = []
+    for key, label in (("latency_simultaneous", "jobs due at one instant"),
+                       ("latency_steady", "steady rate"), ("burst", "burst, due in one second")):
+        s = series.get(key)
+        if not s:
+            continue
+        d = s["due_to_start"]
+        if key == "latency_steady":
+            name = (f"{label} {s['rate_per_s']:.0f}/s "
+                    f"(achieved {s['achieved_rate_per_s']:.0f}/s)")
+        else:
+            name = f"{s['jobs']:,} {label}"
+        dispatch = s.get("due_to_dispatch", {}).get("p99_ms")
+        rows.append([name, str(s.get("consumers")), _num(d["p50_ms"], 1), _num(d["p95_ms"], 1),
+                     _num(d["p99_ms"], 1), _num(d["max_ms"], 1), _num(dispatch, 1)])
+    if not rows:
+        return []
+    headers = ["load", "consumers", "p50 ms", "p95 ms", "p99 ms", "max ms",
+               "due-to-dispatch p99 ms"]
+    return ["## Latency (due-to-start = started_at - run_at, from Postgres)", "",
+            *_table(headers, rows)]
+
+
+def _scale(series: dict[str, Any]) -> list[str]:
+    points = series.get("scale")
+    if not points:
+        return []
+    base = points[0]
+    rows = [[f"{p['pending_rows']:,}", _num(p["claim_jobs_per_s"]),
+             _num(p["claim_jobs_per_s"] / base["claim_jobs_per_s"], 2)
+             if base["claim_jobs_per_s"] else "-",
+             _num(p["dispatch_jobs_per_s"]),
+             _num(p["dispatch_jobs_per_s"] / base["dispatch_jobs_per_s"], 2)
+             if base["dispatch_jobs_per_s"] else "-",
+             f"{p['heap_bytes'] / 2**20:,.1f}", f"{p['index_bytes'] / 2**20:,.1f}",
+             f"{p['indexes'].get('tock_jobs_due_idx', 0) / 2**20:,.1f}"] for p in points]
+    headers = ["pending rows", "claim jobs/s", "ratio", "dispatch jobs/s", "ratio", "heap MB",
+               "all indexes MB", "due index MB"]
+    return ["## Scale", "", *_table(headers, rows)]
+
+
+def _memory(figures: list[dict[str, Any]]) -> list[str]:
+    mine = [f for f in figures if f["group"] == "memory"]
+    if not mine:
+        return []
+    return ["## Memory", "",
+            "RSS of the timer and consumer processes, sampled every 0.5 s while the latency "
+            "and burst phases ran (backlog 0 -> burst -> 0); see memory_rss.png.", ""]
+
+
+def _hotspots(h: dict[str, Any]) -> list[str]:
+    if not h:
+        return []
+    lines = ["## Where the time goes", ""]
+    if h.get("steps_ms_per_job"):
+        lines += [f"cProfile over every thread of an in-process timer + consumer running "
+                  f"{h.get('memory_run_jobs')} jobs over the in-memory transport "
+                  "(cumulative time includes waiting on Postgres; profiling slows Python).", ""]
+        lines += _table(["step", "function", "calls", "ms per job"], [
+            [s["step"], f"`{s['function']}`", _num(s["calls"]), _num(s["ms_per_job"], 3)]
+            for s in h["steps_ms_per_job"]])
+    if h.get("self_time_top"):
+        lines += ["Functions by self time (idle waits left out):", ""]
+        lines += _table(["function", "calls", "self ms per job"], [
+            [f"`{r['function']}`", _num(r["calls"]), _num(r["self_ms_per_job"], 4)]
+            for r in h["self_time_top"][:12]])
+    for key, title in (("statements_e2e", "Database time per statement, end to end with the "
+                                          "most consumers (pg_stat_statements)"),
+                       ("statements_memory", "Database time per statement, in-memory run")):
+        if h.get(key):
+            lines += [f"{title}:", ""]
+            lines += _table(["statement", "calls", "mean ms", "rows", "ms per job"], [
+                [f"`{s['statement']}`", _num(s["calls"]), _num(s["mean_ms"], 3),
+                 _num(s["rows"]), _num(s["ms_per_job"], 3)] for s in h[key][:10]])
+    return lines
+
+
+def _gaps(figures: list[dict[str, Any]]) -> list[str]:
+    missed = [f for f in figures if f["met"] is False]
+    lines = ["## Shortfalls and what would close them", ""]
+    if not missed:
+        return [*lines, "Every target was met in this run.", ""]
+    for f in missed:
+        note = next((text for prefix, text in GAP_NOTES.items() if f["key"].startswith(prefix)),
+                    "No analysis recorded for this figure.")
+        ratio = f" (ratio {f['ratio']:.2f})" if f["ratio"] is not None else ""
+        lines += [f"- **{f['label']}**: {_num(f['value'], 2)} {f['unit']}{ratio}, target "
+                  f"{f['target']}. {note}"]
+    return [*lines, ""]
+
+
+def _environment(env: dict[str, Any]) -> list[str]:
+    lines = ["## Environment", ""]
+    lines += _table(["", ""], [
+        ["CPU", f"{env.get('cpu_count')} x {env.get('cpu_model')}"],
+        ["memory", f"{env.get('memory_total_gb')} GB"],
+        ["platform", str(env.get("platform"))], ["python", str(env.get("python"))],
+        *[[k, str(v)] for k, v in env.get("versions", {}).items()]])
+    lines += ["Postgres settings (durable: nothing traded for speed):", ""]
+    lines += _table(["setting", "value"],
+                    [[k, f"`{v}`"] for k, v in env.get("postgres_settings", {}).items()])
+    return lines
+
+
+def write(data: dict[str, Any], out: Path, plots: list[str]) -> Path:
+    path = out / "report.md"
+    path.write_text(render(data, plots))
+    return path

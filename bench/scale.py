@@ -1,0 +1,124 @@
+"""Scale: tock's claim and dispatch rates as the table grows to 10k, 100k, 1M (5M) pending
+rows, each as a ratio to the smallest size; and the size of the table and its indexes.
+
+Pending rows are scheduled in the future (1 hour to 30 days ahead) at every priority, the
+shape of a real backlog of delayed work; the rows claimed at each size are due now."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from bench import noop_tasks
+from bench.pipeline import Context, insert_due
+from bench.stats import rate
+from shared import sql
+from shared.settings import TimerSettings
+from timer_service.service import Timer
+
+ADD_PENDING = """
+INSERT INTO tock_jobs (kind, queue, payload, priority, run_at)
+SELECT %(kind)s, 'default', jsonb_build_object('n', g), (g %% 10)::smallint,
+       now() + interval '1 hour' + random() * interval '30 days'
+FROM generate_series(1, %(n)s) AS g
+"""
+
+SIZES = """
+SELECT c.relname, pg_relation_size(c.oid), pg_total_relation_size(c.oid)
+FROM pg_class c
+WHERE c.relname IN ('tock_jobs', 'tock_attempts')
+   OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'tock_jobs'::regclass)
+ORDER BY c.relname
+"""
+
+BATCH = 200
+"""The timer's default batch size."""
+
+
+def scale(ctx: Context) -> None:
+    url = ctx.services.fresh_database("bench_scale")
+    prefix = ctx.phase_queue("scale")
+    timer = Timer(TimerSettings(database_url=url, queue_prefix=prefix, batch_size=BATCH))
+    rows_now = 0
+    points: list[dict[str, Any]] = []
+    try:
+        for size in ctx.profile.scale_sizes:
+            started = time.monotonic()
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(ADD_PENDING, {"kind": noop_tasks.KIND, "n": size - rows_now})
+                conn.execute("VACUUM ANALYZE tock_jobs")
+            rows_now = size
+            ctx.progress.say(f"  {size:,} pending rows in place "
+                             f"({time.monotonic() - started:.0f} s)")
+            claim = _claim_rate(url, ctx.profile.scale_due)
+            dispatch = _dispatch_rate(url, timer, ctx.profile.scale_due)
+            sizes = _sizes(url)
+            points.append({"pending_rows": size, "claim_jobs_per_s": claim,
+                           "dispatch_jobs_per_s": dispatch, **sizes})
+            ctx.progress.say(f"  at {size:,}: claim {claim:,.0f} jobs/s, dispatch "
+                             f"{dispatch:,.0f} jobs/s, table+indexes "
+                             f"{sizes['total_bytes'] / 2**20:,.0f} MB")
+    finally:
+        timer.close()
+    ctx.results.series["scale"] = points
+    smallest = points[0]
+    ctx.results.raw("scale.claim.base", "scale",
+                    f"tock claim (CLAIM_DUE, batch {BATCH}) at {smallest['pending_rows']:,} "
+                    "pending", smallest["claim_jobs_per_s"], "jobs/s")
+    ctx.results.raw("scale.dispatch.base", "scale",
+                    f"timer dispatch to SQS at {smallest['pending_rows']:,} pending",
+                    smallest["dispatch_jobs_per_s"], "jobs/s")
+    for point in points[1:]:
+        n = point["pending_rows"]
+        ctx.results.ratio(f"scale.claim.{n}", "scale", f"tock claim at {n:,} pending",
+                          point["claim_jobs_per_s"], "jobs/s", "scale.claim.base",
+                          minimum=0.8 if n == 1_000_000 else None)
+        ctx.results.ratio(f"scale.dispatch.{n}", "scale", f"timer dispatch at {n:,} pending",
+                          point["dispatch_jobs_per_s"], "jobs/s", "scale.dispatch.base")
+    largest = points[-1]
+    ctx.results.raw("scale.table_mb", "scale",
+                    f"tock_jobs heap at {largest['pending_rows']:,} rows",
+                    largest["heap_bytes"] / 2**20, "MB")
+    ctx.results.raw("scale.indexes_mb", "scale",
+                    f"tock_jobs indexes at {largest['pending_rows']:,} rows",
+                    largest["index_bytes"] / 2**20, "MB")
+
+
+def _claim_rate(url: str, due: int) -> float:
+    """tock's own claim statement in a loop, a commit per batch, on `due` due rows."""
+    insert_due(url, due, spread_seconds=0.0)
+    claimed = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        start = time.perf_counter()
+        while True:
+            got = len(conn.execute(sql.CLAIM_DUE, {"limit": BATCH, "now": None}).fetchall())
+            claimed += got
+            if got < BATCH:
+                break
+        return rate(claimed, time.perf_counter() - start)
+
+
+def _dispatch_rate(url: str, timer: Timer, due: int) -> float:
+    """The timer's pass (claim, SendMessageBatch x8 in flight, commit) until nothing is due."""
+    insert_due(url, due, spread_seconds=0.0)
+    sent = 0
+    start = time.perf_counter()
+    while True:
+        result = timer.run_once()
+        sent += result.dispatched
+        if result.dispatched < BATCH:
+            break
+    return rate(sent, time.perf_counter() - start)
+
+
+def _sizes(url: str) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(SIZES).fetchall()
+    by_name = {name: (rel, total) for name, rel, total in rows}
+    heap, total = by_name["tock_jobs"]
+    indexes = {name: rel for name, (rel, _) in by_name.items()
+               if name not in ("tock_jobs", "tock_attempts")}
+    return {"heap_bytes": heap, "total_bytes": total, "index_bytes": sum(indexes.values()),
+            "indexes": indexes}
