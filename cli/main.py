@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
     """Subcommand modules beyond the process launchers (jobs, schedules, dashboard...)."""
-    from cli import schedules
+    from cli import jobs, schedules
 
-    return [schedules.add_parser]
+    return [jobs.register, schedules.add_parser]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,65 @@
+"""Printing for people (aligned tables, short times) and for scripts (`--json`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from enum import Enum
+from typing import Any, TextIO
+from uuid import UUID
+
+MAX_CELL = 60
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, UUID):
+        return str(value)
+    return value
+
+
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    """One JSON document: dataclasses, datetimes (ISO 8601), enums and UUIDs included."""
+    print(json.dumps(_plain(value), indent=2, sort_keys=False), file=out or sys.stdout)
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, Enum):
+        return str(value.value)
+    text = " ".join(str(value).split())
+    return text if len(text) <= MAX_CELL else text[:MAX_CELL - 1] + "…"
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                out: TextIO | None = None) -> None:
+    """Columns aligned to their widest cell; numbers right-aligned."""
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [all(isinstance(row[i], int | float) and not isinstance(row[i], bool)
+                   for row in rows) and bool(rows) for i in range(len(headers))]
+    stream = out or sys.stdout
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w)
+                 for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    print(line([h.upper() for h in headers]), file=stream)
+    for row in cells:
+        print(line(row), file=stream)
