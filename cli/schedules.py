@@ -107,7 +107,7 @@ def _time(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S%z").replace("+0000", "Z") if value else "-"
 
 
-def _table(headers: Sequence[str], rows: list[Sequence[str]]) -> str:
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()

@@ -280,6 +280,7 @@ def preview_schedule(name: str, n: int = 10, *, after: datetime | None = None,
     comes on top, up to `jitter_seconds`). Raises `ScheduleNotFound`."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PREVIEW:
         raise InvalidInput(f"n must be an integer from 1 to {MAX_PREVIEW}, got {n!r}")
+    schedule_name(name)
     with _client(client)._conn(None) as conn:
         t = _now(conn, after)
         row = conn.execute(schedule_sql.SELECT_SCHEDULE, {"name": name}).fetchone()

@@ -1,0 +1,67 @@
+"""`tock schedules ...` against a real Postgres."""
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from cli.main import main
+from shared.client import recurring
+
+
+@pytest.fixture
+def env(monkeypatch, database_url):
+    monkeypatch.setenv("TOCK_DATABASE_URL", database_url)
+
+
+def run(capsys, *argv):
+    code = main(["schedules", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_show_preview_pause_resume_delete(env, client, capsys):
+    recurring("nightly", "report", {"format": "pdf"}, cron="30 2 * * *", tz="Europe/Berlin",
+              client=client)
+    recurring("pulse", "report", every=15, overlap="skip", client=client)
+
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["NAME", "KIND", "WHEN"]
+    assert "cron '30 2 * * *' in Europe/Berlin" in out and "overlap=skip" in out
+
+    code, out, _ = run(capsys, "--json", "list")
+    data = json.loads(out)
+    assert [d["name"] for d in data] == ["nightly", "pulse"]
+    assert data[1]["every"] == 15.0
+
+    code, out, _ = run(capsys, "show", "nightly")
+    assert code == 0 and "Europe/Berlin" in out and "slots not run:" in out
+
+    code, out, _ = run(capsys, "--json", "preview", "nightly", "-n", "3")
+    fires = json.loads(out)
+    assert len(fires) == 3
+    for fire in fires:
+        local = datetime.fromisoformat(fire["local"])
+        assert (local.hour, local.minute) in ((2, 30), (3, 0))  # 03:00 only on a DST night
+        assert datetime.fromisoformat(fire["fire_at"]).astimezone(UTC) > datetime.now(UTC)
+
+    code, out, _ = run(capsys, "preview", "nightly", "-n", "2")
+    assert code == 0 and len(out.splitlines()) == 3
+
+    assert run(capsys, "pause", "pulse")[:2] == (0, "paused pulse\n")
+    code, out, _ = run(capsys, "--json", "show", "pulse")
+    assert json.loads(out)["schedule"]["paused"] is True
+    code, out, _ = run(capsys, "resume", "pulse")
+    assert code == 0 and out.startswith("resumed pulse; next fire")
+    assert run(capsys, "delete", "pulse")[:2] == (0, "deleted pulse\n")
+
+
+def test_errors_have_exit_codes(env, capsys):
+    code, _, err = run(capsys, "show", "nope")
+    assert code == 1 and "no schedule named 'nope'" in err
+    code, _, err = run(capsys, "preview", "bad:name")
+    assert code == 2 and "schedule name" in err
+    with pytest.raises(SystemExit) as info:
+        main(["schedules", "frobnicate"])
+    assert info.value.code == 2
