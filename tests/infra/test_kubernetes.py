@@ -1,0 +1,230 @@
+"""infra/k8s: core objects pass kubernetes-validate --strict, the KEDA objects pass their
+CRD models (cloudcoil-models-keda), and the manifests keep their promises: hardened pods,
+probes on the right ports, secrets by reference, timing settings that agree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate.utils as kv
+import pytest
+import yaml
+from cloudcoil.models.keda import v1alpha1 as keda
+
+from shared.settings import ConsumerSettings
+from tests.infra.paths import K8S_DIR, load_k8s_documents
+from tests.infra.processes import load_settings, unknown_tock_variables
+
+K8S_VERSION = "1.32.0"
+DOCS = load_k8s_documents()
+KEDA_KINDS = {"ScaledObject": keda.ScaledObject,
+              "TriggerAuthentication": keda.TriggerAuthentication}
+CORE = [(p, d) for p, d in DOCS if d["kind"] not in KEDA_KINDS]
+WORKLOADS = {d["metadata"]["name"]: d for _, d in DOCS if d["kind"] in ("Deployment", "Job")}
+CONFIGMAPS = {d["metadata"]["name"]: d["data"] for _, d in DOCS if d["kind"] == "ConfigMap"}
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    found = [d for _, d in DOCS if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+def _container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _env(workload: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the process sees it; secrets get a stand-in."""
+    container = _container(workload)
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(CONFIGMAPS[source["configMapRef"]["name"]])
+    for var in container.get("env", []):
+        env[var["name"]] = var.get("value", "secret-value-from-a-secret-reference")
+    return env
+
+
+def test_kustomization_lists_every_manifest():
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == on_disk
+    assert {d["metadata"].get("namespace") for _, d in DOCS if d["kind"] != "Namespace"} == \
+        {kustomization["namespace"]}
+
+
+@pytest.mark.parametrize(("path", "doc"), CORE,
+                         ids=[f"{p.name}:{d['kind']}/{d['metadata']['name']}" for p, d in CORE])
+def test_core_objects_pass_strict_schema_validation(path, doc):
+    kv.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_kubernetes_validate_cli_strict_passes_on_every_file():
+    files = [str(p) for p in sorted(K8S_DIR.glob("*.yaml")) if p.name != "kustomization.yaml"]
+    cli = Path(sys.executable).parent / "kubernetes-validate"
+    done = subprocess.run([str(cli), "--strict", "-k", K8S_VERSION, *files], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_strict_validation_rejects_an_unknown_field():
+    # The check above can fail: a misspelt field is an error, not a warning.
+    broken = yaml.safe_load(yaml.safe_dump(WORKLOADS["tock-timer"]))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessprobe"] = {}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(broken, K8S_VERSION, strict=True)
+
+
+def _keda_roundtrip(doc: dict[str, Any]) -> dict[str, Any]:
+    model = KEDA_KINDS[doc["kind"]].model_validate(doc)
+    dumped: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return dumped
+
+
+@pytest.mark.parametrize("kind", sorted(KEDA_KINDS))
+def test_keda_objects_match_the_crd_models_without_unknown_fields(kind):
+    docs = [d for _, d in DOCS if d["kind"] == kind]
+    assert docs
+    for doc in docs:
+        # The models ignore unknown keys, so compare: anything dropped was not in the CRD.
+        assert _keda_roundtrip(doc) == doc
+
+
+def test_keda_model_check_catches_a_misspelt_field():
+    scaled = yaml.safe_load(yaml.safe_dump(_one("ScaledObject", "tock-consumer")))
+    scaled["spec"]["maxReplicas"] = 5
+    assert _keda_roundtrip(scaled) != scaled
+    scaled = yaml.safe_load(yaml.safe_dump(_one("ScaledObject", "tock-consumer")))
+    scaled["spec"]["minReplicaCount"] = "one"
+    with pytest.raises(ValueError, match=r"minReplicaCount|min_replica_count"):
+        _keda_roundtrip(scaled)
+
+
+def test_scaled_object_scales_the_consumers_on_the_sqs_backlog():
+    scaled = _one("ScaledObject", "tock-consumer")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "tock-consumer"
+    assert "replicas" not in WORKLOADS["tock-consumer"]["spec"]  # the HPA owns the count
+    sqs = [t for t in scaled["spec"]["triggers"] if t["type"] == "aws-sqs-queue"]
+    assert len(sqs) == 1
+    prefix = CONFIGMAPS["tock-common"]["TOCK_QUEUE_PREFIX"]
+    queue = json.loads(CONFIGMAPS["tock-consumer"]["TOCK_QUEUES"])[0]
+    assert sqs[0]["metadata"]["queueURL"].endswith(f"/{prefix}{queue}")
+    auth = _one("TriggerAuthentication", sqs[0]["authenticationRef"]["name"])
+    assert auth["spec"]["podIdentity"]["provider"] == "aws"
+    assert scaled["spec"]["minReplicaCount"] >= 1
+
+
+def test_oldest_due_age_component_patch_yields_a_valid_scaled_object():
+    component = K8S_DIR / "components" / "oldest-due-age"
+    kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    scaled = yaml.safe_load(yaml.safe_dump(_one("ScaledObject", "tock-consumer")))
+    for patch in kustomization["patches"]:
+        for op in yaml.safe_load((component / patch["path"]).read_text()):
+            assert (op["op"], op["path"]) == ("add", "/spec/triggers/-")
+            scaled["spec"]["triggers"].append(op["value"])
+    assert _keda_roundtrip(scaled) == scaled
+    age = scaled["spec"]["triggers"][-1]
+    assert age["type"] == "prometheus"
+    assert "tock_oldest_due_age_seconds" in age["metadata"]["query"]
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_pods_are_hardened(name):
+    pod = WORKLOADS[name]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == name
+    container = _container(WORKLOADS[name])
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc.get("privileged", False) is False
+    for kind in ("requests", "limits"):
+        assert set(container["resources"][kind]) == {"cpu", "memory"}
+
+
+@pytest.mark.parametrize(("name", "port"), [("tock-timer", 9000), ("tock-consumer", 9000),
+                                            ("tock-dashboard", 8080)])
+def test_probes_hit_the_health_endpoints_on_the_served_port(name, port):
+    container = _container(WORKLOADS[name])
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert named[get["port"]] == port
+    env = _env(WORKLOADS[name])
+    served = env.get("TOCK_HEALTH_PORT") or env.get("TOCK_DASHBOARD_PORT")
+    assert served == str(port)
+
+
+@pytest.mark.parametrize(("name", "process", "command"), [
+    ("tock-timer", "timer", ["timer"]),
+    ("tock-consumer", "consumer", ["consumer", "--tasks", "demo.tasks"]),
+    ("tock-dashboard", "dashboard", ["dashboard"]),
+    ("tock-migrate", "migrate", ["migrate"]),
+])
+def test_each_process_gets_valid_settings(name, process, command, monkeypatch):
+    assert _container(WORKLOADS[name])["args"] == command
+    env = _env(WORKLOADS[name])
+    assert unknown_tock_variables(process, env) == []
+    env["TOCK_DATABASE_URL"] = "postgresql://tock@db.example:5432/tock"
+    if process == "dashboard":
+        env.update(TOCK_DASHBOARD_OPERATOR_TOKEN="o" * 32, TOCK_DASHBOARD_VIEWER_TOKEN="v" * 32)
+    load_settings(process, env, monkeypatch)
+
+
+def test_consumer_drains_before_the_kubelet_kills_it(monkeypatch):
+    env = _env(WORKLOADS["tock-consumer"])
+    settings = load_settings("consumer", env, monkeypatch)
+    assert isinstance(settings, ConsumerSettings)
+    grace = WORKLOADS["tock-consumer"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    # Room for the release of unfinished jobs and the exit after the handler grace.
+    assert grace >= settings.shutdown_grace_seconds + 10
+    assert settings.heartbeat_seconds * 2 <= settings.lease_seconds
+    assert settings.visibility_timeout_seconds >= settings.lease_seconds
+
+
+def test_secrets_are_referenced_never_stored():
+    assert not [d for _, d in DOCS if d["kind"] == "Secret"]
+    refs = set()
+    for workload in WORKLOADS.values():
+        for var in _container(workload).get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs.add((ref["name"], ref["key"]))
+            elif var["name"] in ("TOCK_DATABASE_URL", "TOCK_DASHBOARD_OPERATOR_TOKEN",
+                                 "TOCK_DASHBOARD_VIEWER_TOKEN", "TOCK_DASHBOARD_SECRET_KEY"):
+                pytest.fail(f"{var['name']} must come from a Secret")
+    assert refs == {("tock-database", "url"), ("tock-dashboard", "operator-token"),
+                    ("tock-dashboard", "viewer-token"), ("tock-dashboard", "secret-key")}
+
+
+def test_timer_runs_two_replicas_and_every_deployment_has_a_pdb():
+    assert WORKLOADS["tock-timer"]["spec"]["replicas"] >= 2
+    pdbs = [d for _, d in DOCS if d["kind"] == "PodDisruptionBudget"]
+    for name, workload in WORKLOADS.items():
+        if workload["kind"] != "Deployment":
+            continue
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        covering = [p for p in pdbs
+                    if p["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(covering) == 1, name
+
+
+def test_network_policy_denies_by_default_every_tock_pod():
+    deny = _one("NetworkPolicy", "tock-default-deny")
+    assert set(deny["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    assert "ingress" not in deny["spec"] and "egress" not in deny["spec"]
+    selector = deny["spec"]["podSelector"]["matchLabels"]
+    for workload in WORKLOADS.values():
+        assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
