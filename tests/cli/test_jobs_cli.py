@@ -1,0 +1,134 @@
+"""The `tock` operator commands against a real Postgres, run in-process through
+cli.main.main (the same function the `tock` entry point calls)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cli.main import main
+from devstack.ports import free_port
+from tests.dashboard.test_api import make_dead
+
+
+@pytest.fixture
+def tock(database_url, capsys, monkeypatch):
+    monkeypatch.setenv("TOCK_DATABASE_URL", database_url)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: no prompts
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse usage errors
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
+def test_enqueue_list_and_show(tock, db):
+    code, out, _ = tock("enqueue", "email", "--payload", '{"to": "a@b"}', "--delay", "600",
+                        "--tenant", "acme")
+    assert code == 0 and out.startswith("enqueued job 1 (email) on queue default")
+    code, out, _ = tock("enqueue", "report", "--key", "r:1", "--json")
+    assert code == 0 and json.loads(out)["id"] == 2
+    code, out, _ = tock("enqueue", "report", "--key", "r:1")
+    assert code == 0 and "already exists" in out
+    code, out, _ = tock("jobs")
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["ID", "KIND", "QUEUE", "STATE"]
+    assert [line.split()[0] for line in lines[1:]] == ["2", "1"]
+    code, out, _ = tock("jobs", "--tenant", "acme", "--json")
+    listed = json.loads(out)
+    assert [j["id"] for j in listed["jobs"]] == [1] and listed["next_cursor"] is None
+    code, out, _ = tock("jobs", "--limit", "1")
+    assert "more: add --before-id 2" in out
+    code, out, _ = tock("jobs", "--limit", "1", "--before-id", "2", "--json")
+    assert [j["id"] for j in json.loads(out)["jobs"]] == [1]
+    code, out, _ = tock("show", "1")
+    assert code == 0 and "Not due until" in out and '"to": "a@b"' in out
+    code, out, _ = tock("show", "1", "--json")
+    shown = json.loads(out)
+    assert shown["job"]["tenant"] == "acme"
+    assert shown["explanation"]["summary"].startswith("Not due until")
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [
+    (["enqueue", "bad kind!"], 2, "not a valid kind"),
+    (["enqueue", "email", "--payload", "{nope"], 2, "--payload is not JSON"),
+    (["enqueue", "email", "--at", "2030-01-01T00:00:00"], 2, "has no timezone"),
+    (["enqueue", "email", "--priority", "12"], 2, "between 0 and 9"),
+    (["jobs", "--state", "sleeping"], 2, "unknown state 'sleeping'"),
+    (["jobs", "--limit", "0"], 2, "between 1 and 500"),
+    (["show", "999"], 1, "no job with id 999"),
+    (["show", "abc"], 2, "'abc' is not a job id"),
+    (["cancel"], 2, "say which jobs to cancel"),
+    (["retry", "1", "--state", "dead"], 2, "not both"),
+])
+def test_bad_input_exits_with_meaning(tock, argv, code, words):
+    got, out, err = tock(*argv)
+    assert got == code
+    assert words in out + err
+
+
+def test_retry_and_cancel_by_id(tock, db):
+    tock("enqueue", "email")
+    code, _, err = tock("retry", "1")
+    assert code == 1 and "cannot retry job 1: it is scheduled" in err
+    code, out, _ = tock("cancel", "1", "--dry-run")
+    assert code == 0 and "job 1: would cancel" in out
+    code, out, _ = tock("cancel", "1")
+    assert code == 0 and out.strip() == "job 1: cancelled"
+    code, out, _ = tock("retry", "1", "--json")
+    assert code == 0 and json.loads(out)[0]["state"] == "scheduled"
+
+
+def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
+    for kind in ("flaky", "flaky", "email"):
+        tock("enqueue", kind)
+    for job_id in (1, 2, 3):
+        make_dead(db, job_id)
+    code, out, _ = tock("retry", "--state", "dead", "--kind", "flaky", "--dry-run")
+    assert code == 0 and out.strip() == "would retry 2 job(s) (state dead, kind flaky)"
+    code, _, err = tock("retry", "--state", "dead", "--kind", "flaky")
+    assert code == 2 and "pass --yes" in err
+    assert db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dead'").fetchone()[0] == 3
+    code, out, _ = tock("retry", "--kind", "flaky", "--yes", "--json")
+    assert code == 0 and json.loads(out)["count"] == 2
+    states = dict(db.execute("SELECT id, state::text FROM tock_jobs").fetchall())
+    assert states == {1: "scheduled", 2: "scheduled", 3: "dead"}
+    code, out, _ = tock("cancel", "--all", "--yes")
+    assert code == 0 and out.strip() == "cancelled 2 job(s)"
+
+
+def test_stats_and_workers(tock, db):
+    tock("enqueue", "email", "--queue", "mail")
+    tock("enqueue", "email", "--queue", "mail", "--delay", "3600")
+    db.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency) "
+               "VALUES ('w1', 'h', 1, '{mail}', 4)")
+    code, out, _ = tock("stats")
+    assert code == 0 and out.startswith("scheduled 2  retrying 0")
+    assert "mail   email" in out
+    code, out, _ = tock("stats", "--json")
+    (row,) = json.loads(out)["queues"]
+    assert (row["due"], row["future"], row["depth"]) == (1, 1, 1)
+    code, out, _ = tock("workers")
+    assert code == 0 and "w1" in out and "alive" in out and "0/4" in out
+
+
+def test_database_down_exits_3(tock):
+    code, _, err = tock("jobs", "--database-url",
+                        f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    assert code == 3 and "database unavailable" in err
+
+
+def test_tock_entry_point_help_for_every_command():
+    for command in ("enqueue", "jobs", "show", "retry", "cancel", "stats", "workers",
+                    "dashboard"):
+        res = subprocess.run([sys.executable, "-m", "cli.main", command, "--help"],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "usage: tock" in res.stdout, command
