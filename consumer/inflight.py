@@ -26,6 +26,8 @@ class InFlight:
     lease_lost: bool = False
     abandoned: bool = False
     """No more heartbeats: the lease will expire and the timer recovers the job."""
+    released: bool = False
+    """Given back at shutdown: only the release is written, not the handler's late result."""
 
     @property
     def heartbeating(self) -> bool:

@@ -21,7 +21,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -38,7 +39,7 @@ from shared.logs import emit
 from shared.messages import JobMessage, decode
 from shared.settings import ConsumerSettings
 from shared.sqs import MAX_BATCH, SqsTransport
-from shared.states import JobState
+from shared.states import AttemptOutcome, JobState
 from shared.transport import Received, Transport
 
 log = logging.getLogger("tock.consumer")
@@ -52,8 +53,12 @@ class Consumer:
     `receive_once`, `heartbeat_once` and `complete_pending` step by step."""
 
     def __init__(self, settings: ConsumerSettings, registry: Registry,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None,
+                 clock: Callable[[], datetime | None] = lambda: None) -> None:
+        """`clock` pins the database's "now" for leases (tests); None means the database
+        clock, which is what production uses: leases are judged by one clock."""
         self.settings = settings
+        self.clock = clock
         self.registry = registry
         self.worker_id = settings.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
@@ -122,7 +127,7 @@ class Consumer:
                 t.join(timeout=10)
         try:
             with transaction(self.pool) as conn:
-                conn.execute(sql.STOP_WORKER, {"id": self.worker_id, "now": None})
+                conn.execute(sql.STOP_WORKER, {"id": self.worker_id, "now": self.clock()})
         except DatabaseUnavailable:
             pass
         self.pool.close()
@@ -145,7 +150,7 @@ class Consumer:
         conn.execute(sql.UPSERT_WORKER, {
             "id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
             "queues": self.settings.queues, "concurrency": self.settings.concurrency,
-            "in_flight": self.slots.used, "now": None,
+            "in_flight": self.slots.used, "now": self.clock(),
         })
 
     # --- receive and claim -----------------------------------------------------------------
@@ -187,7 +192,9 @@ class Consumer:
 
     def _claim(self, queue: str, messages: list[Received]
                ) -> list[tuple[InFlight, Any, Task | None]]:
-        wanted: dict[int, tuple[Received, JobMessage]] = {}
+        # Keyed by (job, token): a stale message and the current one for the same job may
+        # arrive in one batch, and only the database knows which one is current.
+        wanted: dict[tuple[int, uuid.UUID], tuple[Received, JobMessage]] = {}
         drop: list[tuple[Received, str, str]] = []
         for msg in messages:
             try:
@@ -195,21 +202,22 @@ class Consumer:
             except InvalidMessage as exc:
                 drop.append((msg, "malformed", str(exc)))
                 continue
-            if parsed.job_id in wanted:
+            key = (parsed.job_id, parsed.token)
+            if key in wanted:
                 drop.append((msg, "duplicate", f"job {parsed.job_id} twice in one batch"))
                 continue
-            wanted[parsed.job_id] = (msg, parsed)
+            wanted[key] = (msg, parsed)
         rows: list[Any] = []
         if wanted:
             rows = self._claim_rows(list(wanted.values()))
             # The timer sends before it commits; a message can arrive while the dispatch is
             # still uncommitted and so invisible to our claim. Wait for those rows' locks
             # (the commit takes milliseconds), then try once more.
-            missed = [wanted[i] for i in wanted.keys() - {r[0] for r in rows}]
+            missed = [wanted[k] for k in wanted.keys() - {(r[0], r[7]) for r in rows}]
             if missed:
                 rows += self._claim_rows(missed, wait_for_locks=True)
-            got = {r[0] for r in rows}
-            unmatched = [wanted[i] for i in wanted if i not in got]
+            got = {(r[0], r[7]) for r in rows}
+            unmatched = [v for k, v in wanted.items() if k not in got]
             if unmatched:
                 drop += self._explain_unclaimed(unmatched)
         self._drop(queue, drop)
@@ -217,7 +225,7 @@ class Consumer:
         for row in rows:
             (job_id, kind, payload, attempt, max_attempts, timeout, run_at, token, q, tenant,
              key, lag) = row
-            msg = wanted[job_id][0]
+            msg = wanted[(job_id, token)][0]
             now = run_at + timedelta(seconds=lag)
             ctx = TaskContext(
                 job_id=job_id, kind=kind, queue=q, attempt=attempt, max_attempts=max_attempts,
@@ -251,7 +259,7 @@ class Consumer:
                 "default_max_attempts": defaults_max,
                 "default_timeout_seconds": defaults_timeout,
                 "worker": self.worker_id, "lease_seconds": self.settings.lease_seconds,
-                "now": None,
+                "now": self.clock(),
             }).fetchall()
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]
@@ -366,8 +374,9 @@ class Consumer:
         return len(batch)
 
     def _finish(self, batch: list[Finished]) -> None:
-        # A late result of a job already settled (released at shutdown) is not written.
-        batch = [f for f in batch if self._tracked(f.item)]
+        # A late result of a job released at shutdown is not written: the release is.
+        batch = [f for f in batch if self._tracked(f.item)
+                 and (not f.item.released or f.outcome is AttemptOutcome.RELEASED)]
         live = [f for f in batch if not f.item.lease_lost]
         written: set[int] = set()
         delay = 0.1
@@ -427,7 +436,7 @@ class Consumer:
             "errors": [f.error for f in batch],
             "tracebacks": [f.traceback for f in batch],
             "refunds": [f.refund for f in batch],
-            "worker": self.worker_id, "now": None,
+            "worker": self.worker_id, "now": self.clock(),
         }
         with transaction(self.pool) as conn:
             rows = conn.execute(sql.FINISH_ATTEMPTS, params).fetchall()
@@ -480,7 +489,7 @@ class Consumer:
             kept = {r[0] for r in conn.execute(sql.HEARTBEAT, {
                 "ids": [i.job_id for i in items], "attempts": [i.attempt for i in items],
                 "tokens": [i.token for i in items], "worker": self.worker_id,
-                "lease_seconds": self.settings.lease_seconds, "now": None,
+                "lease_seconds": self.settings.lease_seconds, "now": self.clock(),
             })} if items else set()
             self._upsert_worker(conn)
         self.last_heartbeat_ok = time.monotonic()
@@ -520,8 +529,9 @@ class Consumer:
         pending = {f.item.job_id for f in list(self._done.queue)}
         release = [i for i in items if i.job_id not in pending]
         for item in release:
+            item.released = True  # before the signal: the handler may return at once
+            item.abandoned = True
             item.context.cancelled.set()
-            item.abandoned = True  # its handler's late result, if any, is not written
         if release:
             emit(log, "jobs_released", logging.WARNING, jobs=len(release),
                  job_ids=[i.job_id for i in release], worker=self.worker_id)

@@ -1,0 +1,163 @@
+"""The declared schema, as SQLAlchemy metadata. The migrations in shared/migrations are
+what creates it; tests/test_schema.py checks that a database migrated from zero matches
+this declaration, table by table, column by column, index by index."""
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, INTERVAL, JSONB, UUID
+
+from shared.states import AttemptOutcome, JobState
+
+metadata = MetaData()
+
+job_state = Enum(*[s.value for s in JobState], name="tock_job_state")
+attempt_outcome = Enum(*[o.value for o in AttemptOutcome], name="tock_attempt_outcome")
+TS = DateTime(timezone=True)
+
+jobs = Table(
+    "tock_jobs", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False, server_default="default"),
+    Column("payload", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False, server_default="0"),
+    Column("state", job_state, nullable=False, server_default="scheduled"),
+    Column("run_at", TS, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer),
+    Column("timeout_seconds", DOUBLE_PRECISION),
+    Column("unique_key", Text),
+    Column("tenant", Text),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", TS),
+    Column("dispatch_token", UUID),
+    Column("dispatched_at", TS),
+    Column("last_error", Text),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    Column("started_at", TS),
+    Column("finished_at", TS),
+    Column("schedule_name", Text),  # 0002: which recurring schedule made the job
+    CheckConstraint("priority BETWEEN 0 AND 9"),
+    Index("tock_jobs_due_idx", "priority", "run_at",
+          postgresql_where=text("state IN ('scheduled', 'retrying')")),
+    Index("tock_jobs_lease_idx", "lease_expires_at", postgresql_where=text("state = 'running'")),
+    Index("tock_jobs_dispatched_idx", "dispatched_at",
+          postgresql_where=text("state = 'dispatched'")),
+    Index("tock_jobs_unique_key_idx", "unique_key", unique=True,
+          postgresql_where=text("unique_key IS NOT NULL")),
+    Index("tock_jobs_kind_idx", "kind", "id"),
+    Index("tock_jobs_state_idx", "state", "id"),
+    Index("tock_jobs_schedule_active_idx", "schedule_name",
+          postgresql_where=text("schedule_name IS NOT NULL AND state IN "
+                                "('scheduled', 'retrying', 'dispatched', 'running')")),
+    Index("tock_jobs_queue_idx", "queue", "id"),
+    Index("tock_jobs_tenant_idx", "tenant", "id", postgresql_where=text("tenant IS NOT NULL")),
+    Index("tock_jobs_finished_idx", "finished_at",
+          postgresql_where=text("finished_at IS NOT NULL")),
+)
+
+attempts = Table(
+    "tock_attempts", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("job_id", BigInteger, ForeignKey("tock_jobs.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("worker", Text),
+    Column("started_at", TS),
+    Column("finished_at", TS, nullable=False),
+    Column("outcome", attempt_outcome, nullable=False),
+    Column("error", Text),
+    Column("traceback", Text),
+    Index("tock_attempts_job_idx", "job_id", "id"),
+    Index("tock_attempts_finished_idx", "finished_at"),
+)
+
+workers = Table(
+    "tock_workers", metadata,
+    Column("id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queues", ARRAY(Text), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("in_flight", Integer, nullable=False, server_default="0"),
+    Column("started_at", TS, nullable=False),
+    Column("last_heartbeat", TS, nullable=False),
+    Column("stopped_at", TS),
+)
+
+schedules = Table(
+    "tock_schedules", metadata,
+    Column("name", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("max_attempts", Integer),
+    Column("timeout_seconds", DOUBLE_PRECISION),
+    Column("tenant", Text),
+    Column("cron", Text),
+    Column("every", INTERVAL),
+    Column("anchor", TS),
+    Column("tz", Text, nullable=False),
+    Column("misfire", Enum("skip", "latest", "all", name="tock_schedule_misfire"),
+           nullable=False),
+    Column("misfire_grace_seconds", DOUBLE_PRECISION, nullable=False),
+    Column("backfill_max", Integer, nullable=False),
+    Column("backfill_gap_seconds", DOUBLE_PRECISION, nullable=False),
+    Column("overlap", Enum("allow", "skip", "buffer_one", name="tock_schedule_overlap"),
+           nullable=False),
+    Column("dst_gap", Enum("shift", "skip", name="tock_schedule_dst_gap"), nullable=False),
+    Column("dst_fold", Enum("once", "twice", name="tock_schedule_dst_fold"), nullable=False),
+    Column("spread_seconds", DOUBLE_PRECISION, nullable=False),
+    Column("jitter_seconds", DOUBLE_PRECISION, nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("cursor_at", TS, nullable=False),
+    Column("next_slot", TS),
+    Column("next_fire_at", TS),
+    Column("buffered_slot", TS),
+    Column("created_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    Index("tock_schedules_due_idx", "next_fire_at", postgresql_where=text("NOT paused")),
+    Index("tock_schedules_buffered_idx", "name",
+          postgresql_where=text("buffered_slot IS NOT NULL AND NOT paused")),
+)
+
+schedule_audit = Table(
+    "tock_schedule_audit", metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("schedule", Text, ForeignKey("tock_schedules.name", ondelete="CASCADE"),
+           nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("first_slot", TS, nullable=False),
+    Column("last_slot", TS, nullable=False),
+    Column("slot_count", Integer),
+    Column("detail", Text),
+    Column("recorded_at", TS, nullable=False),
+    Index("tock_schedule_audit_schedule_idx", "schedule", "id"),
+)
+
+migrations = Table(
+    "tock_migrations", metadata,
+    Column("name", Text, primary_key=True),
+    Column("applied_at", TS, nullable=False),
+)
+
+__all__ = ["attempts", "jobs", "metadata", "migrations", "schedule_audit", "schedules",
+           "workers"]

@@ -1,0 +1,180 @@
+"""The producer client: enqueue, idempotency, transactions, and bad input refused before
+anything is written."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from shared.client import Client
+from shared.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.settings import ClientSettings
+from shared.states import JobState
+
+
+def _count(db) -> int:
+    return db.execute("SELECT count(*) FROM tock_jobs").fetchone()[0]
+
+
+def test_schedule_now_at_and_delay(client, db):
+    now_job = client.schedule("email", {"to": "a@example.com"})
+    at = datetime(2030, 1, 1, 12, tzinfo=UTC)
+    at_job = client.schedule("email", at=at)
+    delayed = client.schedule("email", delay=timedelta(minutes=5))
+    db_now = db.execute("SELECT now()").fetchone()[0]
+    assert now_job.state is JobState.SCHEDULED and now_job.payload == {"to": "a@example.com"}
+    assert now_job.run_at <= db_now
+    assert at_job.run_at == at
+    assert timedelta(minutes=4) < delayed.run_at - db_now <= timedelta(minutes=5)
+    assert client.get(now_job.id) == now_job
+
+
+def test_schedule_with_pinned_clock_computes_run_at_from_it(database_url):
+    pinned = datetime(2031, 5, 1, tzinfo=UTC)
+    with Client(ClientSettings(database_url=database_url), now=pinned) as client:
+        job = client.schedule("email", delay=30)
+    assert job.run_at == pinned + timedelta(seconds=30)
+
+
+def test_idempotent_key_returns_the_existing_job(client, db):
+    first = client.schedule("email", {"n": 1}, key="welcome:42")
+    second = client.schedule("email", {"n": 2}, key="welcome:42")
+    assert first.created and not second.created
+    assert second.id == first.id and second.payload == {"n": 1}
+    assert _count(db) == 1
+
+
+def test_schedule_many_one_round_trip_keeps_order_and_keys(client, db):
+    existing = client.schedule("email", key="k2")
+    jobs = client.schedule_many([
+        {"kind": "a", "payload": 1}, {"kind": "b", "key": "k1"},
+        {"kind": "c", "key": "k2"}, {"kind": "d", "priority": 9},
+    ])
+    assert [j.kind for j in jobs] == ["a", "b", "email", "d"]
+    assert jobs[2].id == existing.id and not jobs[2].created
+    assert [j.created for j in jobs] == [True, True, False, True]
+    assert _count(db) == 4
+    assert client.schedule_many([]) == []
+
+
+def test_enqueue_in_callers_psycopg_transaction_rolls_back(client, database_url, db):
+    with psycopg.connect(database_url) as conn:
+        client.schedule("email", connection=conn)
+        assert conn.execute("SELECT count(*) FROM tock_jobs").fetchone()[0] == 1
+        conn.rollback()
+    assert _count(db) == 0
+    with psycopg.connect(database_url) as conn:
+        job = client.schedule("email", connection=conn)
+        conn.commit()
+    assert client.get(job.id).kind == "email"
+
+
+def test_enqueue_in_callers_sqlalchemy_transaction(client, database_url, db):
+    engine = sa.create_engine(database_url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as conn:
+            client.schedule("email", connection=conn)
+            conn.rollback()
+        assert _count(db) == 0
+        with Session(engine) as session, session.begin():
+            client.schedule("email", connection=session)
+        assert _count(db) == 1
+    finally:
+        engine.dispose()
+
+
+def test_connection_of_another_kind_is_refused(client, db):
+    with pytest.raises(InvalidInput, match="psycopg 3"):
+        client.schedule("email", connection=object())
+    assert _count(db) == 0
+
+
+NAIVE = datetime(2030, 1, 1, 12)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"at": NAIVE}, "timezone-aware"),
+    ({"at": "2030-01-01"}, "must be a datetime"),
+    ({"delay": -1}, "must not be negative"),
+    ({"delay": math.nan}, "must be finite"),
+    ({"delay": math.inf}, "must be finite"),
+    ({"delay": timedelta(seconds=-5)}, "must not be negative"),
+    ({"at": datetime.now(UTC), "delay": 5}, "not both"),
+    ({"max_attempts": 0}, "max_attempts must be between"),
+    ({"max_attempts": True}, "max_attempts must be an integer"),
+    ({"priority": 10}, "priority must be between 0 and 9"),
+    ({"priority": -1}, "priority must be between 0 and 9"),
+    ({"priority": 1.5}, "priority must be an integer"),
+    ({"timeout": 0}, "timeout must be > 0"),
+    ({"timeout": math.inf}, "timeout must be finite"),
+    ({"queue": "no spaces"}, "not a valid queue name"),
+    ({"key": ""}, "key must be a non-empty string"),
+    ({"key": "x" * 300}, "at most 255"),
+    ({"tenant": 5}, "tenant must be a non-empty string"),
+])
+def test_bad_options_are_refused_before_anything_is_written(client, db, kwargs, message):
+    with pytest.raises(InvalidInput, match=message):
+        client.schedule("email", {}, **kwargs)
+    assert _count(db) == 0
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("", "non-empty"),
+    (None, "non-empty"),
+    ("has space", "not a valid kind"),
+    ("9starts-with-digit", "not a valid kind"),
+    ("x" * 200, "not a valid kind"),
+])
+def test_bad_kinds_are_refused(client, db, kind, message):
+    with pytest.raises(InvalidInput, match=message):
+        client.schedule(kind)
+    assert _count(db) == 0
+
+
+@pytest.mark.parametrize(("payload", "message"), [
+    ({"x": math.nan}, "not JSON-serializable"),
+    ({"x": math.inf}, "not JSON-serializable"),
+    ({"x": object()}, "not JSON-serializable"),
+    ({1, 2}, "not JSON-serializable"),
+    ({"x": "a\x00b"}, "NUL"),
+])
+def test_bad_payloads_are_refused(client, db, payload, message):
+    with pytest.raises(InvalidInput, match=message):
+        client.schedule("email", payload)
+    assert _count(db) == 0
+
+
+def test_oversized_payload_is_refused(database_url, db):
+    with Client(ClientSettings(database_url=database_url, max_payload_bytes=100)) as client:
+        with pytest.raises(InvalidInput, match="over the limit of 100"):
+            client.schedule("email", {"blob": "x" * 200})
+        client.schedule("email", {"blob": "x" * 10})
+    assert _count(db) == 1
+
+
+def test_one_bad_item_in_schedule_many_writes_nothing(client, db):
+    with pytest.raises(InvalidInput, match="job #1: priority"):
+        client.schedule_many([{"kind": "a"}, {"kind": "b", "priority": 99}])
+    with pytest.raises(InvalidInput, match="unknown job field"):
+        client.schedule_many([{"kind": "a", "prio": 1}])
+    assert _count(db) == 0
+
+
+def test_get_cancel_retry_errors_are_typed(client):
+    with pytest.raises(JobNotFound):
+        client.get(999_999)
+    with pytest.raises(InvalidInput):
+        client.get(0)
+    job = client.schedule("email")
+    assert client.cancel(job.id).state is JobState.CANCELLED
+    with pytest.raises(InvalidTransition, match="it is cancelled"):
+        client.cancel(job.id)
+    again = client.retry(job.id)
+    assert again.state is JobState.SCHEDULED and again.attempt == 0
+    with pytest.raises(InvalidTransition, match="only dead or cancelled"):
+        client.retry(job.id)
