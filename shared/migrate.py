@@ -8,8 +8,8 @@ runs (several containers starting at once) wait for each other instead of racing
 from __future__ import annotations
 
 import logging
-from typing import Any
 from importlib import resources
+from typing import Any
 
 import psycopg
 
