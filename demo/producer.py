@@ -10,6 +10,7 @@ from shared.client import Client
 from shared.errors import TockError
 from shared.lifecycle import StopFlag
 from shared.logs import configure, emit
+from shared.recurring import recurring
 from shared.settings import ClientSettings
 
 log = logging.getLogger("tock.demo")
@@ -24,6 +25,8 @@ def main() -> int:
     stop.install_signal_handlers()
     kinds = [k for k, weight in MIX for _ in range(weight)]
     with Client(settings) as client:
+        # Declared at every start: an unchanged definition is a no-op (upsert by name).
+        recurring("demo-report", "report", {"demo": True}, every=15, client=client)
         while not stop.wait(random.uniform(0.5, 1.5)):
             kind = random.choice(kinds)
             delay = random.choice([0, 0, 0, 2, 5])

@@ -5,10 +5,13 @@
 - slow: runs 6 s; with make run's 3 s lease it lives on heartbeats.
 - crash: the first attempt walks away like a killed worker; the lease expires, the timer
   rescues the job and a later attempt finishes it.
+- report: the recurring schedule `demo-report` fires it every 15 s (declared by the producer);
+  it logs the slot it was made for.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -37,3 +40,13 @@ def slow(payload: Any, ctx: TaskContext) -> None:
 def crash(payload: Any, ctx: TaskContext) -> None:
     if ctx.attempt == 1:
         raise Abandon()
+
+
+@task("report", max_attempts=3, timeout=30)
+def report(payload: Any, ctx: TaskContext) -> None:
+    """Pretend to build the report for this job's slot (the run key names it)."""
+    from shared.logs import emit
+    from shared.recurring import slot_of
+
+    slot = slot_of(ctx.key) or ctx.scheduled_at
+    emit(logging.getLogger("tock.demo"), "report_built", slot=slot.isoformat())
