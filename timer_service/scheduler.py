@@ -96,8 +96,15 @@ class Scheduler:
                 "taken": taken, "limit": self.batch_size}).fetchall()
             if not rows:
                 return 0, 0
-            plans = [(Schedule.from_row(r), self._plan(r, t)) for r in rows]
-            made = self._write(conn, plans, t)
+            plans = []
+            for r in rows:
+                sched = Schedule.from_row(r)
+                try:
+                    plans.append((sched, self._plan(r, t)))
+                except Exception as exc:  # one bad row must not stop every other schedule
+                    emit(log, "schedule_plan_failed", logging.ERROR, schedule=sched.name,
+                         error=f"{type(exc).__name__}: {exc}")
+            made = self._write(conn, plans, t) if plans else 0
         return len(plans), made
 
     def _plan(self, row: Sequence[Any], t: datetime) -> Plan:

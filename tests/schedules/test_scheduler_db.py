@@ -88,3 +88,14 @@ def test_paused_schedule_does_not_fire_and_resumes_at_the_next_slot(client, db, 
     assert keys(db, "tick") == ["tick:2026-06-01T12:06:00Z"]
     (event,) = schedule_history("tick", client=client)
     assert (event.reason, event.slot_count) == ("paused", 5)
+
+
+def test_a_broken_row_does_not_stop_the_other_schedules(client, db, pool, caplog):
+    t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    recurring("good", "report", every=3600, client=client, now=t0)
+    recurring("broken", "report", cron="0 * * * *", client=client, now=t0)
+    # As if a tzdata upgrade dropped the zone the schedule was stored with.
+    db.execute("UPDATE tock_schedules SET tz = 'Gone/Away' WHERE name = 'broken'")
+    assert Scheduler(pool, lookahead_seconds=0).step(t0 + timedelta(hours=1)) == 1
+    assert keys(db, "good") == ["good:2026-06-01T13:00:00Z"]
+    assert "schedule_plan_failed" in caplog.text
