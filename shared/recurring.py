@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from shared.client import Client
 
 MAX_PREVIEW = 1000
-MAX_PAUSED_SCAN = 10_000
+MAX_UNRUN_SCAN = 10_000
 UPDATABLE = frozenset({
     "kind", "payload", "every", "cron", "tz", "start", "queue", "priority", "max_attempts",
     "timeout", "tenant", "misfire", "misfire_grace", "backfill_max", "backfill_gap", "overlap",
@@ -126,7 +126,8 @@ class ScheduleEvent:
     id: int
     schedule: str
     reason: str
-    """`missed`, `paused`, `dst_nonexistent`, `overlap_skipped` or `overlap_replaced`."""
+    """`missed`, `paused`, `redefined`, `dst_nonexistent`, `overlap_skipped` or
+    `overlap_replaced`."""
     first_slot: datetime
     last_slot: datetime
     slot_count: int | None
@@ -255,7 +256,7 @@ def resume_schedule(name: str, *, client: Client | None = None,
         if not current.paused:
             return replace(current, changed=False)
         t = _now(conn, now)
-        _audit_paused(conn, current, t, now)
+        _audit_unrun(conn, current, t, "paused", "the schedule was paused")
         cursor, next_slot, next_fire = _restart(current.spec, t)
         row = conn.execute(schedule_sql.SET_PAUSED, {
             "name": name, "paused": False, "cursor_at": cursor, "next_slot": next_slot,
@@ -347,6 +348,17 @@ def _store(conn: Connection, spec: ScheduleSpec, t: datetime) -> Schedule:
         params.update(cursor_at=current.cursor_at, next_slot=current.next_slot,
                       buffered_slot=current.buffered_slot,
                       next_fire_at=current.next_slot + offset if current.next_slot else None)
+    else:
+        # New slots from now on; old ones that came due and never ran (paused, timers down)
+        # are recorded, not forgotten.
+        _audit_unrun(conn, current, t, "redefined",
+                     "the schedule's timing changed before these slots ran")
+        if current.buffered_slot is not None:
+            conn.execute(schedule_sql.INSERT_AUDIT, {
+                "names": [current.name], "reasons": ["redefined"],
+                "firsts": [current.buffered_slot], "lasts": [current.buffered_slot],
+                "counts": [1], "details": ["a buffered slot dropped by a timing change"],
+                "now": t})
     row = conn.execute(schedule_sql.UPDATE_SCHEDULE, params).fetchone()
     assert row is not None
     return Schedule.from_row(row)
@@ -362,14 +374,16 @@ def _restart(spec: ScheduleSpec, t: datetime) -> tuple[datetime, datetime | None
     return cursor, (first.at if first else None), (first.at + offset if first else None)
 
 
-def _audit_paused(conn: Connection, current: Schedule, t: datetime,
-                  now: datetime | None) -> None:
+def _audit_unrun(conn: Connection, current: Schedule, t: datetime, reason: str,
+                 detail: str) -> None:
+    """One audit record for the slots after the cursor that came due by `t` and will now
+    never run."""
     offset = spread_offset(current.name, current.spread_seconds)
     first: datetime | None = None
     last: datetime | None = None
     count = 0
     for slot in slots_after(current.timing, current.cursor_at):
-        if slot.at + offset > t or count >= MAX_PAUSED_SCAN:
+        if slot.at + offset > t or count >= MAX_UNRUN_SCAN:
             break
         if slot.skip_reason is None:
             first = first or slot.at
@@ -377,13 +391,13 @@ def _audit_paused(conn: Connection, current: Schedule, t: datetime,
             count += 1
     if first is None or last is None:
         return
-    counted = count < MAX_PAUSED_SCAN
+    counted = count < MAX_UNRUN_SCAN
     conn.execute(schedule_sql.INSERT_AUDIT, {
-        "names": [current.name], "reasons": ["paused"], "firsts": [first],
+        "names": [current.name], "reasons": [reason], "firsts": [first],
         "lasts": [last if counted else t], "counts": [count if counted else None],
-        "details": ["the schedule was paused" +
-                    ("" if counted else f"; more than {MAX_PAUSED_SCAN} slots, not counted")],
-        "now": now})
+        "details": [detail + ("" if counted else
+                              f"; more than {MAX_UNRUN_SCAN} slots, not counted")],
+        "now": t})
 
 
 def _definition_params(spec: ScheduleSpec) -> dict[str, Any]:

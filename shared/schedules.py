@@ -145,7 +145,13 @@ def make_spec(name: object, kind: object, payload: Any = None, *,
     """Validate every argument of a schedule and return its definition; raises
     `InvalidSchedule` naming the argument and the problem."""
     with _schedule_errors():
-        return _make_spec(**{k: v for k, v in locals().items() if k != "now"}, now=now)
+        return _make_spec(
+            name=name, kind=kind, payload=payload, every=every, cron=cron, tz=tz, start=start,
+            queue=queue, priority=priority, max_attempts=max_attempts, timeout=timeout,
+            tenant=tenant, misfire=misfire, misfire_grace=misfire_grace,
+            backfill_max=backfill_max, backfill_gap=backfill_gap, overlap=overlap,
+            dst_gap=dst_gap, dst_fold=dst_fold, spread=spread, jitter=jitter,
+            max_payload_bytes=max_payload_bytes, now=now)
 
 
 @contextmanager

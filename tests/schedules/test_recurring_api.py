@@ -104,3 +104,16 @@ def test_slot_of_reads_the_run_key():
     assert slot_of("nightly:2026-03-29T01:00:00Z") == datetime(2026, 3, 29, 1, tzinfo=UTC)
     assert slot_of("welcome:42") is None
     assert slot_of(None) is None
+
+
+def test_changing_the_timing_records_old_slots_that_never_ran(client):
+    recurring("r", "report", every=60, client=client, now=T0)
+    pause_schedule("r", client=client, now=T0)
+    changed = recurring("r", "report", cron="0 * * * *", client=client,
+                        now=T0 + timedelta(minutes=3, seconds=30))
+    assert changed.next_slot == datetime(2026, 6, 1, 13, 0, tzinfo=UTC)
+    assert changed.paused
+    (event,) = schedule_history("r", client=client)
+    assert (event.reason, event.slot_count) == ("redefined", 3)
+    assert (event.first_slot, event.last_slot) == (datetime(2026, 6, 1, 12, 1, tzinfo=UTC),
+                                                   datetime(2026, 6, 1, 12, 3, tzinfo=UTC))
