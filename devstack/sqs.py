@@ -47,7 +47,7 @@ class SqsServer:
             # hypercorn sometimes ignores SIGTERM: TERM, wait, then KILL.
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()

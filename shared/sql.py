@@ -1,6 +1,9 @@
 """Every SQL statement tock runs against its job tables, named, in one place.
 
 Conventions:
+- Batch statements repeat `j.id = ANY(%(ids)s::bigint[])` beside the join on unnest: it lets the
+  planner go through the primary key whatever the statistics say, so the cost per job
+  stays flat however many rows are running or dispatched.
 - Time is a parameter: `coalesce(%(now)s::timestamptz, now())` runs on the database clock
   in production (leases are judged by one clock, not by many hosts') and lets tests pin it.
 - Every state transition is one guarded statement. The guard is in the WHERE clause; a
@@ -161,8 +164,8 @@ WITH r AS (
         last_error = r.error, lease_owner = NULL, lease_expires_at = NULL,
         finished_at = CASE WHEN r.state = 'dead' THEN {NOW} END, updated_at = {NOW}
     FROM r
-    WHERE j.id = r.id AND j.state = 'running' AND j.attempt = r.attempt
-      AND j.lease_expires_at < {NOW}
+    WHERE j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+      AND j.attempt = r.attempt AND j.lease_expires_at < {NOW}
     RETURNING j.id, r.attempt, r.error, j.started_at, r.worker
 )
 INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -184,7 +187,8 @@ SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],
             %(default_timeout_seconds)s::float8[])
      AS m(id, token, default_max_attempts, default_timeout_seconds)
-WHERE j.id = m.id AND j.state = 'dispatched' AND j.dispatch_token = m.token
+WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dispatched'
+  AND j.dispatch_token = m.token
 RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds, j.run_at,
           j.dispatch_token, j.queue, j.tenant, j.unique_key,
           extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
@@ -200,8 +204,8 @@ HEARTBEAT = f"""
 UPDATE tock_jobs j
 SET lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s)
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(id, attempt, token)
-WHERE j.id = m.id AND j.state = 'running' AND j.lease_owner = %(worker)s
-  AND j.attempt = m.attempt AND j.dispatch_token = m.token
+WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+  AND j.lease_owner = %(worker)s AND j.attempt = m.attempt AND j.dispatch_token = m.token
 RETURNING j.id
 """
 
@@ -236,8 +240,8 @@ WITH r AS (
         finished_at = CASE WHEN r.state IN ('succeeded', 'dead') THEN {NOW} END,
         updated_at = {NOW}
     FROM r
-    WHERE j.id = r.id AND j.state = 'running' AND j.lease_owner = %(worker)s
-      AND j.attempt = r.attempt AND j.dispatch_token = r.token
+    WHERE j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+      AND j.lease_owner = %(worker)s AND j.attempt = r.attempt AND j.dispatch_token = r.token
     RETURNING j.id, j.started_at
 )
 INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error,
