@@ -5,15 +5,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 LS_VENV := .localstack-venv
+CHECKOV_VENV := .checkov-venv
 PYTEST_ARGS ?=
 
-.PHONY: help install run test test-fast check lint typecheck bench bench-full clean system-deps
+.PHONY: help install run test test-fast check lint typecheck bench bench-full clean system-deps \
+	checkov-venv infra-check
 
 help:
 	@echo "make run        start Postgres, LocalStack SQS, a timer, two consumers, a demo producer"
 	@echo "make test       set up and run the whole test suite"
 	@echo "make check      ruff + mypy (strict)"
 	@echo "make bench      quick benchmark profile (see bench/)"
+	@echo "make infra-check  deployment checks: cfn-lint, checkov, kubernetes-validate, KEDA, deploy test"
 
 $(BIN)/.installed: requirements-dev.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +30,14 @@ $(LS_VENV)/.installed: localstack/requirements.txt
 	$(LS_VENV)/bin/pip install -q --disable-pip-version-check -r localstack/requirements.txt
 	touch $@
 
+# checkov pins an old boto3 too: its own venv, from the exact set in infra/.
+$(CHECKOV_VENV)/.installed: infra/checkov-requirements.txt
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --disable-pip-version-check -r infra/checkov-requirements.txt
+	touch $@
+
+checkov-venv: $(CHECKOV_VENV)/.installed
+
 # Postgres server binaries and Chromium (for the dashboard's browser tests) come from
 # Debian's packages when they are missing.
 system-deps:
@@ -37,7 +48,7 @@ install: $(BIN)/.installed $(LS_VENV)/.installed system-deps
 run: install
 	$(BIN)/python -m devstack.run
 
-test: install
+test: install $(CHECKOV_VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 check: $(BIN)/.installed
@@ -46,6 +57,10 @@ check: $(BIN)/.installed
 
 lint: check
 
+# The deployment checks alone (`make test` runs them too: they are tests/infra).
+infra-check: install $(CHECKOV_VENV)/.installed
+	$(BIN)/python -m pytest tests/infra -q $(PYTEST_ARGS)
+
 bench: install
 	$(BIN)/python -m bench --profile quick
 
@@ -53,4 +68,4 @@ bench-full: install
 	$(BIN)/python -m bench --profile full
 
 clean:
-	rm -rf $(VENV) $(LS_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(LS_VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,143 @@
+"""infra/cloudformation: cfn-lint clean, the nested SQS stack wired to the root, and the
+settings each ECS container gets valid for its process and in agreement (lease,
+heartbeat, visibility timeout, stop timeout vs shutdown grace)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.infra.paths import CFN_DIR, QUEUES_TEMPLATE, TOCK_TEMPLATE, load_template
+from tests.infra.processes import load_settings, unknown_tock_variables
+
+ROOT_T = load_template(TOCK_TEMPLATE)
+QUEUES_T = load_template(QUEUES_TEMPLATE)
+RES: dict[str, Any] = ROOT_T["Resources"]
+PARAMS: dict[str, Any] = ROOT_T["Parameters"]
+PSEUDO = {"AWS::Region": "us-east-1", "AWS::StackName": "tock", "AWS::AccountId": "123456789012"}
+CONTAINERS = {"TimerTaskDefinition": "timer", "ConsumerTaskDefinition": "consumer",
+              "DashboardTaskDefinition": "dashboard", "MigrateTaskDefinition": "migrate"}
+
+
+def _container(definition: str) -> dict[str, Any]:
+    (container,) = RES[definition]["Properties"]["ContainerDefinitions"]
+    return container
+
+
+def _default(value: Any) -> str:
+    """A literal, or the default of the parameter it references."""
+    if isinstance(value, dict) and set(value) == {"Ref"}:
+        ref = value["Ref"]
+        return PSEUDO[ref] if ref in PSEUDO else str(PARAMS[ref]["Default"])
+    if isinstance(value, dict) and "Fn::Sub" in value and isinstance(value["Fn::Sub"], str):
+        text = value["Fn::Sub"]
+        for name, param in PARAMS.items():
+            text = text.replace("${" + name + "}", str(param.get("Default", "")))
+        return text
+    return str(value)
+
+
+def test_cfn_lint_reports_nothing():
+    cli = Path(sys.executable).parent / "cfn-lint"
+    templates = sorted(str(p) for p in CFN_DIR.glob("*.yaml"))
+    done = subprocess.run([str(cli), *templates], check=False, capture_output=True, text=True,
+                          timeout=300)
+    # Exit code is a bitmask: 2 errors, 4 warnings, 8 informational. Any of them fails.
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nested_queue_stack_gets_parameters_it_declares_with_matching_defaults():
+    nested = RES["QueueStack"]["Properties"]
+    assert nested["TemplateURL"] == QUEUES_TEMPLATE.name
+    passed = nested["Parameters"]
+    assert set(passed) <= set(QUEUES_T["Parameters"])
+    for name, value in passed.items():
+        assert _default(value) == str(QUEUES_T["Parameters"][name]["Default"]), name
+    outputs = set(QUEUES_T["Outputs"])
+    used = {v["Fn::GetAtt"][1].removeprefix("Outputs.") for v in _getatts(ROOT_T)
+            if v["Fn::GetAtt"][0] == "QueueStack"}
+    assert used and used <= outputs
+
+
+def _getatts(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        found = [node] if "Fn::GetAtt" in node else []
+        return found + [g for v in node.values() for g in _getatts(v)]
+    if isinstance(node, list):
+        return [g for v in node for g in _getatts(v)]
+    return []
+
+
+@pytest.mark.parametrize(("definition", "process"), sorted(CONTAINERS.items()))
+def test_each_container_gets_valid_settings_for_its_process(definition, process, monkeypatch):
+    container = _container(definition)
+    assert container["Command"][0] == process
+    assert container["ReadonlyRootFilesystem"] is True
+    env = {e["Name"]: _default(e["Value"]) for e in container["Environment"]}
+    assert unknown_tock_variables(process, env) == []
+    secrets = {s["Name"] for s in container.get("Secrets", [])}
+    # The password reaches libpq as PGPASSWORD; the URL itself carries none.
+    assert "PGPASSWORD" in secrets
+    if "TOCK_DATABASE_URL" in env:
+        userinfo = env["TOCK_DATABASE_URL"].split("//", 1)[1].split("@", 1)[0]
+        assert ":" not in userinfo
+    if process == "dashboard":
+        assert secrets >= {"TOCK_DASHBOARD_OPERATOR_TOKEN", "TOCK_DASHBOARD_VIEWER_TOKEN",
+                           "TOCK_DASHBOARD_SECRET_KEY"}
+        env.update(TOCK_DASHBOARD_OPERATOR_TOKEN="o" * 32, TOCK_DASHBOARD_VIEWER_TOKEN="v" * 32)
+    load_settings(process, env, monkeypatch)
+
+
+def test_consumer_timing_settings_agree(monkeypatch):
+    container = _container("ConsumerTaskDefinition")
+    env = {e["Name"]: _default(e["Value"]) for e in container["Environment"]}
+    settings = load_settings("consumer", env, monkeypatch)
+    stop_timeout = int(_default(container["StopTimeout"]))
+    assert stop_timeout > settings.shutdown_grace_seconds
+    assert settings.heartbeat_seconds * 2 <= settings.lease_seconds
+    # The queue the stack creates uses the same visibility timeout the consumer asks for.
+    assert RES["QueueStack"]["Properties"]["Parameters"]["VisibilityTimeoutSeconds"] == \
+        {"Ref": "VisibilityTimeoutSeconds"}
+    assert settings.visibility_timeout_seconds == int(PARAMS["VisibilityTimeoutSeconds"]["Default"])
+    # The grace must fit under the largest stop timeout Fargate allows.
+    assert PARAMS["ShutdownGraceSeconds"]["MaxValue"] < PARAMS["StopTimeoutSeconds"]["MaxValue"]
+
+
+def test_services_run_two_timers_and_autoscale_consumers_on_the_queue():
+    assert RES["TimerService"]["Properties"]["DesiredCount"] == {"Ref": "TimerCount"}
+    assert PARAMS["TimerCount"]["MinValue"] >= 2
+    target = RES["ConsumerScalableTarget"]["Properties"]
+    assert target["ScalableDimension"] == "ecs:service:DesiredCount"
+    assert "ConsumerService.Name" in target["ResourceId"]["Fn::Sub"]
+    metrics = RES["ConsumerBacklogScaling"]["Properties"][
+        "TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]["Metrics"]
+    names = {m["MetricStat"]["Metric"]["MetricName"] for m in metrics if "MetricStat" in m}
+    assert "ApproximateNumberOfMessagesVisible" in names
+    alarm = RES["ConsumerAgeAlarm"]["Properties"]
+    assert alarm["MetricName"] == "ApproximateAgeOfOldestMessage"
+    assert alarm["AlarmActions"] == [{"Ref": "ConsumerAgeScaling"}]
+    for service in ("TimerService", "ConsumerService", "DashboardService"):
+        network = RES[service]["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]
+        assert network["AssignPublicIp"] == "DISABLED"
+
+
+def test_database_is_private_encrypted_and_its_password_lives_in_secrets_manager():
+    db = RES["Database"]["Properties"]
+    assert db["PubliclyAccessible"] is False
+    assert db["StorageEncrypted"] is True
+    assert RES["DatabaseSubnetGroup"]["Properties"]["SubnetIds"] == {"Ref": "PrivateSubnetIds"}
+    assert "{{resolve:secretsmanager:${DatabaseSecret}" in db["MasterUserPassword"]["Fn::Sub"]
+    assert RES["DatabaseParameters"]["Properties"]["Parameters"]["rds.force_ssl"] == "1"
+
+
+def test_every_container_logs_to_its_own_group():
+    groups = set()
+    for definition in CONTAINERS:
+        options = _container(definition)["LogConfiguration"]["Options"]
+        groups.add(options["awslogs-group"]["Ref"])
+    assert len(groups) == len(CONTAINERS)
+    assert all(RES[g]["Type"] == "AWS::Logs::LogGroup" for g in groups)
