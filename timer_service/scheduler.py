@@ -26,7 +26,7 @@ from shared.logs import emit
 from shared.recurring import Schedule
 from shared.schedule_policies import Fire, Plan, ScheduleState, plan
 from shared.schedule_slots import slot_key
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, TimerSettings
 
 log = logging.getLogger("tock.timer.schedules")
 
@@ -41,10 +41,11 @@ class SchedulerSettings(CommonSettings):
     schedule_batch_size: int = Field(default=100, ge=1, le=5000,
                                      description="Schedules locked and fired per transaction.")
     schedule_batches_per_pass: int = Field(default=10, ge=1, le=1000)
-    schedule_lookahead_seconds: float = Field(
-        default=1.0, ge=0, le=60,
+    schedule_lookahead_seconds: float | None = Field(
+        default=None, ge=0, le=60,
         description="Make a slot's job this long before it is due, so the dispatcher meets "
-                    "its run_at exactly (the timer sleeps at most max_idle_seconds).")
+                    "its run_at exactly. Default: the timer's max_idle_seconds, the longest "
+                    "it sleeps between passes.")
     schedule_max_fires_per_second: float = Field(
         default=0, ge=0,
         description="Cap on recurring jobs this timer makes due per second (0: no cap); "
@@ -66,10 +67,14 @@ class Scheduler:
         self._per_second: dict[int, int] = {}
 
     @classmethod
-    def from_settings(cls, pool: ConnectionPool, settings: SchedulerSettings) -> Scheduler:
+    def for_timer(cls, pool: ConnectionPool, timer_settings: TimerSettings) -> Scheduler:
+        """The scheduler a Timer runs: TOCK_SCHEDULE_* settings from the environment."""
+        settings = SchedulerSettings.load(database_url=timer_settings.database_url)
+        lookahead = settings.schedule_lookahead_seconds
         return cls(pool, batch_size=settings.schedule_batch_size,
                    batches_per_pass=settings.schedule_batches_per_pass,
-                   lookahead_seconds=settings.schedule_lookahead_seconds,
+                   lookahead_seconds=(timer_settings.max_idle_seconds if lookahead is None
+                                      else lookahead),
                    max_fires_per_second=settings.schedule_max_fires_per_second)
 
     def step(self, now: datetime | None = None) -> int:

@@ -65,10 +65,9 @@ class Timer:
         )
         self.extra_steps: list[Any] = []
         """Callables `step(now) -> int` run each pass (recurring schedules plug in here)."""
-        from timer_service.scheduler import Scheduler, SchedulerSettings
+        from timer_service.scheduler import Scheduler
 
-        self.scheduler = Scheduler.from_settings(self.pool, SchedulerSettings.load(
-            database_url=settings.database_url))
+        self.scheduler = Scheduler.for_timer(self.pool, settings)
         self.extra_steps.append(self.scheduler.step)
         self.stop_flag = StopFlag()
         self.last_pass_ok: float | None = None
