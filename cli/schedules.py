@@ -22,16 +22,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                                          "recurring schedules")
     p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    # --json also after the action (`tock schedules list --json`); SUPPRESS keeps the
+    # action's parser from resetting a --json given before it.
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                           help="machine-readable output")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("list", help="every schedule, its timing and next fire time")
+    actions.add_parser("list", help="every schedule, its timing and next fire time",
+                       parents=[json_flag])
     for name, text in (("show", "one schedule: definition, recent runs, slots not run"),
                        ("pause", "stop firing (jobs already made are left alone)"),
                        ("resume", "fire again from the next slot; audit the paused slots"),
                        ("delete", "delete the schedule and its audit records")):
-        a = actions.add_parser(name, help=text)
+        a = actions.add_parser(name, help=text, parents=[json_flag])
         a.add_argument("name")
     a = actions.add_parser("preview", help="the next fire times, after time zone, DST and "
-                                           "spreading")
+                                           "spreading", parents=[json_flag])
     a.add_argument("name")
     a.add_argument("-n", type=int, default=10, help="how many (default 10)")
     p.set_defaults(func=run)

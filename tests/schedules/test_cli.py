@@ -38,7 +38,7 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
     code, out, _ = run(capsys, "show", "nightly")
     assert code == 0 and "Europe/Berlin" in out and "slots not run:" in out
 
-    code, out, _ = run(capsys, "--json", "preview", "nightly", "-n", "3")
+    code, out, _ = run(capsys, "preview", "nightly", "-n", "3", "--json")
     fires = json.loads(out)
     assert len(fires) == 3
     for fire in fires:
