@@ -118,20 +118,18 @@ def _cron_slots(timing: Timing, after: datetime) -> Iterator[Slot]:
     walls = croniter(timing.cron, wall, second_at_beginning=six)
     # Instants are not monotonic in wall time around a fold (the second 02:00 comes after
     # the first 02:30), but each wall time's first instant is: buffer until it is safe.
-    pending: list[tuple[datetime, int, Slot]] = []
-    seq = count()
+    pending: list[tuple[datetime, int, int, Slot]] = []
+    seq = count()  # ties on (instant, kind) keep wall-time order; Slots are never compared
     last_fired: datetime | None = None
     while True:
         w: datetime = walls.get_next(datetime)
         mapped = _instants(w, zone, timing.dst_gap, timing.dst_fold)
         for slot in mapped:
             # Same instant: fires sort before skips, so the cursor never passes a fire.
-            heapq.heappush(pending, (slot.at, 1 if slot.skip_reason else 0, Slot(
-                slot.at, slot.skip_reason, slot.local, slot.note)))
-            next(seq)
+            heapq.heappush(pending, (slot.at, 1 if slot.skip_reason else 0, next(seq), slot))
         floor = mapped[0].at
         while pending and pending[0][0] < floor:
-            at, _, slot = heapq.heappop(pending)
+            at, _, _, slot = heapq.heappop(pending)
             if at <= after:
                 continue
             if slot.skip_reason is None:
