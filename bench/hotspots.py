@@ -17,7 +17,7 @@ from shared import sql
 
 # pg_stat_statements shows bound parameters and constants alike as $n: fold both sides
 # (placeholders, quoted literals, numbers) to `$` and drop comments before comparing.
-_PLACEHOLDER = re.compile(r"%\(\w+\)s|\$\d+|'[^']*'|\b\d+(\.\d+)?\b")
+_PLACEHOLDER = re.compile(r"%\(\w+\)s|\$\d+|'[^']*'|-?\b\d+(\.\d+)?\b")
 _COMMENT = re.compile(r"--[^\n]*")
 _SPACE = re.compile(r"\s+")
 
@@ -99,6 +99,42 @@ def profile_all_threads() -> Iterator[list[cProfile.Profile]]:
         threading.Thread.run = original  # type: ignore[method-assign]
 
 
+ENQUEUE_STEPS = {
+    "client.py:schedule_many": "schedule() as a whole",
+    "client.py:_columns": "argument validation",
+    "pool.py:_check_connection": "pool check on checkout (an empty query: one round trip)",
+    "transaction.py:__enter__": "BEGIN (one round trip)",
+    "cursor.py:execute": "INSERT ... RETURNING (one round trip, trigger included)",
+    "transaction.py:__exit__": "COMMIT (one round trip + WAL flush)",
+    "jobs.py:from_row": "Job.from_row",
+}
+
+
+def measure_enqueue(ctx: Context) -> None:
+    """cProfile `schedule()` one by one: where a single enqueue spends its time."""
+    from shared.client import Client
+    from shared.settings import ClientSettings
+
+    calls = max(ctx.profile.hotspot_jobs // 10, 20)
+    url = ctx.services.fresh_database("bench_enqueue_profile")
+    with Client(ClientSettings(database_url=url)) as client:
+        client.schedule("bench.noop", {"warm": True}, delay=3600)
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(calls):
+            client.schedule("bench.noop", {"n": i}, delay=3600)
+        prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    steps = []
+    for _filename, short, (_line, value) in _entries(stats):
+        if short in ENQUEUE_STEPS:
+            steps.append({"step": ENQUEUE_STEPS[short], "function": short, "calls": value[1],
+                          "ms_per_job": round(value[3] * 1000 / calls, 4)})
+    ctx.results.hotspots["enqueue_calls"] = calls
+    ctx.results.hotspots["enqueue_steps_ms_per_call"] = sorted(
+        steps, key=lambda s: -s["ms_per_job"])
+
+
 def measure(ctx: Context) -> None:
     n = ctx.profile.hotspot_jobs
     if n <= 0:
@@ -118,6 +154,7 @@ def measure(ctx: Context) -> None:
     ctx.results.hotspots["self_time_top"] = _self_time(stats, n)
     ctx.results.hotspots["statements_memory"] = statement_times(url, n)
     ctx.progress.say(f"  profiled {n} jobs in memory ({len(profiles)} threads)")
+    measure_enqueue(ctx)
 
 
 def _entries(stats: pstats.Stats) -> Iterator[tuple[str, str, Any]]:

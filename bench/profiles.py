@@ -45,7 +45,7 @@ class Profile:
 
 QUICK = Profile(
     name="quick", raw_seconds=4.0, raw_rows=60_000,
-    enqueue_one_by_one=1_000, enqueue_batches=20, enqueue_batch_size=500,
+    enqueue_one_by_one=500, enqueue_batches=20, enqueue_batch_size=500,
     dispatch_jobs=4_000, consumer_counts=(1, 2, 4), consumer_concurrency=20,
     memory_jobs=6_000,
     latency_simultaneous=500, latency_steady_rate=100.0, latency_steady_seconds=10.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ class Progress:
         self.started = time.monotonic()
         self.total = total_phases
         self.done = 0
+        self.phases: list[dict[str, object]] = []
+        """Duration and 1-minute load average at the end of each phase: the noise."""
         self.stream = stream or sys.stderr
 
     def say(self, message: str) -> None:
@@ -27,4 +30,9 @@ class Progress:
         start = time.monotonic()
         yield
         self.done += 1
-        self.say(f"({self.done}/{self.total}) {name} done in {time.monotonic() - start:.1f} s")
+        seconds = time.monotonic() - start
+        load = os.getloadavg()[0]
+        self.phases.append({"phase": name, "seconds": round(seconds, 1),
+                            "load_average_1m": round(load, 2)})
+        self.say(f"({self.done}/{self.total}) {name} done in {seconds:.1f} s "
+                 f"(load average {load:.2f})")

@@ -68,6 +68,7 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
     lines += _memory(figures)
     lines += _hotspots(data.get("hotspots", {}))
     lines += _gaps(figures)
+    lines += _phases(data["series"].get("phases", []))
     lines += _environment(env)
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
@@ -151,8 +152,14 @@ def _hotspots(h: dict[str, Any]) -> list[str]:
         lines += _table(["function", "calls", "self ms per job"], [
             [f"`{r['function']}`", _num(r["calls"]), _num(r["self_ms_per_job"], 4)]
             for r in h["self_time_top"][:12]])
+    if h.get("enqueue_steps_ms_per_call"):
+        lines += [f"`schedule()` one by one under cProfile ({h.get('enqueue_calls')} calls):", ""]
+        lines += _table(["step", "function", "calls", "ms per call"], [
+            [s["step"], f"`{s['function']}`", _num(s["calls"]), _num(s["ms_per_job"], 3)]
+            for s in h["enqueue_steps_ms_per_call"]])
     for key, title in (("statements_e2e", "Database time per statement, end to end with the "
                                           "most consumers (pg_stat_statements)"),
+                       ("statements_burst", "Database time per statement, burst"),
                        ("statements_memory", "Database time per statement, in-memory run")):
         if h.get(key):
             lines += [f"{title}:", ""]
@@ -174,6 +181,17 @@ def _gaps(figures: list[dict[str, Any]]) -> list[str]:
         lines += [f"- **{f['label']}**: {_num(f['value'], 2)} {f['unit']}{ratio}, target "
                   f"{f['target']}. {note}"]
     return [*lines, ""]
+
+
+def _phases(phases: list[dict[str, Any]]) -> list[str]:
+    if not phases:
+        return []
+    return ["## Phases and machine load", "",
+            "Other work on the machine shows up here: compare a figure with its ceiling only "
+            "when the load around both was similar.", "",
+            *_table(["phase", "seconds", "1-minute load average at its end"],
+                    [[p["phase"], _num(p["seconds"], 1), _num(p["load_average_1m"], 2)]
+                     for p in phases])]
 
 
 def _environment(env: dict[str, Any]) -> list[str]:

@@ -63,6 +63,7 @@ def run(profile: Profile, out: Path) -> Path:
             sampler.stop()
             results.environment["load_average_end"] = list(os.getloadavg())
     with progress.phase("report"):
+        results.series["phases"] = progress.phases
         results.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
         results.duration_seconds = round(time.monotonic() - started, 1)
         results.write(out / "results.json")
