@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dashboard.settings import DashboardSettings
+from shared.health import HealthSettings
 from shared.settings import (
     ClientSettings,
     CommonSettings,
@@ -28,6 +29,8 @@ SETTINGS: dict[str, type[CommonSettings]] = {
 def unknown_tock_variables(process: str, env: dict[str, Any]) -> list[str]:
     """TOCK_* names in `env` that the process's settings do not read (typos, wrong process)."""
     fields = {f"TOCK_{name.upper()}" for name in SETTINGS[process].model_fields}
+    if process in ("timer", "consumer"):
+        fields |= {f"TOCK_HEALTH_{name.upper()}" for name in HealthSettings.model_fields}
     return sorted(k for k in env if k.startswith("TOCK_") and k not in fields)
 
 

@@ -108,7 +108,8 @@ def test_consumer_timing_settings_agree(monkeypatch):
 
 
 def test_services_run_two_timers_and_autoscale_consumers_on_the_queue():
-    assert RES["TimerService"]["Properties"]["DesiredCount"] == {"Ref": "TimerCount"}
+    assert RES["TimerService"]["Properties"]["DesiredCount"] == \
+        {"Fn::If": ["ServicesRun", {"Ref": "TimerCount"}, 0]}
     assert PARAMS["TimerCount"]["MinValue"] >= 2
     target = RES["ConsumerScalableTarget"]["Properties"]
     assert target["ScalableDimension"] == "ecs:service:DesiredCount"

@@ -101,12 +101,13 @@ def test_entrypoint_refuses_unknown_or_missing_process(args):
 
 
 def test_entrypoint_execs_python_so_sigterm_stops_the_timer_gracefully(database_url):
+    health_port = free_port()
     env = {**_entrypoint_env(), "TOCK_DATABASE_URL": database_url,
-           "TOCK_LOG_FORMAT": "human", "AWS_DEFAULT_REGION": "us-east-1",
+           "TOCK_LOG_FORMAT": "human", "TOCK_HEALTH_PORT": str(health_port),
+           "TOCK_HEALTH_HOST": "127.0.0.1", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
            # Nothing is due, so the timer never calls SQS; the endpoint is never used.
            "AWS_ENDPOINT_URL_SQS": "http://127.0.0.1:9"}
-    env.pop("TOCK_HEALTH_PORT", None)
     proc = subprocess.Popen(["sh", str(ENTRYPOINT), "timer"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -116,8 +117,10 @@ def test_entrypoint_execs_python_so_sigterm_stops_the_timer_gracefully(database_
 
         wait_for(lambda: "timer_service" in cmdline(), timeout=20, message="python exec'd")
         assert not cmdline().startswith("sh ")
-        wait_for(lambda: proc.poll() is not None or _timer_passes(database_url),
-                 timeout=30, message="timer running")
+        # The image's HEALTHCHECK script sees the real timer healthy on TOCK_HEALTH_PORT.
+        wait_for(lambda: proc.poll() is not None or _healthcheck(
+            TOCK_HEALTH_PORT=str(health_port), TOCK_DASHBOARD_PORT=str(free_port())
+        ).returncode == 0, timeout=30, message="timer healthy")
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -125,17 +128,6 @@ def test_entrypoint_execs_python_so_sigterm_stops_the_timer_gracefully(database_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _timer_passes(database_url: str) -> bool:
-    """The timer has started work: it holds a connection to the test database."""
-    import psycopg
-
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()").fetchone()
-    return bool(row and row[0] > 0)
 
 
 class _Health(BaseHTTPRequestHandler):
