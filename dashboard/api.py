@@ -99,9 +99,12 @@ def _filter(*, state: list[JobState] | None, kind: str | None, queue: str | None
 def list_jobs(
     *, who: Viewer, conn: Read,
     state: Annotated[list[JobState] | None, Query(description="repeatable")] = None,
-    kind: str | None = None, queue: str | None = None, tenant: str | None = None,
-    key: str | None = None, created_after: datetime | None = None,
-    created_before: datetime | None = None,
+    kind: Annotated[models.Kind | None, Query()] = None,
+    queue: Annotated[models.Queue | None, Query()] = None,
+    tenant: Annotated[models.Tenant | None, Query()] = None,
+    key: Annotated[models.Key | None, Query()] = None,
+    created_after: models.IsoDateTime | None = None,
+    created_before: models.IsoDateTime | None = None,
     limit: Annotated[int, Query(ge=1, le=job_queries.MAX_PAGE_SIZE)] =
         job_queries.DEFAULT_PAGE_SIZE,
     before_id: Annotated[int | None, Query(ge=1, le=MAX_ID,

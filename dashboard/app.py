@@ -15,8 +15,10 @@ from contextlib import asynccontextmanager
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.routing import Match
 
 from dashboard import api, pages
 from dashboard.auth import Authenticator
@@ -110,6 +112,12 @@ def create_app(settings: DashboardSettings) -> FastAPI:
                                call_next: Callable[[Request], Awaitable[Response]]
                                ) -> Response:
         response = await call_next(request)
+        if response.status_code == 405:
+            # Starlette names only the first route matching the path; list them all.
+            allowed = {method for route in app.routes if isinstance(route, APIRoute)
+                       and route.matches(request.scope)[0] is not Match.NONE
+                       for method in route.methods or ()}
+            response.headers["Allow"] = ", ".join(sorted(allowed))
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response

@@ -3,36 +3,87 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from shared import job_queries
+from shared import job_queries, validation
 from shared.explain import Explanation
 from shared.jobs import Attempt, Job
+from shared.settings import QUEUE_NAME
 from shared.states import AttemptOutcome, JobState
 
-MAX_ID = 2**63 - 1
-"""Postgres bigint: larger ids cannot exist, so they are refused before the database."""
+MAX_ID = 9 * 10**18
+"""Below Postgres' bigint limit (2**63 - 1) and exact as a JSON-schema float, so clients
+and validators agree on it; larger ids cannot exist and are refused before the database."""
+
+
+def _iso(value: object) -> object:
+    """ISO 8601 text only: lax parsing would take `0.5` for a Unix time."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 date-time string")
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an ISO 8601 date-time such as "
+                         "2026-12-02T15:04:05Z") from None
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso)]
+
+
+def _json_int(value: object) -> object:
+    """JSON integers as JSON Schema sees them: 5 and 5.0, not "5" nor true."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# WithJsonSchema: pydantic would otherwise print the bounds of a validated int as
+# "ge"/"le", which JSON Schema does not know.
+Priority = Annotated[int, BeforeValidator(_json_int), Field(ge=0, le=9),
+                     WithJsonSchema({"type": "integer", "minimum": 0, "maximum": 9})]
+MaxAttempts = Annotated[int, BeforeValidator(_json_int),
+                        Field(ge=1, le=validation.MAX_ATTEMPTS_LIMIT),
+                        WithJsonSchema({"type": "integer", "minimum": 1,
+                                        "maximum": validation.MAX_ATTEMPTS_LIMIT})]
+JobIdIn = Annotated[int, BeforeValidator(_json_int), Field(ge=1, le=MAX_ID),
+                    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_ID})]
+
+
+# The same rules as shared.validation, so the schema tells clients what is accepted.
+Kind = Annotated[str, Field(pattern=validation.KIND.pattern)]
+Queue = Annotated[str, Field(pattern=QUEUE_NAME.pattern)]
+Key = Annotated[str, Field(min_length=1, max_length=validation.MAX_KEY_LENGTH)]
+Tenant = Annotated[str, Field(min_length=1, max_length=validation.MAX_TENANT_LENGTH)]
+
+
+class StrictIn(BaseModel):
+    """Request bodies take JSON types as they are: "3" is not a number, 0 is not false."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class ErrorOut(BaseModel):
     detail: str = Field(description="What is wrong, in words.")
 
 
-class EnqueueIn(BaseModel):
+class EnqueueIn(StrictIn):
     """A job to enqueue. Give `at` (timezone-aware) or `delay`, or neither for now."""
 
-    kind: str = Field(min_length=1, max_length=128, examples=["email"])
+    kind: str = Field(pattern=validation.KIND.pattern, examples=["email"])
     payload: Any = Field(default=None, examples=[{"to": "a@example.com"}])
-    at: datetime | None = None
+    at: IsoDateTime | None = None
     delay: float | None = Field(default=None, ge=0, description="seconds from now")
-    key: str | None = Field(default=None, description="idempotency key")
-    priority: int = Field(default=0, ge=0, le=9)
-    queue: str | None = None
-    max_attempts: int | None = Field(default=None, ge=1, le=1000)
-    timeout: float | None = Field(default=None, gt=0, description="seconds")
-    tenant: str | None = None
+    key: Key | None = Field(default=None, description="idempotency key")
+    priority: Priority = 0
+    queue: Queue | None = None
+    max_attempts: MaxAttempts | None = None
+    timeout: float | None = Field(default=None, gt=0, le=validation.MAX_TIMEOUT_SECONDS,
+                                  description="seconds")
+    tenant: Tenant | None = None
 
 
 class AttemptOut(BaseModel):
@@ -121,16 +172,17 @@ class JobPage(BaseModel):
     next_cursor: int | None = Field(description="pass as before_id for the next page")
 
 
-class FilterIn(BaseModel):
+class FilterIn(StrictIn):
     """Which jobs a bulk action applies to; empty fields do not filter."""
 
-    state: list[JobState] = Field(default_factory=list)
-    kind: str | None = None
-    queue: str | None = None
-    tenant: str | None = None
-    key: str | None = None
-    created_after: datetime | None = None
-    created_before: datetime | None = None
+    # Enum values arrive as JSON strings, which strict mode would refuse.
+    state: list[Annotated[JobState, Field(strict=False)]] = Field(default_factory=list)
+    kind: Kind | None = None
+    queue: Queue | None = None
+    tenant: Tenant | None = None
+    key: Key | None = None
+    created_after: IsoDateTime | None = None
+    created_before: IsoDateTime | None = None
 
     def to_filter(self) -> job_queries.JobFilter:
         return job_queries.JobFilter.of(
@@ -138,12 +190,11 @@ class FilterIn(BaseModel):
             key=self.key, created_after=self.created_after, created_before=self.created_before)
 
 
-class BulkIn(BaseModel):
+class BulkIn(StrictIn):
     filter: FilterIn = Field(default_factory=FilterIn)
     dry_run: bool = Field(default=True, description="only count; the default, for safety")
-    up_to_id: int | None = Field(
-        default=None, ge=1, le=MAX_ID,
-        description="from the dry run: leave out jobs created after it")
+    up_to_id: JobIdIn | None = Field(
+        default=None, description="from the dry run: leave out jobs created after it")
     all: bool = Field(default=False,
                       description="required to act on every job when the filter is empty")
 

@@ -83,3 +83,4 @@ def live_server(app: Any) -> Iterator[LiveServer]:
     server.start()
     yield server
     server.stop()
+

@@ -47,10 +47,12 @@ def test_idempotent_key_returns_existing_job(operator):
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
-    ({"kind": "bad kind!"}, 400, "not a valid kind"),
+    ({"kind": "bad kind!"}, 422, "String should match pattern"),
     ({"kind": "email", "at": "2030-01-01T00:00:00"}, 400, "timezone-aware"),
     ({"kind": "email", "at": "2030-01-01T00:00:00Z", "delay": 5}, 400, "either at= or delay="),
-    ({"kind": "email", "queue": "no spaces"}, 400, "not a valid queue name"),
+    ({"kind": "email", "queue": "no spaces"}, 422, "queue"),
+    ({"kind": "email", "tenant": "a\u0000b"}, 400, "NUL"),
+    ({"kind": "email", "priority": "3"}, 422, "valid integer"),
     ({"kind": "email", "payload": "x" * 300_000}, 400, "over the limit"),
     ({"kind": "email", "priority": 10}, 422, "less than or equal to 9"),
     ({"payload": {}}, 422, "kind"),
@@ -84,6 +86,7 @@ def test_cancel_retry_and_refusals(operator, db):
     assert operator.get("/api/jobs/999999").status_code == 404
     assert operator.post("/api/jobs/999999/retry").status_code == 404
     assert operator.get(f"/api/jobs/{2**63}").status_code == 422
+    assert operator.get("/api/jobs/0").status_code == 422
 
 
 def test_list_pages_newest_first_with_filters(operator, db):
