@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.routing import Match
 
-from dashboard import api, pages
+from dashboard import api, pages, schedules_api
 from dashboard.auth import Authenticator
 from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
@@ -34,6 +34,7 @@ from shared.errors import (
     TransportError,
 )
 from shared.logs import emit
+from shared.schedules import ScheduleNotFound
 from shared.settings import ClientSettings
 
 log = logging.getLogger("tock.dashboard")
@@ -93,6 +94,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app.state.stats = stats
     app.state.auth = Authenticator(settings)
     app.include_router(api.router)
+    app.include_router(schedules_api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("dashboard", "static")]), name="static")
 
@@ -103,6 +105,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
     app.add_exception_handler(InvalidInput, _error(400))
     app.add_exception_handler(JobNotFound, _error(404))
+    app.add_exception_handler(ScheduleNotFound, _error(404))
     app.add_exception_handler(InvalidTransition, _error(409))
     app.add_exception_handler(DatabaseUnavailable, _error(503))
     app.add_exception_handler(TransportError, _error(503))

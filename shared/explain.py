@@ -9,12 +9,13 @@ Postgres in one short transaction.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shared import job_queries
 from shared.db import Connection
 from shared.jobs import Attempt, Job
+from shared.recurring import slot_of
 from shared.states import AttemptOutcome, JobState
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
@@ -50,7 +51,7 @@ class Context:
     """Live (heartbeating) consumers that receive from the job's queue."""
     due_ahead: int | None = None
     paused_schedule: str | None = None
-    """Name of a paused recurring schedule that holds this job back, if any."""
+    """The recurring schedule that made this job, when it is paused (no further runs)."""
 
 
 def duration(seconds: float) -> str:
@@ -89,18 +90,17 @@ def _attempts_of(job: Job) -> str:
 
 def explain(job: Job, ctx: Context) -> Explanation:
     """The plain-words story of where `job` is now and why."""
-    handler = _BY_STATE[job.state]
-    return handler(job, ctx)
+    found = _BY_STATE[job.state](job, ctx)
+    if ctx.paused_schedule:
+        found = replace(found, details=[*found.details, (
+            f"It was made by recurring schedule {ctx.paused_schedule!r}, which is paused: "
+            "the schedule makes no further jobs until it is resumed.")])
+    return found
 
 
 def _scheduled(job: Job, ctx: Context) -> Explanation:
     now = ctx.now
     details = [f"Priority {job.priority} on queue {job.queue}."]
-    if ctx.paused_schedule:
-        return Explanation(
-            job.id, job.state,
-            f"Blocked: its recurring schedule {ctx.paused_schedule!r} is paused.",
-            details, "Resume the schedule to let it run.", can_cancel=True)
     if job.run_at > now:
         return Explanation(
             job.id, job.state, f"Not due until {when(job.run_at, now)}.", details,
@@ -230,10 +230,16 @@ _BY_STATE: dict[JobState, Callable[[Job, Context], Explanation]] = {
     JobState.CANCELLED: _cancelled,
 }
 
-PausedScheduleLookup = Callable[[Connection, Job], "str | None"]
+PAUSED_SCHEDULE = "SELECT name FROM tock_schedules WHERE name = %(name)s AND paused"
 
-paused_schedule_lookups: list[PausedScheduleLookup] = []
-"""Hooks that name a paused schedule holding a job back (recurring schedules register one)."""
+
+def paused_schedule_of(conn: Connection, job: Job) -> str | None:
+    """The paused schedule that made `job` (its key is `name:<slot>`), if any."""
+    if slot_of(job.unique_key) is None or job.unique_key is None:
+        return None
+    name = job.unique_key.partition(":")[0]
+    row = conn.execute(PAUSED_SCHEDULE, {"name": name}).fetchone()
+    return str(row[0]) if row else None
 
 
 def gather(conn: Connection, job: Job, *,
@@ -246,9 +252,4 @@ def gather(conn: Connection, job: Job, *,
     ahead = None
     if job.state in (JobState.SCHEDULED, JobState.RETRYING) and job.run_at <= now:
         ahead = job_queries.due_ahead(conn, job, now)
-    paused = None
-    for lookup in paused_schedule_lookups:
-        paused = lookup(conn, job)
-        if paused:
-            break
-    return Context(now, lease_worker, queue_workers, ahead, paused)
+    return Context(now, lease_worker, queue_workers, ahead, paused_schedule_of(conn, job))
