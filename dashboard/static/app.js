@@ -451,6 +451,79 @@ function renderEnqueue() {
        "slow (6 s), crash (first attempt dies like a killed worker), report."), form));
 }
 
+// --- schedules ---------------------------------------------------------------------------------------
+
+async function toggleSchedule(name, paused) {
+  try {
+    await api(`/api/schedules/${encodeURIComponent(name)}/${paused ? "resume" : "pause"}`,
+              {method: "POST"});
+    toast(`Schedule ${name} ${paused ? "resumed" : "paused"}.`);
+  } catch (e) { toast(e.message, true); }
+}
+
+function scheduleButton(s, after) {
+  return el("button", {type: "button", className: "quiet", disabled: !canWrite(),
+                       "data-testid": `toggle-${s.name}`,
+                       onclick: async () => { await toggleSchedule(s.name, s.paused); after(); }},
+            s.paused ? "Resume" : "Pause");
+}
+
+function renderSchedules() {
+  const body = el("div", {className: "panel"});
+  view(el("h1", {}, "Recurring schedules"), body);
+  const load = async () => {
+    const list = await api("/api/schedules");
+    body.replaceChildren(list.length ? el("table", {"data-testid": "schedules-table"},
+      el("thead", {}, el("tr", {}, ["name", "when", "kind", "queue", "next fire", "status", ""]
+        .map(h => el("th", {}, h)))),
+      el("tbody", {}, list.map(s => el("tr", {"data-testid": `schedule-${s.name}`},
+        el("td", {}, el("a", {href: `#/schedules/${encodeURIComponent(s.name)}`}, s.name)),
+        el("td", {}, s.timing), el("td", {}, s.kind), el("td", {}, s.queue),
+        el("td", {title: stamp(s.next_fire_at)}, s.paused ? "–" : ago(s.next_fire_at)),
+        el("td", {}, badge(s.paused ? "paused" : "active")),
+        el("td", {}, scheduleButton(s, load))))))
+      : el("p", {className: "muted"}, "No recurring schedules. Define them in code with recurring(...)."));
+    showLive(true);
+  };
+  poll(load, 3000);
+}
+
+function renderSchedule(name) {
+  const head = el("h1", {}, `Schedule ${name}`);
+  const body = el("div");
+  view(head, body);
+  const load = async () => {
+    const d = await api(`/api/schedules/${encodeURIComponent(name)}`);
+    const s = d.schedule;
+    head.replaceChildren(`Schedule ${s.name} `, badge(s.paused ? "paused" : "active"));
+    body.replaceChildren(
+      el("div", {className: "actions"}, scheduleButton(s, load)),
+      el("div", {className: "grid"},
+        el("div", {className: "panel"}, el("h2", {}, "Definition"), el("dl", {className: "fields"},
+          [["when", s.timing], ["kind", s.kind], ["queue", s.queue], ["priority", s.priority],
+           ["misfire", s.misfire], ["overlap", s.overlap], ["payload", JSON.stringify(s.payload)]]
+            .map(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]))),
+        el("div", {className: "panel"}, el("h2", {}, "Next fire times"),
+          s.paused ? el("p", {className: "muted"}, "Paused: nothing fires until it is resumed.")
+            : el("ol", {"data-testid": "next-fires"}, d.next_fires.map(f => el("li", {},
+                `${f.local.replace("T", " ")} (${ago(f.fire_at)})`, f.note ? ` · ${f.note}` : ""))))),
+      el("div", {className: "grid"},
+        el("div", {className: "panel"}, el("h2", {}, "Recent runs"), d.runs.length ? el("table", {},
+          el("tbody", {}, d.runs.map(r => el("tr", {},
+            el("td", {}, el("a", {href: `#/jobs/${r.job_id}`}, `#${r.job_id}`)),
+            el("td", {}, stamp(r.slot)), el("td", {}, badge(r.state))))))
+          : el("p", {className: "muted"}, "No runs yet.")),
+        el("div", {className: "panel"}, el("h2", {}, "Slots that did not run"),
+          d.skipped.length ? el("table", {}, el("tbody", {}, d.skipped.map(e => el("tr", {},
+            el("td", {}, e.reason), el("td", {}, `${stamp(e.first_slot)} – ${stamp(e.last_slot)}`),
+            el("td", {}, e.slot_count === null ? "many" : `${e.slot_count} slot(s)`),
+            el("td", {className: "muted"}, e.detail || "")))))
+          : el("p", {className: "muted"}, "None."))));
+    showLive(true);
+  };
+  poll(load, 3000);
+}
+
 // --- routing ------------------------------------------------------------------------------------------
 
 function route() {
@@ -461,6 +534,10 @@ function route() {
   if (m) { section = "jobs"; renderJob(m[1]); }
   else if (path === "/jobs") { section = "jobs"; renderJobs(query); }
   else if (path === "/enqueue") { section = "enqueue"; renderEnqueue(); }
+  else if (path === "/schedules") { section = "schedules"; renderSchedules(); }
+  else if (path.startsWith("/schedules/")) {
+    section = "schedules"; renderSchedule(decodeURIComponent(path.slice(11)));
+  }
   else renderOverview();
   for (const a of document.querySelectorAll("[data-nav]")) {
     a.classList.toggle("active", a.dataset.nav === section);

@@ -171,3 +171,21 @@ def test_cross_site_form_post_is_rejected(
         assert response.value.status == 403
         assert "cross-site" in response.value.text()
     assert client.get(job.id).state.value == "dead"
+
+
+def test_schedules_show_next_fires_and_pause_from_the_page(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    from shared.recurring import get_schedule, recurring
+
+    recurring("nightly", "report", cron="0 2 * * *", client=client)
+    login(page, live_server, OPERATOR)
+    page.click("text=Schedules")
+    row = page.get_by_test_id("schedule-nightly")
+    expect(row).to_contain_text("cron '0 2 * * *' in UTC")
+    expect(row).to_contain_text("active")
+    page.click("text=nightly")
+    expect(page.get_by_test_id("next-fires").locator("li")).to_have_count(5)
+    expect(page.get_by_test_id("next-fires")).to_contain_text("02:00:00")
+    page.get_by_test_id("toggle-nightly").click()
+    expect(page.locator("h1")).to_contain_text("paused")
+    assert get_schedule("nightly", client=client).paused
