@@ -125,8 +125,10 @@ def _cron_slots(timing: Timing, after: datetime) -> Iterator[Slot]:
         w: datetime = walls.get_next(datetime)
         mapped = _instants(w, zone, timing.dst_gap, timing.dst_fold)
         for slot in mapped:
-            # Same instant: fires sort before skips, so the cursor never passes a fire.
-            heapq.heappush(pending, (slot.at, 1 if slot.skip_reason else 0, next(seq), slot))
+            # Same instant: a real wall time before a shifted one (it keeps its own note
+            # when they merge), fires before skips (the cursor never passes a fire).
+            rank = 2 if slot.skip_reason else 1 if slot.note == "dst_shifted" else 0
+            heapq.heappush(pending, (slot.at, rank, next(seq), slot))
         floor = mapped[0].at
         while pending and pending[0][0] < floor:
             at, _, _, slot = heapq.heappop(pending)

@@ -1,7 +1,7 @@
 """Slot arithmetic: boundaries, no drift, DST in three zones, spreading, preview."""
 
 from datetime import UTC, datetime, timedelta
-from itertools import islice
+from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
 
 from shared.schedule_slots import next_slot, preview, slot_key, slots_after, spread_offset
@@ -146,3 +146,63 @@ def test_preview_gives_real_fire_times():
 def test_slot_key_is_name_and_utc_iso():
     berlin = datetime(2026, 3, 29, 3, 0, tzinfo=ZoneInfo("Europe/Berlin"))
     assert slot_key("nightly", berlin) == "nightly:2026-03-29T01:00:00Z"
+
+
+ZONES = ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Europe/Dublin",
+         "Pacific/Chatham", "America/Sao_Paulo"]
+
+
+def transitions(tz, year):
+    zone = ZoneInfo(tz)
+    t = utc(year, 1, 1)
+    offset = t.astimezone(zone).utcoffset()
+    while t.year == year:
+        t += timedelta(hours=1)
+        now_offset = t.astimezone(zone).utcoffset()
+        if now_offset != offset:
+            yield t
+            offset = now_offset
+
+
+def test_every_transition_against_brute_force():
+    """Around every offset change of 2024-2026 in six zones (30- and 45-minute offsets,
+    Dublin's negative DST, Sao Paulo's abolished DST): with dst_fold='twice' the slots are
+    exactly the minutes whose local wall time matches the cron, plus one shifted instant per
+    gap that swallowed some; with 'once', the second occurrences are dropped."""
+    # The cron expressions, as plain predicates on a local wall time (the oracle).
+    exprs = {"*/15 * * * *": lambda w: w.minute % 15 == 0,
+             "30 2 * * *": lambda w: (w.hour, w.minute) == (2, 30),
+             "45 1 * * *": lambda w: (w.hour, w.minute) == (1, 45)}
+    checked = 0
+    for tz in ZONES:
+        zone = ZoneInfo(tz)
+        for year in (2024, 2025, 2026):
+            for change in transitions(tz, year):
+                start, end = change - timedelta(hours=4), change + timedelta(hours=4)
+                for expr, matches in exprs.items():
+                    twice = cron(expr, tz, fold=DstFold.TWICE)
+                    got = []
+                    for s in slots_after(twice, start):
+                        if s.at > end:
+                            break
+                        got.append(s)
+                    minutes = [start + timedelta(minutes=m) for m in range(1, 8 * 60 + 1)]
+                    matching = [m for m in minutes if matches(m.astimezone(zone))]
+                    shifted = {s.at for s in got if s.note == "dst_shifted"}
+                    assert [s.at for s in got] == sorted(set(matching) | shifted), (
+                        tz, expr, change)
+                    assert not shifted & set(matching)  # a real time keeps its own note
+                    assert all(a.at < b.at for a, b in pairwise(got))
+                    for s in got:
+                        if s.note == "dst_shifted":  # lands where the offset changes
+                            before = (s.at - timedelta(seconds=1)).astimezone(zone).utcoffset()
+                            assert before != s.at.astimezone(zone).utcoffset()
+                    once = []
+                    for s in slots_after(cron(expr, tz), start):
+                        if s.at > end:
+                            break
+                        once.append(s)
+                    assert [s.at for s in once] == [s.at for s in got
+                                                    if s.note != "dst_second"]
+                    checked += 1
+    assert checked >= 90
