@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from cfnlint.decode.cfn_yaml import load as load_cfn_yaml
+import yaml  # type: ignore[import-untyped]
+from cfnlint.decode.cfn_yaml import load as load_cfn_yaml  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parents[2]
 CFN_DIR = ROOT / "infra" / "cloudformation"
@@ -29,7 +29,7 @@ def load_template(path: Path) -> dict[str, Any]:
 
 def load_k8s_documents() -> list[tuple[Path, dict[str, Any]]]:
     """Every Kubernetes object under infra/k8s (kustomization.yaml excepted)."""
-    docs = []
+    docs: list[tuple[Path, dict[str, Any]]] = []
     for path in sorted(K8S_DIR.glob("*.yaml")):
         if path.name == "kustomization.yaml":
             continue
