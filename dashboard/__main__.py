@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from shared.errors import ConfigError
 from shared.logs import configure
+
+
+def _drop_color_message(record: logging.LogRecord) -> bool:
+    # uvicorn attaches an ANSI-coloured copy of each message; structured logs want one.
+    record.__dict__.pop("color_message", None)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tock dashboard: {exc}", file=sys.stderr)
         return 2
     configure(settings.log_format, settings.log_level, "dashboard")
+    logging.getLogger("uvicorn.error").addFilter(_drop_color_message)
     import uvicorn
 
     from dashboard.app import create_app

@@ -61,6 +61,8 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
         "TOCK_VISIBILITY_TIMEOUT_SECONDS": "10",
         "TOCK_SHUTDOWN_GRACE_SECONDS": "8",
         "PYTHONUNBUFFERED": "1",
+        # Development tokens (printed below); the dashboard still binds 127.0.0.1 only.
+        "TOCK_DASHBOARD_DEV": "1",
     }
 
 
@@ -69,6 +71,7 @@ PROCESSES: list[tuple[str, list[str]]] = [
     ("consumer-1", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
     ("consumer-2", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
     ("producer", ["-m", "demo.producer"]),
+    ("dashboard", ["-m", "dashboard"]),
 ]
 
 
@@ -96,6 +99,11 @@ def main() -> int:
             proc = subprocess.Popen([sys.executable, *args],
                                     env={**env, "TOCK_PROCESS_NAME": name})
             stack.processes.append((name, proc))
+        from dashboard.settings import DEV_OPERATOR_TOKEN, DEV_VIEWER_TOKEN
+
+        port = os.environ.get("TOCK_DASHBOARD_PORT", "8080")
+        _say(f"dashboard at http://127.0.0.1:{port}/  log in with operator token "
+             f"{DEV_OPERATOR_TOKEN} (or viewer token {DEV_VIEWER_TOKEN}, read only)")
         _say("running; press Ctrl-C to stop everything")
         while all(p.poll() is None for _, p in stack.processes):
             time.sleep(0.5)

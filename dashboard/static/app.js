@@ -26,7 +26,7 @@ function el(tag, attrs, ...children) {
     else if (k === "className") node.setAttribute("class", v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }

@@ -95,6 +95,8 @@ def test_dead_jobs_retry_button_sends_it_back_to_scheduled(
     page.goto(f"{live_server.url}/#/jobs/{job.id}")
     expect(page.get_by_test_id("job-state")).to_have_text("dead")
     expect(page.get_by_test_id("explanation")).to_contain_text("upstream said no")
+    expect(page.locator("dl.fields")).to_contain_text("attempt3 of 3")
+    expect(page.locator("main")).not_to_contain_text("[object")
     page.get_by_test_id("retry-button").click()
     expect(page.get_by_test_id("job-state")).to_have_text("scheduled")
     assert client.get(job.id).state.value == "scheduled"
