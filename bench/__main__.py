@@ -5,6 +5,7 @@ project README's "Benchmarks" section."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
+    errors = json.loads((out / "results.json").read_text()).get("errors", [])
+    if errors:
+        print(f"bench: {len(errors)} phase(s) failed: "
+              + ", ".join(e["phase"] for e in errors), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -39,10 +39,18 @@ GAP_NOTES: dict[str, str] = {
         "statement each; tock's consumer claims at most 10 rows per transaction (one SQS "
         "receive) and completes what has finished by then (about one receive's worth), so "
         "it pays ten times the commits per job, each with four round trips. Timer and "
-        "consumer also share one Python process here. What would close it, beyond the "
-        "consumer fixes below: claim the messages of several receives in one statement (the "
-        "two receivers of a queue feeding one claimer), and let the completer wait a few "
-        "milliseconds for a fuller batch when the previous write was small. " + _CONSUMER
+        "consumer also share one Python process here. Per statement (table below), the "
+        "timer's `sql.CLAIM_DUE` costs more per job than the consumer's claim: it visits ten "
+        "priority levels, each a LATERAL `LIMIT ... FOR UPDATE SKIP LOCKED`, and draws a "
+        "`gen_random_uuid()` per row; `sql.FINISH_ATTEMPTS` also pays the foreign-key check "
+        "of `tock_attempts.job_id` (a `FOR KEY SHARE` lock on the job row it just updated) "
+        "that the bare completion does not (not measured apart). What would close it, "
+        "beyond the consumer fixes below: claim the messages of several receives in one "
+        "statement (the two receivers of a queue feeding one claimer), let the completer "
+        "wait a few milliseconds for a fuller batch when the previous write was small, and "
+        "in `CLAIM_DUE` skip the levels that have nothing due (one `SELECT DISTINCT "
+        "priority` over the due index, or a per-level next-due cache like NEXT_DUE_AT's). "
+        + _CONSUMER
     ),
     "latency.simultaneous": (
         "The `latency.simultaneous.floor` figure is the p99 the raw SQS path alone allows "
@@ -54,6 +62,10 @@ GAP_NOTES: dict[str, str] = {
         "under 100 ms: more send concurrency in the timer (`TimerSettings.send_concurrency`) "
         "and a smaller first batch (commit and let consumers start on 50 while the rest "
         "is sent), plus the consumer fixes listed for end to end."
+    ),
+    "burst.": (
+        "The burst drains at the rate of the slower of the timer's sends and the consumers' "
+        "receives on one SQS server; see the burst paragraph and the drain curve."
     ),
     "memory.": (
         "RSS grew while the backlog moved: look for caches keyed by job (the consumer's "

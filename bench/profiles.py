@@ -44,7 +44,7 @@ class Profile:
 
 
 QUICK = Profile(
-    name="quick", raw_seconds=4.0, raw_rows=60_000,
+    name="quick", raw_seconds=3.0, raw_rows=50_000,
     enqueue_one_by_one=500, enqueue_batches=20, enqueue_batch_size=500,
     dispatch_jobs=4_000, consumer_counts=(1, 2, 4), consumer_concurrency=20,
     memory_jobs=6_000,

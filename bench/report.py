@@ -48,8 +48,11 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
         "Every figure sits next to a raw ceiling measured on the same services in the same "
         "run; on a shared, noisy machine the ratios are the numbers to read, not the "
         "absolute rates.", "",
-        "## Targets", "",
     ]
+    for err in data.get("errors", []):
+        lines += [f"**Phase failed: {err['phase']}**: `{err['error']}` (its figures are "
+                  "missing; see results.json for the traceback).", ""]
+    lines += ["## Targets", ""]
     targets = [f for f in figures if f["target"]]
     lines += _table(["figure", "value", "ceiling", "ratio", "target", "met"], [
         [f["label"], f"{_num(f['value'], 2)} {f['unit']}", _ceiling(f),
@@ -62,8 +65,9 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
         lines += [f"### {title}", ""]
         lines += _table(["figure", "value", "ceiling", "ratio", "note"], [
             [f["label"], f"{_num(f['value'], 2)} {f['unit']}", _ceiling(f),
-             _num(f["ratio"], 2), f["note"]] for f in mine])
+             _num(f["ratio"], 2), _note(f)] for f in mine])
     lines += _latency(data["series"])
+    lines += _burst(figures)
     lines += _scale(data["series"])
     lines += _memory(figures)
     lines += _hotspots(data.get("hotspots", {}))
@@ -73,6 +77,14 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(lines)
+
+
+def _note(f: dict[str, Any]) -> str:
+    samples = f.get("samples") or []
+    if len(samples) < 2:
+        return str(f["note"])
+    shown = "best of " + " / ".join(_num(float(s), 2) for s in samples)
+    return f"{f['note']}; {shown}" if f["note"] else shown
 
 
 def _load(values: Any) -> str:
@@ -107,6 +119,23 @@ def _latency(series: dict[str, Any]) -> list[str]:
                "due-to-dispatch p99 ms"]
     return ["## Latency (due-to-start = started_at - run_at, from Postgres)", "",
             *_table(headers, rows)]
+
+
+def _burst(figures: list[dict[str, Any]]) -> list[str]:
+    by_key = {f["key"]: f for f in figures}
+    keys = ("burst.dispatch_rate", "burst.rate_while_dispatching", "burst.rate", "dispatch.sqs")
+    if not all(k in by_key for k in keys):
+        return []
+    dispatch, during, overall, alone = (by_key[k] for k in keys)
+    return [
+        f"Burst: the timer dispatched the herd at {_num(dispatch['value'])} jobs/s (alone, "
+        f"with no consumer running, it managed {_num(alone['value'])} jobs/s); consumers "
+        f"finished {_num(during['value'])} jobs/s while it did, and the whole burst drained "
+        f"at {_num(overall['value'])} jobs/s, {_num(overall['ratio'], 2)} of the raw "
+        "send + receive + delete path of the same SQS server. Sends and receives share that "
+        "one server: when the finished curve in burst_drain.png runs parallel to the "
+        "dispatched one, the timer's sends are the bound; when it lags far behind until "
+        "dispatch ends, the consumers were starved of SQS requests.", ""]
 
 
 def _scale(series: dict[str, Any]) -> list[str]:

@@ -29,6 +29,10 @@ class Figure:
     """The issue's target, in words (for example `ratio >= 0.8`)."""
     met: bool | None = None
     note: str = ""
+    minimum_ratio: float | None = None
+    samples: list[float] = field(default_factory=list)
+    """Raw ceilings are measured more than once per run; the ceiling is the best sample
+    (noise from other work on the machine only ever lowers a measurement)."""
 
 
 @dataclass
@@ -40,6 +44,8 @@ class Results:
     series: dict[str, Any] = field(default_factory=dict)
     """Raw data behind the plots and tables (latencies, drain curve, RSS samples ...)."""
     hotspots: dict[str, Any] = field(default_factory=dict)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    """Phases that failed: the run goes on without them and exits non-zero."""
     finished_at: str | None = None
     duration_seconds: float | None = None
 
@@ -54,7 +60,17 @@ class Results:
 
     def raw(self, key: str, group: str, label: str, value: float, unit: str,
             note: str = "") -> Figure:
-        return self.add(Figure(key, group, label, value, unit, note=note))
+        """A figure without a ceiling. A raw ceiling (group `raw-*`) recorded again gains a
+        sample and keeps the best one."""
+        existing = self.figure(key)
+        if existing is not None and group.startswith("raw-") and existing.group == group:
+            existing.samples.append(value)
+            existing.value = max(existing.samples)
+            return existing
+        fig = Figure(key, group, label, value, unit, note=note)
+        if group.startswith("raw-"):
+            fig.samples.append(value)
+        return self.add(fig)
 
     def ratio(self, key: str, group: str, label: str, value: float, unit: str, ceiling: str, *,
               minimum: float | None = None, note: str = "") -> Figure:
@@ -62,11 +78,26 @@ class Results:
         base = self.figure(ceiling)
         if base is None:
             raise KeyError(f"ceiling {ceiling!r} has not been measured")
-        ratio = value / base.value if base.value > 0 else None
         target = f"ratio >= {minimum}" if minimum is not None else None
-        met = None if minimum is None or ratio is None else ratio >= minimum
-        return self.add(Figure(key, group, label, value, unit, ceiling, base.value, ratio,
-                               target, met, note))
+        fig = self.add(Figure(key, group, label, value, unit, ceiling, target=target,
+                              note=note, minimum_ratio=minimum))
+        self._compare(fig, base)
+        return fig
+
+    def finalize(self) -> None:
+        """Recompute every ratio against its ceiling's final (best) value."""
+        for fig in self.figures:
+            if fig.ceiling is not None:
+                base = self.figure(fig.ceiling)
+                if base is not None:
+                    self._compare(fig, base)
+
+    @staticmethod
+    def _compare(fig: Figure, base: Figure) -> None:
+        fig.ceiling_value = base.value
+        fig.ratio = fig.value / base.value if base.value > 0 else None
+        if fig.minimum_ratio is not None and fig.ratio is not None:
+            fig.met = fig.ratio >= fig.minimum_ratio
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = _clean({
@@ -79,6 +110,7 @@ class Results:
             "figures": [asdict(f) for f in self.figures],
             "series": self.series,
             "hotspots": self.hotspots,
+            "errors": self.errors,
         })
         return data
 

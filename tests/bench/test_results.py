@@ -35,7 +35,22 @@ def test_unknown_ceiling_and_duplicates_are_refused() -> None:
     with pytest.raises(KeyError, match=r"raw\.nope"):
         r.ratio("x", "g", "x", 1.0, "jobs/s", "raw.nope")
     with pytest.raises(ValueError, match="twice"):
-        r.raw("raw.sqs.cycle", "raw-sqs", "again", 1.0, "msgs/s")
+        r.raw("e2e.c1", "end-to-end", "again", 1.0, "jobs/s")
+
+
+def test_a_ceiling_measured_twice_keeps_its_best_sample_and_ratios_follow() -> None:
+    r = _results()
+    r.raw("raw.sqs.cycle", "raw-sqs", "cycle", 400.0, "msgs/s")  # a noisy, lower sample
+    assert r.figure("raw.sqs.cycle").value == 1000.0
+    r.raw("raw.sqs.cycle", "raw-sqs", "cycle", 1700.0, "msgs/s")
+    r.finalize()
+    cycle, e2e = r.figure("raw.sqs.cycle"), r.figure("e2e.c1")
+    assert cycle.samples == [1000.0, 400.0, 1700.0]
+    assert cycle.value == 1700.0
+    assert e2e.ceiling_value == 1700.0
+    assert e2e.ratio == pytest.approx(850 / 1700)
+    assert e2e.met is False
+    assert validate(r.to_json()) == []
 
 
 def test_validate_finds_broken_files() -> None:
@@ -75,3 +90,27 @@ def test_statement_names_follow_pg_stat_statements_normalisation() -> None:
         shown = shown.replace(f"%({name})s", f"${n}")
     assert statement_name(shown) == "sql.CLAIM_MESSAGES"
     assert statement_name("SELECT 1").startswith("SELECT $")
+
+
+def test_a_failed_phase_is_recorded_and_the_run_goes_on() -> None:
+    import io
+
+    from bench.progress import Progress
+    from bench.runner import _phase
+
+    r = _results()
+    progress = Progress(2, stream=io.StringIO())
+    ran = []
+
+    def broken() -> None:
+        raise RuntimeError("timer died")
+
+    _phase(progress, r, "dispatch", broken)
+    _phase(progress, r, "latency", lambda: ran.append(True))
+    assert ran == [True]
+    assert [e["phase"] for e in r.errors] == ["dispatch"]
+    assert "RuntimeError: timer died" in r.errors[0]["error"]
+    assert [p["phase"] for p in progress.phases] == ["latency"]
+    data = r.to_json()
+    assert validate(data) == []
+    assert data["errors"][0]["phase"] == "dispatch"
