@@ -15,7 +15,6 @@ from datetime import datetime
 from shared import job_queries
 from shared.db import Connection
 from shared.jobs import Attempt, Job
-from shared.recurring import slot_of
 from shared.states import AttemptOutcome, JobState
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
@@ -230,15 +229,15 @@ _BY_STATE: dict[JobState, Callable[[Job, Context], Explanation]] = {
     JobState.CANCELLED: _cancelled,
 }
 
-PAUSED_SCHEDULE = "SELECT name FROM tock_schedules WHERE name = %(name)s AND paused"
+PAUSED_SCHEDULE = """
+SELECT s.name FROM tock_jobs j JOIN tock_schedules s ON s.name = j.schedule_name
+WHERE j.id = %(id)s AND s.paused
+"""
 
 
 def paused_schedule_of(conn: Connection, job: Job) -> str | None:
-    """The paused schedule that made `job` (its key is `name:<slot>`), if any."""
-    if slot_of(job.unique_key) is None or job.unique_key is None:
-        return None
-    name = job.unique_key.partition(":")[0]
-    row = conn.execute(PAUSED_SCHEDULE, {"name": name}).fetchone()
+    """The schedule that made `job`, if it is paused now."""
+    row = conn.execute(PAUSED_SCHEDULE, {"id": job.id}).fetchone()
     return str(row[0]) if row else None
 
 

@@ -131,6 +131,7 @@ def test_gather_reads_workers_queue_and_paused_schedule(client, db):
     assert ctx.due_ahead == 1 and ctx.queue_workers == 1 and ctx.paused_schedule is None
     recurring("nightly", "report", every=3600, client=client)
     made = client.schedule("report", key="nightly:2026-12-02T02:00:00+00:00")
+    db.execute("UPDATE tock_jobs SET schedule_name = 'nightly' WHERE id = %s", (made.id,))
     pause_schedule("nightly", client=client)
     with client._conn(None) as conn:
         job_ = client.get(made.id)
