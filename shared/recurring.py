@@ -297,6 +297,7 @@ def schedule_history(name: str, limit: int = 50, *,
                      client: Client | None = None) -> list[ScheduleEvent]:
     """The audit records of slots that did not become jobs, newest first."""
     schedule_name(name)
+    _limit(limit)
     with _client(client)._conn(None) as conn:
         rows = conn.execute(schedule_sql.SELECT_AUDIT, {"name": name, "limit": limit}).fetchall()
     return [ScheduleEvent(*r) for r in rows]
@@ -306,6 +307,7 @@ def schedule_runs(name: str, limit: int = 20, *,
                   client: Client | None = None) -> list[ScheduleRun]:
     """The latest jobs the schedule made, newest slot first."""
     schedule_name(name)
+    _limit(limit)
     with _client(client)._conn(None) as conn:
         rows = conn.execute(schedule_sql.SELECT_RUNS, {"name": name, "limit": limit}).fetchall()
     return [ScheduleRun(job_id, slot_of(key) or run_at, state, run_at)
@@ -428,6 +430,11 @@ def _now(conn: Connection, now: datetime | None) -> datetime:
     assert row is not None
     value: datetime = row[0]
     return value.astimezone(UTC)
+
+
+def _limit(limit: object) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PREVIEW:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_PREVIEW}, got {limit!r}")
 
 
 def _client(client: Client | None) -> Client:

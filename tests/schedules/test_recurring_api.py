@@ -117,3 +117,14 @@ def test_changing_the_timing_records_old_slots_that_never_ran(client):
     assert (event.reason, event.slot_count) == ("redefined", 3)
     assert (event.first_slot, event.last_slot) == (datetime(2026, 6, 1, 12, 1, tzinfo=UTC),
                                                    datetime(2026, 6, 1, 12, 3, tzinfo=UTC))
+
+
+def test_history_and_runs_check_their_limit(client):
+    recurring("r", "report", every=60, client=client, now=T0)
+    with pytest.raises(InvalidInput, match="limit must be"):
+        schedule_history("r", 0, client=client)
+    from shared.recurring import schedule_runs
+
+    with pytest.raises(InvalidInput, match="limit must be"):
+        schedule_runs("r", limit="5", client=client)
+    assert schedule_runs("r", client=client) == []
