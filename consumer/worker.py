@@ -70,6 +70,8 @@ class Consumer:
         self.stop_flag = StopFlag()
         self._inflight: dict[int, InFlight] = {}
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
+        self._max_tracked = 4 * settings.concurrency + MAX_BATCH
         self._work: queues.Queue[tuple[InFlight, Any, Task | None] | None] = queues.Queue()
         self._done: queues.Queue[Finished] = queues.Queue()
         self._threads: list[threading.Thread] = []
@@ -109,7 +111,7 @@ class Consumer:
     def shutdown(self) -> None:
         """Stop receiving; let in-flight jobs finish within the grace period; release the
         rest (fenced) so they run elsewhere at once; stop."""
-        emit(log, "consumer_stopping", worker=self.worker_id, in_flight=self.slots.used,
+        emit(log, "consumer_stopping", worker=self.worker_id, in_flight=len(self._inflight),
              grace_seconds=self.settings.shutdown_grace_seconds)
         self._receiving.clear()
         self.stop_flag.set()
@@ -118,7 +120,7 @@ class Consumer:
                 t.join()
         if not self.slots.wait_idle(self.settings.shutdown_grace_seconds):
             self._release_unfinished()
-        self.slots.wait_idle(5.0)
+        self._wait_settled(10.0)
         for _ in range(self.settings.concurrency):
             self._work.put(None)
         self._done_stop = True
@@ -150,7 +152,7 @@ class Consumer:
         conn.execute(sql.UPSERT_WORKER, {
             "id": self.worker_id, "host": socket.gethostname(), "pid": os.getpid(),
             "queues": self.settings.queues, "concurrency": self.settings.concurrency,
-            "in_flight": self.slots.used, "now": self.clock(),
+            "in_flight": len(self._inflight), "now": self.clock(),
         })
 
     # --- receive and claim -----------------------------------------------------------------
@@ -170,6 +172,10 @@ class Consumer:
     def receive_once(self, queue: str, wait_seconds: int | None = None) -> int:
         """Receive one batch from `queue`, claim it, hand the claimed jobs to handler
         threads; returns how many were claimed."""
+        if len(self._inflight) >= self._max_tracked:
+            # Outcomes are waiting to be written (database slow?): do not take more.
+            self.stop_flag.wait(0.05)
+            return 0
         reserved = self.slots.reserve(MAX_BATCH, timeout=0.5)
         if not reserved:
             return 0
@@ -310,7 +316,15 @@ class Consumer:
             self.run_handler(*entry)
 
     def run_handler(self, item: InFlight, payload: Any, task: Task | None) -> None:
-        """Run one claimed job's handler and queue its outcome for the completer."""
+        """Run one claimed job's handler and queue its outcome for the completer. The
+        handler slot is free again as soon as the handler returns: writing the outcome
+        and deleting the message happen in the completer, batched."""
+        try:
+            self._run_handler(item, payload, task)
+        finally:
+            self.slots.release()
+
+    def _run_handler(self, item: InFlight, payload: Any, task: Task | None) -> None:
         if task is None:
             self._done.put(outcomes.no_handler(item, self.registry.kinds()))
             return
@@ -338,12 +352,22 @@ class Consumer:
         self._done.put(result)
 
     def _forget(self, item: InFlight) -> None:
-        """Stop tracking a job and free its slot, once, whichever path gets here first."""
-        with self._lock:
-            if self._inflight.get(item.job_id) is not item:
-                return
-            del self._inflight[item.job_id]
-        self.slots.release()
+        """Stop tracking a job, once, whichever path gets here first."""
+        with self._settled:
+            if self._inflight.get(item.job_id) is item:
+                del self._inflight[item.job_id]
+                self._settled.notify_all()
+
+    def _wait_settled(self, timeout: float) -> bool:
+        """Wait until every claimed job's outcome is written (stuck handlers excepted)."""
+        deadline = time.monotonic() + timeout
+        with self._settled:
+            while any(not i.abandoned or i.released for i in self._inflight.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._settled.wait(left)
+            return True
 
     def _tracked(self, item: InFlight) -> bool:
         with self._lock:
@@ -449,7 +473,7 @@ class Consumer:
 
     def _tick_loop(self) -> None:
         next_beat = time.monotonic() + self.settings.heartbeat_seconds
-        while not (self._done_stop and self.slots.used == 0):
+        while not self._done_stop:
             time.sleep(TICK_SECONDS)
             self.check_timeouts()
             if time.monotonic() >= next_beat:
@@ -458,8 +482,6 @@ class Consumer:
                     self.heartbeat_once()
                 except DatabaseUnavailable as exc:
                     emit(log, "heartbeat_failed", logging.ERROR, error=str(exc))
-            if self._done_stop:
-                return
 
     def check_timeouts(self) -> None:
         """Signal handlers past their deadline; stop heartbeating ones stuck far past it, so
