@@ -4,6 +4,7 @@ database, so a test can count how many times each job really ran."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import psycopg
@@ -15,14 +16,25 @@ DDL = """CREATE TABLE IF NOT EXISTS e2e_runs (
     at timestamptz NOT NULL DEFAULT clock_timestamp())"""
 
 
+_local = threading.local()
+
+
+def _conn() -> psycopg.Connection[Any]:
+    conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(os.environ["TOCK_DATABASE_URL"], autocommit=True)
+        _local.conn = conn
+    return conn
+
+
 def _record(ctx: TaskContext) -> int:
     """Record this run; returns how many runs of the job there have been, this one included."""
-    with psycopg.connect(os.environ["TOCK_DATABASE_URL"], autocommit=True) as conn:
-        conn.execute("INSERT INTO e2e_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
-                     (ctx.job_id, ctx.attempt, os.getpid()))
-        row = conn.execute("SELECT count(*) FROM e2e_runs WHERE job_id = %s",
-                           (ctx.job_id,)).fetchone()
-        return int(row[0]) if row else 0
+    conn = _conn()
+    conn.execute("INSERT INTO e2e_runs (job_id, attempt, pid) VALUES (%s, %s, %s)",
+                 (ctx.job_id, ctx.attempt, os.getpid()))
+    row = conn.execute("SELECT count(*) FROM e2e_runs WHERE job_id = %s",
+                       (ctx.job_id,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 @task("record")

@@ -1,0 +1,54 @@
+"""Settings are checked at start-up, with messages that name the variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from shared.errors import ConfigError
+from shared.settings import ConsumerSettings, TimerSettings
+
+
+def test_defaults_are_consistent():
+    ConsumerSettings.load()
+    TimerSettings.load()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"heartbeat_seconds": 20, "lease_seconds": 30}, "at most half of lease_seconds"),
+    ({"visibility_timeout_seconds": 10, "lease_seconds": 30}, "must be >= lease_seconds"),
+    ({"queues": ["ok", "not ok"]}, "queue names must match"),
+    ({"concurrency": 0}, "TOCK_CONCURRENCY"),
+    ({"backoff_base_seconds": 10, "backoff_cap_seconds": 1}, "backoff_cap_seconds"),
+])
+def test_inconsistent_consumer_settings_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        ConsumerSettings.load(**overrides)
+
+
+def test_environment_values_are_validated(monkeypatch):
+    monkeypatch.setenv("TOCK_LEASE_SECONDS", "soon")
+    with pytest.raises(ConfigError, match="TOCK_LEASE_SECONDS"):
+        ConsumerSettings.load()
+
+
+def test_processes_refuse_bad_settings_with_exit_code_2():
+    env = {"TOCK_HEARTBEAT_SECONDS": "50", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-m", "consumer", "--tasks", "demo.tasks"],
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "heartbeat_seconds" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "timer_service"],
+                            env={**env, "TOCK_BATCH_SIZE": "0"}, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "TOCK_BATCH_SIZE" in result.stderr
+
+
+def test_consumer_refuses_an_unimportable_task_module():
+    result = subprocess.run([sys.executable, "-m", "consumer", "--tasks", "no.such.module"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert "cannot import task module 'no.such.module'" in result.stderr
