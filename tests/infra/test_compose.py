@@ -1,6 +1,7 @@
-"""localstack/compose.yaml (the Docker path of the local stack): structure, commands,
-health checks and start order, and settings that agree. No Docker engine here, so the
-stack is not started; its init hook is run against a real LocalStack below."""
+"""localstack/compose.yaml (the Docker path of the local stack): valid against the Compose
+Specification, structure, commands, health checks and start order, settings that agree.
+No Docker engine here, so the stack is not started; its init hook is run against a real
+LocalStack below."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from compose_spec import PyOptions
 
 from devstack.sqs import LOCALSTACK_VENV
 from tests.infra.paths import COMPOSE_FILE, INIT_HOOK, ROOT
@@ -31,6 +33,28 @@ def _seconds(value: str) -> float:
         if value.endswith(suffix):
             return float(value[: -len(suffix)]) * units[suffix]
     return float(value)
+
+
+def _validate_spec(source: str) -> None:
+    """Parse with the Compose Specification (the `compose_spec` crate): unknown keys,
+    bad enum values and malformed durations are errors."""
+    PyOptions(apply_merge=True).from_yaml(source).validate()
+
+
+def test_compose_file_follows_the_compose_specification():
+    _validate_spec(COMPOSE_FILE.read_text())
+
+
+@pytest.mark.parametrize(("good", "bad"), [
+    ("stop_grace_period: 30s", "stop_grace_perod: 30s"),
+    ("condition: service_healthy", "condition: service_heathy"),
+    ("interval: 2s", "interval: two"),
+])
+def test_compose_specification_check_rejects_mistakes(good, bad):
+    source = COMPOSE_FILE.read_text()
+    assert good in source
+    with pytest.raises(ValueError):
+        _validate_spec(source.replace(good, bad, 1))
 
 
 def test_all_services_are_present():
