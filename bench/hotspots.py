@@ -135,6 +135,48 @@ def measure_enqueue(ctx: Context) -> None:
         steps, key=lambda s: -s["ms_per_job"])
 
 
+TX_UPDATE = """
+UPDATE tock_jobs SET updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'scheduled'
+"""
+
+
+def measure_transactions(ctx: Context, rounds: int = 300) -> None:
+    """The same 10-row UPDATE through tock's `shared.db.transaction(pool)` (pool check on
+    checkout, BEGIN, statement, COMMIT) and as one autocommit statement: what the
+    transaction wrapper costs per transaction on this server, in this run."""
+    import time
+
+    import psycopg
+
+    from shared.db import make_pool, transaction
+
+    url = ctx.services.fresh_database("bench_transactions")
+    insert_due(url, 10 * rounds)
+    ids = [list(range(1 + 10 * i, 11 + 10 * i)) for i in range(rounds)]
+    pool = make_pool(url, max_size=2, name="bench-tx")
+    pool.open()
+    try:
+        with transaction(pool) as conn:
+            conn.execute("SELECT 1")
+        start = time.perf_counter()
+        for chunk in ids:
+            with transaction(pool) as conn:
+                conn.execute(TX_UPDATE, {"ids": chunk})
+        wrapped = (time.perf_counter() - start) / rounds * 1000
+    finally:
+        pool.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        start = time.perf_counter()
+        for chunk in ids:
+            conn.execute(TX_UPDATE, {"ids": chunk})
+        bare = (time.perf_counter() - start) / rounds * 1000
+    ctx.results.hotspots["transaction_ms"] = {"tock_transaction": wrapped,
+                                              "autocommit_statement": bare}
+    ctx.progress.say(f"  10-row UPDATE: {wrapped:.2f} ms in shared.db.transaction, "
+                     f"{bare:.2f} ms as one autocommit statement")
+
+
 def measure(ctx: Context) -> None:
     n = ctx.profile.hotspot_jobs
     if n <= 0:
@@ -155,6 +197,7 @@ def measure(ctx: Context) -> None:
     ctx.results.hotspots["statements_memory"] = statement_times(url, n)
     ctx.progress.say(f"  profiled {n} jobs in memory ({len(profiles)} threads)")
     measure_enqueue(ctx)
+    measure_transactions(ctx)
 
 
 def _entries(stats: pstats.Stats) -> Iterator[tuple[str, str, Any]]:

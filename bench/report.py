@@ -181,6 +181,12 @@ def _hotspots(h: dict[str, Any]) -> list[str]:
         lines += _table(["function", "calls", "self ms per job"], [
             [f"`{r['function']}`", _num(r["calls"]), _num(r["self_ms_per_job"], 4)]
             for r in h["self_time_top"][:12]])
+    tx = h.get("transaction_ms")
+    if tx:
+        lines += [f"The same 10-row UPDATE costs {_num(tx['tock_transaction'], 2)} ms through "
+                  "`shared.db.transaction(pool)` (pool check on checkout, BEGIN, statement, "
+                  f"COMMIT) and {_num(tx['autocommit_statement'], 2)} ms as one autocommit "
+                  "statement on the same server, both with a durable commit.", ""]
     if h.get("enqueue_steps_ms_per_call"):
         lines += [f"`schedule()` one by one under cProfile ({h.get('enqueue_calls')} calls):", ""]
         lines += _table(["step", "function", "calls", "ms per call"], [

@@ -65,6 +65,9 @@ def test_tiny_profile_runs_end_to_end(tmp_path: Path) -> None:
     assert {s["role"] for s in series["rss"]} >= {"timer", "consumer1"}
     assert any(s["statement"] == "sql.CLAIM_MESSAGES"
                for s in data["hotspots"]["statements_e2e"])
+    assert data["hotspots"]["transaction_ms"]["tock_transaction"] > 0
+    assert data["hotspots"]["enqueue_steps_ms_per_call"]
+    assert data["errors"] == []
 
     report = (out / "report.md").read_text()
     for heading in ("## Targets", "## Latency", "## Scale", "## Where the time goes",
