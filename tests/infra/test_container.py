@@ -130,6 +130,54 @@ def test_entrypoint_execs_python_so_sigterm_stops_the_timer_gracefully(database_
             proc.wait()
 
 
+def _run_until_healthy_then_sigterm(args: list[str], env: dict[str, str],
+                                    ports: dict[str, str], exit_codes: tuple[int, ...] = (0,)
+                                    ) -> str:
+    """Start the entrypoint, wait until the image's health check passes against the real
+    process, send SIGTERM and expect a clean exit; returns the output."""
+    proc = subprocess.Popen(["sh", str(ENTRYPOINT), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: proc.poll() is not None or _healthcheck(**ports).returncode == 0,
+                 timeout=60, message=f"{args[0]} healthy")
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        output = proc.stdout.read().decode() if proc.stdout else ""
+        assert code in exit_codes, output
+        return output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_consumer_container_is_healthy_and_drains_on_sigterm(database_url, transport,
+                                                             sqs_server, queue_prefix):
+    health_port = str(free_port())
+    env = {**_entrypoint_env(), **sqs_server.env(), "TOCK_DATABASE_URL": database_url,
+           "TOCK_QUEUE_PREFIX": queue_prefix, "TOCK_LOG_FORMAT": "human",
+           "TOCK_HEALTH_PORT": health_port, "TOCK_HEALTH_HOST": "127.0.0.1",
+           "TOCK_SHUTDOWN_GRACE_SECONDS": "5", "TOCK_RECEIVE_WAIT_SECONDS": "1"}
+    _run_until_healthy_then_sigterm(["consumer", "--tasks", "demo.tasks"], env,
+                                    {"TOCK_HEALTH_PORT": health_port,
+                                     "TOCK_DASHBOARD_PORT": str(free_port())})
+
+
+def test_dashboard_container_is_healthy_through_the_fallback_port(database_url):
+    dashboard_port = str(free_port())
+    env = {**_entrypoint_env(), "TOCK_DATABASE_URL": database_url, "TOCK_LOG_FORMAT": "human",
+           "TOCK_DASHBOARD_HOST": "127.0.0.1", "TOCK_DASHBOARD_PORT": dashboard_port,
+           "TOCK_DASHBOARD_OPERATOR_TOKEN": "o" * 32, "TOCK_DASHBOARD_VIEWER_TOKEN": "v" * 32}
+    # As in the image: TOCK_HEALTH_PORT is set but nothing listens there in this container.
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status says so.
+    output = _run_until_healthy_then_sigterm(
+        ["dashboard"], env,
+        {"TOCK_HEALTH_PORT": str(free_port()), "TOCK_DASHBOARD_PORT": dashboard_port},
+        exit_codes=(0, -signal.SIGTERM))
+    assert "Application shutdown complete" in output
+
+
 class _Health(BaseHTTPRequestHandler):
     status = 200
 
