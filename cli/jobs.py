@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cli.output import print_json, print_table
@@ -66,7 +66,7 @@ def _iso(name: str) -> Callable[[str], datetime]:
         if value.tzinfo is None:
             raise argparse.ArgumentTypeError(
                 f"{name}: {text!r} has no timezone; add one, e.g. {text}+00:00 or {text}Z")
-        return value
+        return value.astimezone(UTC)  # Postgres refuses offsets beyond 15:59
     return parse
 
 

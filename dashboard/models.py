@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
@@ -20,15 +20,16 @@ and validators agree on it; larger ids cannot exist and are refused before the d
 
 def _iso(value: object) -> object:
     """ISO 8601 text only: lax parsing would take `0.5` for a Unix time."""
-    if isinstance(value, datetime):
-        return value
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 date-time string")
     try:
-        return datetime.fromisoformat(value)
+        parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError(f"{value!r} is not an ISO 8601 date-time such as "
                          "2026-12-02T15:04:05Z") from None
+    # Python takes offsets up to 24 h, Postgres up to 15:59: the same instant in UTC
+    # suits both. Naive values pass through for shared.validation to refuse by name.
+    return parsed.astimezone(UTC) if parsed.tzinfo is not None else parsed
 
 
 IsoDateTime = Annotated[datetime, BeforeValidator(_iso)]

@@ -126,9 +126,16 @@ def test_database_down_exits_3(tock):
     assert code == 3 and "database unavailable" in err
 
 
-def test_tock_entry_point_help_for_every_command():
-    for command in ("enqueue", "jobs", "show", "retry", "cancel", "stats", "workers",
-                    "dashboard"):
-        res = subprocess.run([sys.executable, "-m", "cli.main", command, "--help"],
-                             check=False, capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0 and "usage: tock" in res.stdout, command
+@pytest.mark.parametrize("command", ["enqueue", "jobs", "show", "retry", "cancel", "stats",
+                                     "workers", "dashboard"])
+def test_help_for_every_command(tock, command):
+    code, out, _ = tock(command, "--help")
+    assert code == 0 and out.startswith(f"usage: tock {command}")
+
+
+def test_tock_entry_point_runs_as_a_program(database_url):
+    res = subprocess.run([sys.executable, "-m", "cli.main", "stats", "--json",
+                          "--database-url", database_url],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["totals"]["scheduled"] == 0

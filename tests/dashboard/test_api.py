@@ -40,6 +40,14 @@ def test_enqueue_get_and_explain(operator):
     assert again["summary"].startswith("Not due until")
 
 
+def test_any_utc_offset_python_accepts_is_stored(operator):
+    # Found by the schemathesis tests: Postgres refuses offsets beyond +-15:59.
+    job = enqueue(operator, at="2030-01-01T00:00:00+16:00")
+    assert job["run_at"].startswith("2029-12-31T08:00:00")
+    res = operator.get("/api/jobs", params={"created_after": "2000-01-01T00:00:00-20:00"})
+    assert res.status_code == 200
+
+
 def test_idempotent_key_returns_existing_job(operator):
     first = enqueue(operator, key="welcome:1")
     second = enqueue(operator, key="welcome:1")
