@@ -144,7 +144,7 @@ function latencyChart(timeline) {
   const W = 600, H = 130, pad = 30;
   const values = timeline.flatMap(b => [b.start_lag_p50, b.start_lag_p95]).filter(v => v !== null);
   const max = Math.max(0.01, ...values);
-  const step = (W - pad) / Math.max(timeline.length - 1, 1);
+  const step = (W - pad - 8) / Math.max(timeline.length - 1, 1);
   const svg = el("svg:svg", {className: "chart", viewBox: `0 0 ${W} ${H + 16}`,
                              preserveAspectRatio: "none", role: "img",
                              "aria-label": "due-to-start latency"});
