@@ -128,3 +128,23 @@ def test_history_and_runs_check_their_limit(client):
     with pytest.raises(InvalidInput, match="limit must be"):
         schedule_runs("r", limit="5", client=client)
     assert schedule_runs("r", client=client) == []
+
+
+def test_concurrent_declarations_of_a_new_schedule_make_one_row(database_url, db):
+    """Several replicas of an application declaring the same schedule at start-up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shared.client import Client
+    from shared.settings import ClientSettings
+
+    clients = [Client(ClientSettings(database_url=database_url)) for _ in range(4)]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(
+                lambda c: recurring("boot", "report", every=30, client=c, now=T0), clients))
+    finally:
+        for c in clients:
+            c.close()
+    assert sorted(r.changed for r in results) == [False, False, False, True]
+    assert {r.next_slot for r in results} == {datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)}
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 1
