@@ -58,10 +58,18 @@ GAP_NOTES: dict[str, str] = {
         "from one Python process, so 100 ms for 500 jobs cannot be reached against it by any "
         "pipeline; the ratio to that floor is the number to read here. The due-to-dispatch "
         "column shows the timer's share (it sends a 200-job batch as 20 SendMessageBatch "
-        "calls, 8 in flight, before it commits). Against real SQS, what would bring p99 "
-        "under 100 ms: more send concurrency in the timer (`TimerSettings.send_concurrency`) "
-        "and a smaller first batch (commit and let consumers start on 50 while the rest "
-        "is sent), plus the consumer fixes listed for end to end."
+        "calls, 8 in flight, before it commits). Even at a low steady rate about half of "
+        "due-to-start is due-to-dispatch: every timer pass (`Timer.run_once`) runs "
+        "`Rescuer.rescue_expired` and `Rescuer.redispatch_stuck` in their own transactions "
+        "before `Dispatcher.dispatch_due`, although `TimerSettings.maintenance_interval_"
+        "seconds` (2 s) exists for them and is not read anywhere; the profile shows each of "
+        "those empty transactions costing about as much as a claim. Running them every "
+        "maintenance interval instead of every pass takes two transactions (eight round "
+        "trips) off the path of a freshly due job. Against real SQS, what would bring p99 "
+        "under 100 ms: that, more send concurrency in the timer "
+        "(`TimerSettings.send_concurrency`), a smaller first batch (commit and let "
+        "consumers start on 50 while the rest is sent), plus the consumer fixes listed for "
+        "end to end."
     ),
     "burst.": (
         "The burst drains at the rate of the slower of the timer's sends and the consumers' "
@@ -72,10 +80,13 @@ GAP_NOTES: dict[str, str] = {
         "`_inflight` map is emptied per job; prometheus label sets grow with kinds and queues)."
     ),
     "scale.claim": (
-        "The due scan walks `tock_jobs_due_idx` once per priority level (`sql.CLAIM_DUE`); "
-        "a slowdown with table size points at dead index entries left by claimed rows "
-        "(autovacuum of `tock_jobs` more often: `autovacuum_vacuum_scale_factor` per table) "
-        "rather than at the pending rows themselves."
+        "Measure again before acting: each size's claim loop runs for well under a second, "
+        "so a spike of other load on the machine moves this ratio more than the table does "
+        "(on these machines it has landed on both sides of 1.0 from run to run). The due "
+        "scan walks `tock_jobs_due_idx` once per priority level (`sql.CLAIM_DUE`) and stops "
+        "at the first future row, so pending rows cost it one B-tree level per 100x; a real "
+        "slowdown with size would point at dead index entries left by claimed rows (vacuum "
+        "`tock_jobs` more often: a per-table `autovacuum_vacuum_scale_factor`)."
     ),
     "dispatch.": (
         "The timer holds its claim transaction open across the sends (by design: a crash "

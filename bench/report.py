@@ -209,13 +209,19 @@ def _gaps(figures: list[dict[str, Any]]) -> list[str]:
     lines = ["## Shortfalls and what would close them", ""]
     if not missed:
         return [*lines, "Every target was met in this run.", ""]
+    # Figures that share an explanation (1, 2 and 4 consumers) are listed together.
+    by_note: dict[str, list[dict[str, Any]]] = {}
     for f in missed:
         note = next((text for prefix, text in GAP_NOTES.items() if f["key"].startswith(prefix)),
                     "No analysis recorded for this figure.")
-        ratio = f" (ratio {f['ratio']:.2f})" if f["ratio"] is not None else ""
-        lines += [f"- **{f['label']}**: {_num(f['value'], 2)} {f['unit']}{ratio}, target "
-                  f"{f['target']}. {note}"]
-    return [*lines, ""]
+        by_note.setdefault(note, []).append(f)
+    for note, group in by_note.items():
+        measured = "; ".join(
+            f"**{f['label']}**: {_num(f['value'], 2)} {f['unit']}"
+            + (f" (ratio {f['ratio']:.2f})" if f["ratio"] is not None else "")
+            for f in group)
+        lines += [f"- {measured}; target {group[0]['target']}.", "", f"  {note}", ""]
+    return lines
 
 
 def _phases(phases: list[dict[str, Any]]) -> list[str]:
