@@ -13,7 +13,11 @@ from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
 from tests.dashboard.conftest import OPERATOR
 
-EXAMPLES_PER_OPERATION = 25
+EXAMPLES_PER_OPERATION = 20
+"""About 340 examples over the 17 operations: a minute on this machine. The examples are
+derandomized, so CI sees the same cases on every run; to explore further, set
+derandomize=False locally and run it a few times (random runs found the UTC-offset bug
+that test_api.py now pins)."""
 
 # The schema does not depend on the database: read it from an app that never connects.
 # Each test then sends its cases to the `app` fixture, which runs on the test's database.
@@ -22,8 +26,8 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(DashboardSet
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True,
+          database=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_answers_as_documented(case, app, operator):
     # `operator` has entered the app's lifespan: its pool is open for the whole test.
     case.call_and_validate(app=app, headers={"Authorization": f"Bearer {OPERATOR}"},
