@@ -13,6 +13,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from shared.errors import ConfigError
 from shared.settings import CommonSettings
 
 DEV_OPERATOR_TOKEN = "dev-operator-token"
@@ -46,21 +47,24 @@ class DashboardSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        # ConfigError, not ValueError: pydantic passes it through, so the message names
+        # the variable instead of a field location.
         if self.dashboard_dev:
             self.dashboard_operator_token = self.dashboard_operator_token or DEV_OPERATOR_TOKEN
             self.dashboard_viewer_token = self.dashboard_viewer_token or DEV_VIEWER_TOKEN
         elif not self.dashboard_operator_token:
-            raise ValueError(
+            raise ConfigError(
                 "TOCK_DASHBOARD_OPERATOR_TOKEN is required (TOCK_DASHBOARD_DEV=1 fills in "
                 "a development token for make run)")
         else:
             for name in ("dashboard_operator_token", "dashboard_viewer_token"):
                 token = getattr(self, name)
                 if token is not None and len(token) < MIN_TOKEN_LENGTH:
-                    raise ValueError(f"TOCK_{name.upper()} must be at least "
+                    raise ConfigError(f"TOCK_{name.upper()} must be at least "
                                      f"{MIN_TOKEN_LENGTH} characters")
         if self.dashboard_operator_token == self.dashboard_viewer_token:
-            raise ValueError("the operator and viewer tokens must differ")
+            raise ConfigError("TOCK_DASHBOARD_OPERATOR_TOKEN and TOCK_DASHBOARD_VIEWER_TOKEN "
+                              "must differ")
         if not self.dashboard_secret_key:
             self.dashboard_secret_key = secrets.token_hex(32)
         return self
