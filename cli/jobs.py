@@ -255,7 +255,7 @@ def _change_filter(action: str, where: job_queries.JobFilter,
 def _stats(args: argparse.Namespace) -> int:
     with _db(args) as conn:
         now = job_queries.database_now(conn)
-        counts = job_queries.counts_by_state_kind(conn)
+        counts = job_queries.counts_by_state_kind(conn)  # all states: one pass, once
         queues = job_queries.queue_stats(conn, now)
     totals = {s.value: 0 for s in JobState}
     for (state, _), n in counts.items():

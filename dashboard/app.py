@@ -68,7 +68,8 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     client = Client(ClientSettings(database_url=settings.database_url,
                                    queue_prefix=settings.queue_prefix))
     stats = StatsCache(pool, ttl_seconds=settings.dashboard_stats_ttl_seconds,
-                       stale_after_seconds=settings.dashboard_worker_stale_seconds)
+                       stale_after_seconds=settings.dashboard_worker_stale_seconds,
+                       finished_ttl_seconds=settings.dashboard_finished_ttl_seconds)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ClusterCollector(stats))
 

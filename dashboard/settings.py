@@ -41,6 +41,10 @@ class DashboardSettings(CommonSettings):
         default=2.0, ge=0, le=300,
         description="Cluster statistics are computed at most once per TTL, however many "
         "browsers and scrapers ask.")
+    dashboard_finished_ttl_seconds: float = Field(
+        default=15.0, ge=0, le=3600,
+        description="Counts of finished jobs (a pass over the table's history) are "
+        "refreshed at most this often.")
     dashboard_worker_stale_seconds: float = Field(
         default=30.0, gt=0, description="A worker silent this long is shown as stale.")
     pool_max_size: int = Field(default=10, ge=1, le=200)

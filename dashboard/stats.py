@@ -36,13 +36,16 @@ class StatsCache:
     callers wait for the one computation instead of each running it."""
 
     def __init__(self, pool: ConnectionPool, *, ttl_seconds: float,
-                 stale_after_seconds: float) -> None:
+                 stale_after_seconds: float, finished_ttl_seconds: float = 15.0) -> None:
         self.pool = pool
         self.ttl_seconds = ttl_seconds
+        self.finished_ttl_seconds = max(finished_ttl_seconds, ttl_seconds)
         self.stale_after_seconds = stale_after_seconds
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._taken = 0.0
+        self._finished: dict[tuple[str, str], int] = {}
+        self._finished_taken: float | None = None
 
     def get(self) -> Snapshot:
         with self._lock:
@@ -57,7 +60,15 @@ class StatsCache:
             # One snapshot of the database for every number (REPEATABLE READ would need a
             # separate transaction start; the figures are seconds-fresh anyway).
             now = job_queries.database_now(conn)
-            counts = job_queries.counts_by_state_kind(conn)
+            counts = job_queries.counts_by_state_kind(conn, job_queries.UNFINISHED_STATES)
+            if (self._finished_taken is None
+                    or started - self._finished_taken >= self.finished_ttl_seconds):
+                # The history (succeeded, dead, cancelled) is the expensive part and
+                # changes slowly relative to a scrape: counted less often.
+                self._finished = job_queries.counts_by_state_kind(
+                    conn, job_queries.FINISHED_STATES)
+                self._finished_taken = started
+            counts.update(self._finished)
             queues = job_queries.queue_stats(conn, now)
             workers = job_queries.workers(conn, stale_after_seconds=self.stale_after_seconds,
                                           now=now)

@@ -24,7 +24,7 @@ from shared.db import Connection
 from shared.errors import InvalidInput
 from shared.jobs import Job
 from shared.sql import JOB_COLUMNS, NOTIFY_DUE
-from shared.states import ACTIVE_STATES, JobState
+from shared.states import ACTIVE_STATES, FINAL_STATES, JobState
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
@@ -32,6 +32,8 @@ BULK_BATCH_SIZE = 1000
 """Rows changed per transaction by a bulk action: short locks, steady progress."""
 
 RETRYABLE_STATES = (JobState.DEAD, JobState.CANCELLED)
+UNFINISHED_STATES = ACTIVE_STATES
+FINISHED_STATES = FINAL_STATES
 CANCELLABLE_STATES = ACTIVE_STATES
 
 
@@ -296,7 +298,12 @@ GROUP BY queue, kind, n.now
 ORDER BY queue, kind
 """
 
-COUNTS_BY_STATE_KIND = "SELECT state::text, kind, count(*) FROM tock_jobs GROUP BY state, kind"
+# Unfinished jobs are few and sit behind the state index; finished ones are the table's
+# history, so counting them is a full pass that callers refresh less often.
+COUNTS_BY_STATE_KIND = """
+SELECT state::text, kind, count(*) FROM tock_jobs
+WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
+"""
 
 
 def queue_stats(conn: Connection, now: datetime | None = None) -> list[QueueKindStats]:
@@ -306,9 +313,12 @@ def queue_stats(conn: Connection, now: datetime | None = None) -> list[QueueKind
             for r in rows]
 
 
-def counts_by_state_kind(conn: Connection) -> dict[tuple[str, str], int]:
-    """Every job counted by (state, kind). A full pass over tock_jobs: callers cache it."""
-    return {(r[0], r[1]): r[2] for r in conn.execute(COUNTS_BY_STATE_KIND)}
+def counts_by_state_kind(conn: Connection, states: tuple[JobState, ...] = tuple(JobState)
+                         ) -> dict[tuple[str, str], int]:
+    """Jobs in `states` counted by (state, kind). For finished states this is a pass over
+    the table's history: callers cache it."""
+    params = {"states": [s.value for s in states]}
+    return {(r[0], r[1]): r[2] for r in conn.execute(COUNTS_BY_STATE_KIND, params)}
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[s
 @pytest.fixture
 def dashboard_settings(database_url: str) -> DashboardSettings:
     return DashboardSettings(database_url=database_url, dashboard_operator_token=OPERATOR,
-                             dashboard_viewer_token=VIEWER, dashboard_stats_ttl_seconds=0)
+                             dashboard_viewer_token=VIEWER, dashboard_stats_ttl_seconds=0,
+                             dashboard_finished_ttl_seconds=0)
 
 
 @pytest.fixture

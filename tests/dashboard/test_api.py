@@ -283,3 +283,19 @@ def test_settings_refuse_unsafe_configuration(database_url):
     dev = DashboardSettings.load(database_url=database_url, dashboard_dev=True)
     assert dev.dashboard_operator_token and dev.dashboard_viewer_token
     assert dev.dashboard_host == "127.0.0.1" and dev.loopback_only
+
+
+def test_finished_counts_refresh_on_their_own_slower_clock(app, db, operator):
+    from dashboard.stats import StatsCache
+
+    job = enqueue(operator)["id"]
+    cache = StatsCache(app.state.pool, ttl_seconds=0, stale_after_seconds=30,
+                       finished_ttl_seconds=3600)
+    assert cache.get().counts == {("scheduled", "email"): 1}
+    db.execute("UPDATE tock_jobs SET state = 'succeeded', finished_at = now() WHERE id = %s",
+               (job,))
+    enqueue(operator, kind="report")
+    # Unfinished counts are fresh on every computation; the history waits for its TTL.
+    assert cache.get().counts == {("scheduled", "report"): 1}
+    cache.finished_ttl_seconds = 0
+    assert cache.get().counts == {("scheduled", "report"): 1, ("succeeded", "email"): 1}
