@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from cli.output import print_json, print_table
+from cli.output import cell, print_json, print_table
 from shared import explain, job_queries
 from shared.client import Client
 from shared.db import Connection, connect
@@ -154,13 +154,13 @@ def _show(args: argparse.Namespace) -> int:
     rows = [("queue", job.queue), ("priority", job.priority),
             ("attempt", f"{job.attempt} of {job.max_attempts or '(task default)'}"),
             ("run at", job.run_at), ("key", job.unique_key), ("tenant", job.tenant),
-            ("lease", f"{job.lease_owner} until {job.lease_expires_at}"
+            ("lease", f"{job.lease_owner} until {cell(job.lease_expires_at)}"
              if job.lease_owner else None),
             ("created", job.created_at), ("finished", job.finished_at),
             ("payload", json.dumps(job.payload))]
     for name, value in rows:
         if value is not None:
-            print(f"  {name:<9} {value}")
+            print(f"  {name:<9} {value if name == 'payload' else cell(value)}")
     if job.attempts:
         print()
         print_table(["attempt", "outcome", "worker", "started", "finished", "error"], [

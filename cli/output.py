@@ -39,7 +39,7 @@ def cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
     if isinstance(value, Enum):
         return str(value.value)
     text = " ".join(str(value).split())
