@@ -32,7 +32,7 @@ from consumer.inflight import InFlight, Slots
 from consumer.outcomes import Finished, TimedOut
 from consumer.tasks import Abandon, Registry, Task, TaskContext
 from shared import metrics, sql
-from shared.db import make_pool, transaction
+from shared.db import make_pool, statement, transaction
 from shared.errors import DatabaseUnavailable, InvalidMessage, TransportError
 from shared.lifecycle import StopFlag
 from shared.logs import emit
@@ -62,7 +62,13 @@ class Consumer:
         self.registry = registry
         self.worker_id = settings.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-        self.pool = make_pool(settings.database_url, max_size=6, name="tock-consumer")
+        # Outcomes, heartbeats: durable commits. Claims: a claim lost in a database crash
+        # leaves the job dispatched and its message undeleted, so it is claimed again (or
+        # re-dispatched): no WAL-flush wait needed. No checkout checks: the loops retry.
+        self.pool = make_pool(settings.database_url, max_size=6, name="tock-consumer",
+                              check=False, autocommit=True)
+        self.claim_pool = make_pool(settings.database_url, max_size=4, name="tock-claim",
+                                    check=False, autocommit=True, synchronous_commit=False)
         self.transport = transport or SqsTransport(
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
             max_connections=max(20, settings.concurrency + 10))
@@ -84,7 +90,13 @@ class Consumer:
     def open(self) -> None:
         if not self._opened:
             self.pool.open()
+            self.claim_pool.open()
             self._opened = True
+
+    def close(self) -> None:
+        """Close the database pools (after `shutdown`, or when driven step by step)."""
+        self.pool.close()
+        self.claim_pool.close()
 
     def start(self) -> None:
         """Start every thread; returns at once."""
@@ -132,7 +144,7 @@ class Consumer:
                 conn.execute(sql.STOP_WORKER, {"id": self.worker_id, "now": self.clock()})
         except DatabaseUnavailable:
             pass
-        self.pool.close()
+        self.close()
         emit(log, "consumer_stopped", worker=self.worker_id)
 
     _done_stop = False
@@ -242,8 +254,8 @@ class Consumer:
             with self._lock:
                 self._inflight[job_id] = item
             metrics.DUE_TO_START.labels(kind).observe(max(lag, 0.0))
-            emit(log, "job_started", job_id=job_id, kind=kind, attempt=attempt,
-                 worker=self.worker_id, lag_ms=round(lag * 1000, 1))
+            emit(log, "job_started", logging.DEBUG, job_id=job_id, kind=kind,
+                 attempt=attempt, worker=self.worker_id, lag_ms=round(lag * 1000, 1))
             claimed.append((item, payload, self.registry.get(kind)))
         return claimed
 
@@ -256,10 +268,9 @@ class Consumer:
             defaults_timeout.append((task and task.timeout_seconds)
                                     or self.settings.default_timeout_seconds)
         ids = [p.job_id for _, p in batch]
-        with transaction(self.pool) as conn:
+        with (transaction if wait_for_locks else statement)(self.claim_pool) as conn:
             if wait_for_locks:
-                conn.execute("SELECT id FROM tock_jobs WHERE id = ANY(%(ids)s) ORDER BY id "
-                             "FOR UPDATE", {"ids": ids})
+                conn.execute(sql.WAIT_FOR_DISPATCH_COMMIT, {"ids": ids})
             return conn.execute(sql.CLAIM_MESSAGES, {
                 "ids": ids, "tokens": [p.token for _, p in batch],
                 "default_max_attempts": defaults_max,
@@ -270,7 +281,7 @@ class Consumer:
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]
                            ) -> list[tuple[Received, str, str]]:
-        with transaction(self.pool) as conn:
+        with statement(self.pool) as conn:
             found = {r[0]: (r[1], r[2]) for r in conn.execute(
                 sql.EXPLAIN_UNCLAIMED, {"ids": [p.job_id for _, p in batch]})}
         out = []
@@ -462,11 +473,12 @@ class Consumer:
             "refunds": [f.refund for f in batch],
             "worker": self.worker_id, "now": self.clock(),
         }
-        with transaction(self.pool) as conn:
+        with statement(self.pool) as conn:
+            # One statement: atomic without BEGIN/COMMIT round trips.
             rows = conn.execute(sql.FINISH_ATTEMPTS, params).fetchall()
             if any(f.state in (JobState.RETRYING, JobState.SCHEDULED) and f.delay_seconds < 60
                    for f in batch):
-                conn.execute(sql.NOTIFY_DUE)
+                conn.execute(sql.NOTIFY_DUE)  # wake the timers for retries due soon
         return {r[0] for r in rows}
 
     # --- heartbeat, timeouts -----------------------------------------------------------------

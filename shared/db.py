@@ -15,17 +15,28 @@ from shared.errors import DatabaseUnavailable
 Connection = psycopg.Connection[Any]
 
 
-def make_pool(database_url: str, *, max_size: int = 10, name: str = "tock") -> ConnectionPool:
-    """A lazily-filled pool; connections are checked before use so a restarted Postgres
-    costs one failed check, not one failed job."""
+def make_pool(database_url: str, *, max_size: int = 10, name: str = "tock",
+              check: bool = True, autocommit: bool = False,
+              synchronous_commit: bool = True) -> ConnectionPool:
+    """A lazily-filled pool.
+
+    `check` tests each connection on checkout (one round trip), so a restarted Postgres
+    costs the caller nothing; the services turn it off because their loops retry anyway.
+    `autocommit` lets a single statement run as one round trip (no BEGIN/COMMIT); multi-
+    statement work still goes through `transaction()`. `synchronous_commit=False` is for
+    writes whose loss in a database crash the fences already absorb (see the callers).
+    """
+    kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit}
+    if not synchronous_commit:
+        kwargs["options"] = "-c synchronous_commit=off"
     return ConnectionPool(
         database_url,
         min_size=1,
         max_size=max_size,
         open=False,
         name=name,
-        check=ConnectionPool.check_connection,
-        kwargs={"application_name": name},
+        check=ConnectionPool.check_connection if check else None,
+        kwargs=kwargs,
         timeout=30,
         reconnect_timeout=0,
     )
@@ -41,6 +52,17 @@ def transaction(pool: ConnectionPool) -> Iterator[Connection]:
         raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
     except psycopg.errors.AdminShutdown as exc:  # pragma: no cover - subclass of above on some
         raise DatabaseUnavailable(str(exc)) from exc
+
+
+@contextmanager
+def statement(pool: ConnectionPool) -> Iterator[Connection]:
+    """A pooled autocommit connection for one statement: one round trip, atomic on its own.
+    Only for pools made with `autocommit=True`."""
+    try:
+        with pool.connection() as conn:
+            yield conn
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
 
 
 def connect(database_url: str, *, autocommit: bool = False) -> Connection:

@@ -61,8 +61,10 @@ class ClientSettings(CommonSettings):
 class TimerSettings(CommonSettings):
     """The timer service."""
 
-    batch_size: int = Field(default=200, ge=1, le=5000, description="Jobs claimed per pass.")
-    send_concurrency: int = Field(default=8, ge=1, le=64,
+    # One batch is sent as batch_size/10 SendMessageBatch calls in parallel before the
+    # claim commits: keep them one wave, so the rows stay locked for about one SQS call.
+    batch_size: int = Field(default=100, ge=1, le=5000, description="Jobs claimed per pass.")
+    send_concurrency: int = Field(default=10, ge=1, le=64,
                                   description="SendMessageBatch calls in flight.")
     max_idle_seconds: float = Field(
         default=1.0, gt=0, le=60,

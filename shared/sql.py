@@ -194,6 +194,13 @@ RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds,
           extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
 """
 
+# The timer sends before it commits: a claim that missed may have raced an uncommitted
+# dispatch. Taking the row locks waits for that commit (milliseconds); the claim is then
+# retried in the same transaction with a fresh snapshot.
+WAIT_FOR_DISPATCH_COMMIT = """
+SELECT id FROM tock_jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE
+"""
+
 # Why a message claimed nothing: for the log line and the counter.
 EXPLAIN_UNCLAIMED = """
 SELECT id, state, dispatch_token FROM tock_jobs WHERE id = ANY(%(ids)s)

@@ -79,7 +79,7 @@ def consumers(consumer_settings, registry, transport):
 
     yield make
     for c in made:
-        c.pool.close()
+        c.close()
 
 
 def _dispatched(db) -> list[int]:
@@ -428,7 +428,7 @@ def test_visibility_extension_failure_is_counted_and_db_lease_stays_authority(
         run_all(consumer, entries)
         assert client.get(job.id).state is JobState.SUCCEEDED
     finally:
-        consumer.pool.close()
+        consumer.close()
 
 
 def test_dispatched_job_nobody_claims_is_sent_again_with_a_new_token(

@@ -20,4 +20,4 @@ def test_job_runs_end_to_end_in_process(client, transport, timer_settings, consu
     assert seen == [({"n": 1}, 1)]
     assert client.get(job.id).state is JobState.SUCCEEDED
     timer.close()
-    consumer.pool.close()
+    consumer.close()

@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from shared import metrics, sql
 from shared.backoff import backoff_seconds
-from shared.db import transaction
+from shared.db import statement, transaction
 from shared.logs import emit
 from shared.states import JobState
 
@@ -67,7 +67,7 @@ class Rescuer:
 
     def redispatch_stuck(self, now: datetime | None = None) -> int:
         """Make dispatched jobs that nobody claimed within the timeout due again."""
-        with transaction(self.pool) as conn:
+        with statement(self.pool) as conn:
             rows = conn.execute(sql.REDISPATCH_STUCK, {
                 "limit": self.batch_size, "now": now,
                 "timeout_seconds": self.dispatch_timeout,

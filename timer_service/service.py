@@ -51,7 +51,11 @@ class Timer:
     def __init__(self, settings: TimerSettings, transport: Transport | None = None) -> None:
         self.settings = settings
         self.name = f"timer-{socket.gethostname()}-{os.getpid()}"
-        self.pool = make_pool(settings.database_url, max_size=4, name="tock-timer")
+        # Every write of the timer is recoverable if a database crash loses it after commit
+        # (a lost dispatch leaves a token no job carries: stale; a lost rescue or slot fire
+        # is simply done again), so its commits need not wait for the WAL flush.
+        self.pool = make_pool(settings.database_url, max_size=4, name="tock-timer",
+                              check=False, autocommit=True, synchronous_commit=False)
         self.transport = transport or SqsTransport(
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds)
         self.dispatcher = Dispatcher(self.pool, self.transport, batch_size=settings.batch_size,
@@ -71,6 +75,7 @@ class Timer:
         self.extra_steps.append(self.scheduler.step)
         self.stop_flag = StopFlag()
         self.last_pass_ok: float | None = None
+        self._next_maintenance = 0.0
         self._opened = False
 
     def open(self) -> None:
@@ -84,11 +89,17 @@ class Timer:
 
     def run_once(self, now: datetime | None = None) -> PassResult:
         """One pass: fire recurring slots, rescue expired leases, re-dispatch stuck jobs,
-        then dispatch one batch of due jobs. `now` pins the database clock (tests)."""
+        then dispatch one batch of due jobs. `now` pins the database clock (tests).
+        Rescue and re-dispatch run at most every maintenance_interval_seconds."""
         self.open()
         fired = sum(step(now) for step in self.extra_steps)
-        rescued = self.rescuer.rescue_expired(now)
-        redispatched = self.rescuer.redispatch_stuck(now)
+        rescued = redispatched = 0
+        # Recovery scans run every maintenance interval, not on the path of every due job;
+        # a pinned `now` (tests) always runs them.
+        if now is not None or time.monotonic() >= self._next_maintenance:
+            self._next_maintenance = time.monotonic() + self.settings.maintenance_interval_seconds
+            rescued = self.rescuer.rescue_expired(now)
+            redispatched = self.rescuer.redispatch_stuck(now)
         sent, refused = self.dispatcher.dispatch_due(now)
         return PassResult(sent, refused, rescued, redispatched, fired)
 

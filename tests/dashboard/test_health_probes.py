@@ -70,7 +70,7 @@ def test_consumer_ready_after_a_heartbeat(consumer_settings, transport):
         assert status == 200 and "last successful heartbeat" in body
     finally:
         server.close()
-        consumer.pool.close()
+        consumer.close()
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

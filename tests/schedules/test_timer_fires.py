@@ -49,7 +49,7 @@ def test_slot_boundary_and_the_handler_sees_its_slot(client, db, transport, time
     assert consumer.complete_pending() == 1
     assert seen == [({"n": 1}, slot, "tick:2026-06-01T12:01:00Z")]
     timer.close()
-    consumer.pool.close()
+    consumer.close()
 
 
 def test_lookahead_makes_the_job_before_its_slot(client, db, transport, timer_settings):
