@@ -5,6 +5,7 @@ schema, and 4xx for input the schema rules out. Bounded to a few hundred example
 
 from __future__ import annotations
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -25,6 +26,8 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(DashboardSet
     database_url="postgresql://nobody@127.0.0.1:1/none", dashboard_operator_token=OPERATOR)))
 
 
+# schemathesis' own strategies draw from `random`; the warning is about its internals.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 @schema.parametrize()
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True,
           database=None, suppress_health_check=list(HealthCheck))
