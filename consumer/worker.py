@@ -159,6 +159,7 @@ class Consumer:
     def _announce(self) -> None:
         with transaction(self.pool) as conn:
             self._upsert_worker(conn)
+        self.last_heartbeat_ok = time.monotonic()  # ready from the start (shared.health)
 
     def _upsert_worker(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute(sql.UPSERT_WORKER, {

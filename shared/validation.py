@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.errors import InvalidInput
@@ -61,7 +61,11 @@ def aware(name: str, value: object) -> datetime:
         raise InvalidInput(
             f"{name} must be timezone-aware (naive datetimes are ambiguous): got {value!r}"
         )
-    return value
+    # Stored in UTC: Postgres refuses offsets past +-15:59 that Python allows.
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"{name} is out of range: {value!r}") from None
 
 
 def finite_number(name: str, value: object) -> float:

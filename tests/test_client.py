@@ -4,7 +4,7 @@ anything is written."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -32,6 +32,11 @@ def test_schedule_now_at_and_delay(client, db):
     assert at_job.run_at == at
     assert timedelta(minutes=4) < delayed.run_at - db_now <= timedelta(minutes=5)
     assert client.get(now_job.id) == now_job
+
+
+def test_extreme_offsets_are_stored_in_utc(client):
+    at = datetime(2030, 1, 1, 12, tzinfo=timezone(timedelta(hours=20)))
+    assert client.schedule("email", at=at).run_at == at
 
 
 def test_schedule_with_pinned_clock_computes_run_at_from_it(database_url):
