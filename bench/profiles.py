@@ -38,9 +38,9 @@ class Profile:
         if list(self.scale_sizes) != sorted(self.scale_sizes) or not self.scale_sizes:
             raise ValueError("scale_sizes must be increasing")
         # Dispatch rates come from the claim transactions' timestamps: they need several
-        # timer batches (200 jobs each) to span a measurable time.
+        # timer batches (100-200 jobs each) to span a measurable time.
         if self.dispatch_jobs < 600 or self.scale_due < 600:
-            raise ValueError("dispatch_jobs and scale_due must be at least 600 (3 batches)")
+            raise ValueError("dispatch_jobs and scale_due must be at least 600 (3+ batches)")
 
 
 QUICK = Profile(

@@ -17,8 +17,9 @@ from bench.profiles import Profile
 from bench.progress import Progress
 from bench.results import Results
 from bench.stats import rate
+from shared.settings import TimerSettings
 
-SEND_PARALLEL = 8
+SEND_PARALLEL: int = TimerSettings.model_fields["send_concurrency"].default
 """Matches the timer's default send_concurrency."""
 CYCLE_PARALLEL = 4
 # A body the size of tock's message: {"v":1,"job":N,"token":UUID,"kind":"bench.noop"}.

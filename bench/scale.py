@@ -33,7 +33,7 @@ WHERE c.relname IN ('tock_jobs', 'tock_attempts')
 ORDER BY c.relname
 """
 
-BATCH = 200
+BATCH: int = TimerSettings.model_fields["batch_size"].default
 """The timer's default batch size."""
 
 
