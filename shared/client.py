@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from shared import sql, validation
-from shared.db import Connection, make_pool, transaction
+from shared.db import Connection, make_pool, statement, transaction
 from shared.errors import InvalidInput, InvalidTransition, JobNotFound
 from shared.jobs import Job, attempt_from_row
 from shared.settings import ClientSettings
@@ -37,8 +37,12 @@ class Client:
         if database_url:
             self.settings = self.settings.model_copy(update={"database_url": database_url})
         self._now = now  # tests pin the database's idea of "now" through this
+        # Autocommit connections: enqueue, get, cancel and retry are one statement each (or a
+        # read after one) and skip BEGIN/COMMIT (`atomic=False`); multi-statement work still
+        # runs in a transaction. Checked on checkout: a restarted database must not fail an
+        # application's call.
         self._pool = make_pool(self.settings.database_url, max_size=self.settings.pool_max_size,
-                               name="tock-client")
+                               name="tock-client", autocommit=True)
         self._opened = False
         self._lock = threading.Lock()
 
@@ -52,7 +56,7 @@ class Client:
         self.close()
 
     @contextmanager
-    def _conn(self, connection: object | None) -> Iterator[Connection]:
+    def _conn(self, connection: object | None, *, atomic: bool = True) -> Iterator[Connection]:
         if connection is not None:
             # The caller's transaction: no commit here; a rollback there leaves no job.
             yield _psycopg_connection(connection)
@@ -62,7 +66,7 @@ class Client:
                 if not self._opened:
                     self._pool.open()
                     self._opened = True
-        with transaction(self._pool) as conn:
+        with (transaction if atomic else statement)(self._pool) as conn:
             yield conn
 
     # --- enqueue -----------------------------------------------------------------------------
@@ -91,7 +95,7 @@ class Client:
         columns = self._columns(jobs)
         if not columns["kind"]:
             return []
-        with self._conn(connection) as conn:
+        with self._conn(connection, atomic=False) as conn:
             rows = conn.execute(sql.INSERT_JOBS, {**columns, "now": self._now}).fetchall()
             inserted = [Job.from_row(r) for r in rows]
             by_key = {j.unique_key: j for j in inserted if j.unique_key}
@@ -140,7 +144,7 @@ class Client:
             connection: object | None = None) -> Job:
         """The job as stored now; `with_attempts` adds its finished attempts, oldest first."""
         validation.job_id(job_id)
-        with self._conn(connection) as conn:
+        with self._conn(connection, atomic=False) as conn:
             row = conn.execute(sql.SELECT_JOB, {"id": job_id}).fetchone()
             if row is None:
                 raise JobNotFound(f"no job with id {job_id}")
@@ -164,7 +168,7 @@ class Client:
     def _transition(self, statement: str, job_id: int, verb: str, allowed: str,
                     connection: object | None) -> Job:
         validation.job_id(job_id)
-        with self._conn(connection) as conn:
+        with self._conn(connection, atomic=False) as conn:
             row = conn.execute(statement, {"id": job_id, "now": self._now}).fetchone()
             if row is None:
                 current = conn.execute(sql.SELECT_JOB, {"id": job_id}).fetchone()
