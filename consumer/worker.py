@@ -44,6 +44,10 @@ from shared.transport import Received, Transport
 
 log = logging.getLogger("tock.consumer")
 
+LOCK_WAIT_MS = 2000
+"""Longest a claim waits for the timer's dispatch commit before deferring the message."""
+RETRY_LATER_SECONDS = 1
+"""Visibility given to a deferred message: it comes back after this long."""
 TICK_SECONDS = 0.2
 """How often timeouts are checked; heartbeats go out every heartbeat_seconds."""
 
@@ -234,7 +238,14 @@ class Consumer:
             # (the commit takes milliseconds), then try once more.
             missed = [wanted[k] for k in wanted.keys() - {(r[0], r[7]) for r in rows}]
             if missed:
-                rows += self._claim_rows(missed, wait_for_locks=True)
+                try:
+                    rows += self._claim_rows(missed, wait_for_locks=True)
+                except psycopg.errors.LockNotAvailable:
+                    # The dispatch is still open (a slow send): let SQS bring these back in a
+                    # moment rather than hold this receiver.
+                    self._retry_later(queue, [m for m, _ in missed])
+                    for _, p in missed:
+                        wanted.pop((p.job_id, p.token))
             got = {(r[0], r[7]) for r in rows}
             unmatched = [v for k, v in wanted.items() if k not in got]
             if unmatched:
@@ -271,6 +282,7 @@ class Consumer:
         ids = [p.job_id for _, p in batch]
         with (transaction if wait_for_locks else statement)(self.claim_pool) as conn:
             if wait_for_locks:
+                conn.execute(sql.SET_LOCK_TIMEOUT, {"ms": LOCK_WAIT_MS})
                 conn.execute(sql.WAIT_FOR_DISPATCH_COMMIT, {"ids": ids})
             return conn.execute(sql.CLAIM_MESSAGES, {
                 "ids": ids, "tokens": [p.token for _, p in batch],
@@ -279,6 +291,19 @@ class Consumer:
                 "worker": self.worker_id, "lease_seconds": self.settings.lease_seconds,
                 "now": self.clock(),
             }).fetchall()
+
+    def _retry_later(self, queue: str, messages: list[Received]) -> None:
+        receipts = [m.receipt for m in messages]
+        for i in range(0, len(receipts), MAX_BATCH):
+            try:
+                self.transport.change_visibility_batch(queue, receipts[i:i + MAX_BATCH],
+                                                       RETRY_LATER_SECONDS)
+            except TransportError as exc:
+                metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
+                emit(log, "visibility_change_failed", logging.WARNING, queue=queue,
+                     error=str(exc))
+        emit(log, "claim_deferred", logging.DEBUG, queue=queue, messages=len(messages),
+             retry_in_seconds=RETRY_LATER_SECONDS)
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]
                            ) -> list[tuple[Received, str, str]]:

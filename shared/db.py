@@ -49,9 +49,9 @@ def transaction(pool: ConnectionPool) -> Iterator[Connection]:
         with pool.connection() as conn, conn.transaction():
             yield conn
     except psycopg.OperationalError as exc:
+        if not _lost_connection(exc):
+            raise
         raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
-    except psycopg.errors.AdminShutdown as exc:  # pragma: no cover - subclass of above on some
-        raise DatabaseUnavailable(str(exc)) from exc
 
 
 @contextmanager
@@ -62,7 +62,16 @@ def statement(pool: ConnectionPool) -> Iterator[Connection]:
         with pool.connection() as conn:
             yield conn
     except psycopg.OperationalError as exc:
+        if not _lost_connection(exc):
+            raise
         raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
+
+
+def _lost_connection(exc: psycopg.OperationalError) -> bool:
+    """Connection-level failures (no SQLSTATE, class 08, or a server shutting down) mean
+    the database is unavailable; others (a lock timeout, say) are the statement's own."""
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P"))
 
 
 def connect(database_url: str, *, autocommit: bool = False) -> Connection:

@@ -197,6 +197,8 @@ RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds,
 # The timer sends before it commits: a claim that missed may have raced an uncommitted
 # dispatch. Taking the row locks waits for that commit (milliseconds); the claim is then
 # retried in the same transaction with a fresh snapshot.
+SET_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s::int || 'ms', true)"
+
 WAIT_FOR_DISPATCH_COMMIT = """
 SELECT id FROM tock_jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE
 """

@@ -489,3 +489,28 @@ def test_shutdown_releases_unfinished_jobs_for_others_at_once(
     assert [a.outcome for a in released.attempts] == [AttemptOutcome.RELEASED]
     assert wait_for(lambda: _queue_empty(transport), message="released message deleted")
     assert dispatch(timer) == 1, "due again at once"
+
+
+def test_claim_gives_up_waiting_on_a_slow_dispatch_and_the_message_comes_back(
+        client, timer_settings, transport, registry, consumers, clock, monkeypatch):
+    import consumer.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "LOCK_WAIT_MS", 100)
+    registry.add("work", lambda payload, ctx: None)
+    job = client.schedule("work")
+    slow = _SendThenWait(transport)
+    timer = Timer(timer_settings, slow)
+    passing = threading.Thread(target=timer.run_once, args=(clock.now,))
+    passing.start()
+    try:
+        assert slow.sent.wait(30)
+        consumer = consumers(clock)
+        assert consumer.receive_once("default", wait_seconds=5) == 0, "deferred, not dropped"
+        slow.proceed.set()
+        passing.join(30)
+        assert client.get(job.id).state is JobState.DISPATCHED
+        run_all(consumer, receive(consumer, 1))
+        assert client.get(job.id).state is JobState.SUCCEEDED
+    finally:
+        slow.proceed.set()
+        timer.close()
