@@ -33,7 +33,15 @@ from consumer.outcomes import Finished, TimedOut
 from consumer.tasks import Abandon, Registry, Task, TaskContext
 from shared import metrics, sql
 from shared.db import make_pool, statement, transaction
-from shared.errors import DatabaseUnavailable, InvalidMessage, TransportError
+from shared.errors import (
+    DatabaseUnavailable,
+    InvalidMessage,
+    JobNotFound,
+    LeaseLost,
+    StaleMessage,
+    TockError,
+    TransportError,
+)
 from shared.lifecycle import StopFlag
 from shared.logs import emit
 from shared.messages import JobMessage, decode
@@ -43,6 +51,15 @@ from shared.states import AttemptOutcome, JobState
 from shared.transport import Received, Transport
 
 log = logging.getLogger("tock.consumer")
+
+_DROP_ERRORS: dict[str, type[TockError]] = {
+    "malformed": InvalidMessage,
+    "unknown_job": JobNotFound,
+    "stale_token": StaleMessage,
+    "not_dispatched": StaleMessage,
+    "duplicate": StaleMessage,
+}
+"""The typed error behind each reason a message claims nothing."""
 
 LOCK_WAIT_MS = 2000
 """Longest a claim waits for the timer's dispatch commit before deferring the message."""
@@ -327,9 +344,12 @@ class Consumer:
         if not drop:
             return
         for msg, reason, detail in drop:
+            # Each reason is one of tock's typed errors; the message changed no job.
+            error = _DROP_ERRORS[reason](detail)
             metrics.MESSAGES_DROPPED.labels(reason).inc()
-            emit(log, "message_dropped", logging.WARNING, reason=reason, detail=detail,
-                 message_id=msg.message_id, queue=queue)
+            emit(log, "message_dropped", logging.WARNING, reason=reason,
+                 error=f"{type(error).__name__}: {error}", message_id=msg.message_id,
+                 queue=queue)
         self._delete(queue, [m.receipt for m, _, _ in drop])
 
     def _delete(self, queue: str, receipts: list[str]) -> None:
@@ -473,11 +493,13 @@ class Consumer:
                      attempt=item.attempt, worker=self.worker_id, next_state=f.state.value,
                      ms=round(f.run_seconds * 1000, 1), **extra)
             else:
+                lost = LeaseLost(f"job {item.job_id} attempt {item.attempt}: the fenced write "
+                                 "matched no row (cancelled, or its lease expired and the job "
+                                 "was taken over)")
                 metrics.STALE_COMPLETIONS.inc()
                 emit(log, "result_discarded", logging.WARNING, job_id=item.job_id, kind=kind,
                      attempt=item.attempt, worker=self.worker_id,
-                     reason="lease lost: the job was cancelled or taken over",
-                     outcome=f.outcome.value)
+                     error=f"LeaseLost: {lost}", outcome=f.outcome.value)
             by_queue[item.queue].append(item.receipt)
         # Only now, after the commit: delete. A crash before this line leaves messages that
         # are redelivered and find their job finished, which is harmless.
