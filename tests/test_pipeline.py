@@ -5,6 +5,7 @@ backoff and due-time logic is tested without waiting."""
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -345,9 +346,10 @@ class _SendThenWait:
         return getattr(self.inner, name)
 
 
-def test_message_received_before_the_dispatch_commits_is_still_claimed(
-        client, timer_settings, transport, registry, consumers, clock):
-    registry.add("work", lambda payload, ctx: None)
+@contextmanager
+def _dispatch_held_open(client, timer_settings, transport, clock):
+    """A timer pass that has sent one job's message and not yet committed; the pass is
+    let go when the block ends."""
     job = client.schedule("work")
     slow = _SendThenWait(transport)
     timer = Timer(timer_settings, slow)
@@ -355,6 +357,17 @@ def test_message_received_before_the_dispatch_commits_is_still_claimed(
     passing.start()
     try:
         assert slow.sent.wait(30)
+        yield job, slow
+    finally:
+        slow.proceed.set()
+        passing.join(30)
+        timer.close()
+
+
+def test_message_received_before_the_dispatch_commits_is_still_claimed(
+        client, timer_settings, transport, registry, consumers, clock):
+    registry.add("work", lambda payload, ctx: None)
+    with _dispatch_held_open(client, timer_settings, transport, clock) as (job, slow):
         consumer = consumers(clock)
         claimed: list[int] = []
         receiving = threading.Thread(target=lambda: claimed.append(
@@ -363,12 +376,8 @@ def test_message_received_before_the_dispatch_commits_is_still_claimed(
         wait_for(lambda: client.get(job.id).state is JobState.SCHEDULED, timeout=5)
         slow.proceed.set()
         receiving.join(30)
-        passing.join(30)
-        assert claimed == [1]
-        assert client.get(job.id).state is JobState.RUNNING
-    finally:
-        slow.proceed.set()
-        timer.close()
+    assert claimed == [1]
+    assert client.get(job.id).state is JobState.RUNNING
 
 
 class _RefuseSome:
@@ -497,20 +506,9 @@ def test_claim_gives_up_waiting_on_a_slow_dispatch_and_the_message_comes_back(
 
     monkeypatch.setattr(worker_module, "LOCK_WAIT_MS", 100)
     registry.add("work", lambda payload, ctx: None)
-    job = client.schedule("work")
-    slow = _SendThenWait(transport)
-    timer = Timer(timer_settings, slow)
-    passing = threading.Thread(target=timer.run_once, args=(clock.now,))
-    passing.start()
-    try:
-        assert slow.sent.wait(30)
-        consumer = consumers(clock)
+    consumer = consumers(clock)
+    with _dispatch_held_open(client, timer_settings, transport, clock) as (job, _):
         assert consumer.receive_once("default", wait_seconds=5) == 0, "deferred, not dropped"
-        slow.proceed.set()
-        passing.join(30)
-        assert client.get(job.id).state is JobState.DISPATCHED
-        run_all(consumer, receive(consumer, 1))
-        assert client.get(job.id).state is JobState.SUCCEEDED
-    finally:
-        slow.proceed.set()
-        timer.close()
+    assert client.get(job.id).state is JobState.DISPATCHED
+    run_all(consumer, receive(consumer, 1))
+    assert client.get(job.id).state is JobState.SUCCEEDED
