@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.pipeline import Context, insert_due, run_in_memory, statement_times
-from shared import sql
+from shared.store import jobs_sql as sql
 
 # pg_stat_statements shows bound parameters and constants alike as $n: fold both sides
 # (placeholders, quoted literals, numbers) to `$` and drop comments before comparing.
@@ -113,7 +113,7 @@ ENQUEUE_STEPS = {
 def measure_enqueue(ctx: Context) -> None:
     """cProfile `schedule()` one by one: where a single enqueue spends its time."""
     from shared.client import Client
-    from shared.settings import ClientSettings
+    from shared.runtime.settings import ClientSettings
 
     calls = max(ctx.profile.hotspot_jobs // 10, 20)
     url = ctx.services.fresh_database("bench_enqueue_profile")
@@ -149,7 +149,7 @@ def measure_transactions(ctx: Context, rounds: int = 300) -> None:
 
     import psycopg
 
-    from shared.db import make_pool, transaction
+    from shared.store.database import make_pool, transaction
 
     url = ctx.services.fresh_database("bench_transactions")
     insert_due(url, 10 * rounds)

@@ -14,7 +14,7 @@ from bench import noop_tasks, waiting
 from bench.pipeline import COUNT_STATE, LIVE_WORKERS, Context, _timeout, insert_due
 from bench.stats import percentiles
 from shared.client import Client
-from shared.settings import ClientSettings
+from shared.runtime.settings import ClientSettings
 
 LAGS = """
 SELECT extract(epoch FROM started_at - run_at)::float8,

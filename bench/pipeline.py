@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 
 from bench import noop_tasks, waiting
-from bench.memory_transport import MemoryTransport
 from bench.procs import Fleet, RssSampler
 from bench.profiles import Profile
 from bench.progress import Progress
@@ -26,8 +25,9 @@ from bench.stats import rate
 from consumer.tasks import Registry
 from consumer.worker import Consumer
 from shared.client import Client
-from shared.settings import ClientSettings, ConsumerSettings, TimerSettings
-from shared.sqs import SqsTransport
+from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.transport.memory import MemoryTransport
+from shared.transport.sqs import SqsTransport
 from timer_service.service import Timer
 
 INSERT_DUE = """

@@ -17,7 +17,7 @@ from bench.profiles import Profile
 from bench.progress import Progress
 from bench.results import Results
 from bench.stats import rate
-from shared.settings import TimerSettings
+from shared.runtime.settings import TimerSettings
 
 SEND_PARALLEL: int = TimerSettings.model_fields["send_concurrency"].default
 """Matches the timer's default send_concurrency."""

@@ -14,8 +14,8 @@ import psycopg
 from bench import noop_tasks
 from bench.pipeline import Context, insert_due
 from bench.stats import rate
-from shared import sql
-from shared.settings import TimerSettings
+from shared.runtime.settings import TimerSettings
+from shared.store import jobs_sql as sql
 from timer_service.service import Timer
 
 ADD_PENDING = """

@@ -19,7 +19,7 @@ import psycopg
 
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import LOCALSTACK_VENV, SqsServer, start_sqs
-from shared.migrate import migrate
+from shared.store.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "bench_template"

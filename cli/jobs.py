@@ -14,12 +14,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cli.output import cell, print_json, print_table
-from shared import explain, job_queries
 from shared.client import Client
-from shared.db import Connection, connect
-from shared.errors import InvalidInput, InvalidTransition, JobNotFound
-from shared.settings import ClientSettings
-from shared.states import JobState
+from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.core.states import JobState
+from shared.ops import explain
+from shared.ops import jobs as job_queries
+from shared.runtime.settings import ClientSettings
+from shared.store.database import Connection, connect
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 WORKER_STALE_SECONDS = 30.0

@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from shared.errors import (
+from shared.core.errors import (
     ConfigError,
     DatabaseUnavailable,
     InvalidInput,
@@ -23,8 +23,8 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from shared.migrate import migrate
-    from shared.settings import CommonSettings
+    from shared.runtime.settings import CommonSettings
+    from shared.store.migrate import migrate
 
     settings = CommonSettings.load(**({"database_url": args.database_url}
                                       if args.database_url else {}))

@@ -44,8 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from shared import recurring
-    from shared.schedules import ScheduleNotFound
+    from shared.core.errors import ScheduleNotFound
+    from shared.schedules import api as recurring
 
     try:
         with _client(args.database_url) as client:
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 @contextmanager
 def _client(database_url: str | None) -> Iterator[Any]:
     from shared.client import Client
-    from shared.settings import ClientSettings
+    from shared.runtime.settings import ClientSettings
 
     settings = ClientSettings.load(**({"database_url": database_url} if database_url else {}))
     with Client(settings) as client:

@@ -2,6 +2,6 @@
 alive with heartbeats, run the handler, record the outcome, then delete the message."""
 
 from consumer.tasks import Abandon, Registry, TaskContext, registry, task
-from shared.errors import Permanent, RetryAfter
+from shared.core.errors import Permanent, RetryAfter
 
 __all__ = ["Abandon", "Permanent", "Registry", "RetryAfter", "TaskContext", "registry", "task"]

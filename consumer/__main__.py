@@ -6,9 +6,9 @@ import argparse
 import importlib
 import sys
 
-from shared.errors import ConfigError
-from shared.logs import configure
-from shared.settings import ConsumerSettings
+from shared.core.errors import ConfigError
+from shared.runtime.logs import configure
+from shared.runtime.settings import ConsumerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     consumer = Consumer(settings, registry)
     consumer.stop_flag.install_signal_handlers()
     if settings.health_port:
-        from shared.health import HealthServer, consumer_probes
+        from shared.runtime.health import HealthServer, consumer_probes
 
         live, ready = consumer_probes(consumer)
         HealthServer(settings.health_port, live=live, ready=ready, process="consumer").start()

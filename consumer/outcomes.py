@@ -6,9 +6,9 @@ import traceback as tb
 from dataclasses import dataclass
 
 from consumer.inflight import InFlight
-from shared.backoff import backoff_seconds
-from shared.errors import Permanent, RetryAfter
-from shared.states import AttemptOutcome, JobState
+from shared.core.backoff import backoff_seconds
+from shared.core.errors import Permanent, RetryAfter
+from shared.core.states import AttemptOutcome, JobState
 
 MAX_ERROR_CHARS = 2000
 MAX_TRACEBACK_CHARS = 20000

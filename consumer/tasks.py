@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shared import validation
-from shared.errors import InvalidInput
+from shared.core import validation
+from shared.core.errors import InvalidInput
 
 Handler = Callable[[Any, "TaskContext"], Any]
 

@@ -31,9 +31,7 @@ from consumer import outcomes
 from consumer.inflight import InFlight, Slots
 from consumer.outcomes import Finished, TimedOut
 from consumer.tasks import Abandon, Registry, Task, TaskContext
-from shared import metrics, sql
-from shared.db import make_pool, statement, transaction
-from shared.errors import (
+from shared.core.errors import (
     DatabaseUnavailable,
     InvalidMessage,
     JobNotFound,
@@ -42,13 +40,16 @@ from shared.errors import (
     TockError,
     TransportError,
 )
-from shared.lifecycle import StopFlag
-from shared.logs import emit
-from shared.messages import JobMessage, decode
-from shared.settings import ConsumerSettings
-from shared.sqs import MAX_BATCH, SqsTransport
-from shared.states import AttemptOutcome, JobState
-from shared.transport import Received, Transport
+from shared.core.messages import JobMessage, decode
+from shared.core.states import AttemptOutcome, JobState
+from shared.runtime import metrics
+from shared.runtime.lifecycle import StopFlag
+from shared.runtime.logs import emit
+from shared.runtime.settings import ConsumerSettings
+from shared.store import jobs_sql as sql
+from shared.store.database import make_pool, statement, transaction
+from shared.transport.base import Received, Transport
+from shared.transport.sqs import MAX_BATCH, SqsTransport
 
 log = logging.getLogger("tock.consumer")
 

@@ -6,8 +6,8 @@ import argparse
 import logging
 import sys
 
-from shared.errors import ConfigError
-from shared.logs import configure
+from shared.core.errors import ConfigError
+from shared.runtime.logs import configure
 
 
 def _drop_color_message(record: logging.LogRecord) -> bool:

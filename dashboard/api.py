@@ -17,12 +17,13 @@ from dashboard import models
 from dashboard.auth import Principal, current_principal, operator
 from dashboard.models import MAX_ID
 from dashboard.stats import StatsCache, state_totals
-from shared import explain, job_queries
 from shared.client import Client
-from shared.db import Connection, transaction
-from shared.errors import InvalidInput
-from shared.logs import emit
-from shared.states import JobState
+from shared.core.errors import InvalidInput
+from shared.core.states import JobState
+from shared.ops import explain
+from shared.ops import jobs as job_queries
+from shared.runtime.logs import emit
+from shared.store.database import Connection, transaction
 
 log = logging.getLogger("tock.dashboard")
 

@@ -25,17 +25,17 @@ from dashboard.auth import Authenticator
 from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
 from shared.client import Client
-from shared.db import make_pool
-from shared.errors import (
+from shared.core.errors import (
     DatabaseUnavailable,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
+    ScheduleNotFound,
     TransportError,
 )
-from shared.logs import emit
-from shared.schedules import ScheduleNotFound
-from shared.settings import ClientSettings
+from shared.runtime.logs import emit
+from shared.runtime.settings import ClientSettings
+from shared.store.database import make_pool
 
 log = logging.getLogger("tock.dashboard")
 

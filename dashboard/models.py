@@ -7,11 +7,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from shared import job_queries, validation
-from shared.explain import Explanation
-from shared.jobs import Attempt, Job
-from shared.settings import QUEUE_NAME
-from shared.states import AttemptOutcome, JobState
+from shared.core import validation
+from shared.core.jobs import Attempt, Job
+from shared.core.states import AttemptOutcome, JobState
+from shared.core.validation import QUEUE_NAME
+from shared.ops import jobs as job_queries
+from shared.ops.explain import Explanation
 
 MAX_ID = 9 * 10**18
 """Below Postgres' bigint limit (2**63 - 1) and exact as a JSON-schema float, so clients

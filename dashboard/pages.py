@@ -19,7 +19,7 @@ from dashboard.auth import (
     authenticator,
     same_origin,
 )
-from shared.logs import emit
+from shared.runtime.logs import emit
 
 log = logging.getLogger("tock.dashboard")
 router = APIRouter(include_in_schema=False)

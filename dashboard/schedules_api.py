@@ -1,5 +1,5 @@
 """Recurring schedules in the API: list, get (with the next fire times, recent runs and
-the slots that did not run), preview, pause and resume. Built on shared.recurring."""
+the slots that did not run), preview, pause and resume. Built on shared.schedules."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pydantic import BaseModel, Field
 
 from dashboard import models
 from dashboard.api import ERRORS, Operator, Viewer
-from shared import recurring
 from shared.client import Client
-from shared.logs import emit
+from shared.core.schedules import Schedule
+from shared.runtime.logs import emit
+from shared.schedules import api as recurring
 
 log = logging.getLogger("tock.dashboard")
 
@@ -42,7 +43,7 @@ class ScheduleOut(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def of(cls, s: recurring.Schedule) -> ScheduleOut:
+    def of(cls, s: Schedule) -> ScheduleOut:
         return cls(name=s.name, kind=s.kind, queue=s.queue, payload=s.payload,
                    priority=s.priority, timing=s.describe(), cron=s.cron,
                    every_seconds=s.every.total_seconds() if s.every else None, tz=s.tz,

@@ -13,8 +13,8 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from shared.errors import ConfigError
-from shared.settings import CommonSettings
+from shared.core.errors import ConfigError
+from shared.runtime.settings import CommonSettings
 
 DEV_OPERATOR_TOKEN = "dev-operator-token"
 DEV_VIEWER_TOKEN = "dev-viewer-token"

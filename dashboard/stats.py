@@ -15,10 +15,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool
 
-from shared import job_queries
-from shared.db import transaction
-from shared.errors import DatabaseUnavailable
-from shared.states import JobState
+from shared.core.errors import DatabaseUnavailable
+from shared.core.states import JobState
+from shared.ops import jobs as job_queries
+from shared.store.database import transaction
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ import random
 import sys
 
 from shared.client import Client
-from shared.errors import TockError
-from shared.lifecycle import StopFlag
-from shared.logs import configure, emit
-from shared.recurring import recurring
-from shared.settings import ClientSettings
+from shared.core.errors import TockError
+from shared.runtime.lifecycle import StopFlag
+from shared.runtime.logs import configure, emit
+from shared.runtime.settings import ClientSettings
+from shared.schedules.api import recurring
 
 log = logging.getLogger("tock.demo")
 

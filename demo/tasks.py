@@ -45,8 +45,8 @@ def crash(payload: Any, ctx: TaskContext) -> None:
 @task("report", max_attempts=3, timeout=30)
 def report(payload: Any, ctx: TaskContext) -> None:
     """Pretend to build the report for this job's slot (the run key names it)."""
-    from shared.logs import emit
-    from shared.recurring import slot_of
+    from shared.core.schedules import slot_of
+    from shared.runtime.logs import emit
 
     slot = slot_of(ctx.key) or ctx.scheduled_at
     emit(logging.getLogger("tock.demo"), "report_built", slot=slot.isoformat())

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_sqs
-from shared.migrate import migrate
-from shared.sqs import SqsTransport
+from shared.store.migrate import migrate
+from shared.transport.sqs import SqsTransport
 
 
 @dataclass

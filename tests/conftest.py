@@ -16,9 +16,9 @@ import pytest
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_sqs
 from shared.client import Client
-from shared.migrate import migrate
-from shared.settings import ClientSettings, ConsumerSettings, TimerSettings
-from shared.sqs import SqsTransport
+from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.store.migrate import migrate
+from shared.transport.sqs import SqsTransport
 
 _counter = itertools.count()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from consumer.tasks import Registry
 from consumer.worker import Consumer
-from shared.settings import ConsumerSettings
+from shared.runtime.settings import ConsumerSettings
 from timer_service.service import Timer
 
 

@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shared.settings import TimerSettings
-from shared.sqs import SqsTransport
-from shared.transport import EntryFailure
+from shared.runtime.settings import TimerSettings
+from shared.transport.base import EntryFailure
+from shared.transport.sqs import SqsTransport
 from timer_service.service import Timer
 
 

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from shared.client import Client
-from shared.errors import InvalidInput, InvalidTransition, JobNotFound
-from shared.settings import ClientSettings
-from shared.states import JobState
+from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.core.states import JobState
+from shared.runtime.settings import ClientSettings
 
 
 def _count(db) -> int:

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from consumer.tasks import Registry
-from shared.errors import Permanent, TransportError
-from shared.messages import JobMessage
-from shared.states import AttemptOutcome, JobState
+from shared.core.errors import Permanent, TransportError
+from shared.core.messages import JobMessage
+from shared.core.states import AttemptOutcome, JobState
 from tests.drive import db_now, dispatch, make_consumer, receive, run_all
 from tests.wait import wait_for
 from timer_service.service import Timer
@@ -385,7 +385,7 @@ class _RefuseSome:
         self.inner, self.refuse = inner, refuse
 
     def send_batch(self, queue, entries):
-        from shared.transport import EntryFailure
+        from shared.transport.base import EntryFailure
         ok = [e for e in entries if e[0] not in self.refuse]
         self.inner.send_batch(queue, ok)
         return [EntryFailure(e[0], "Throttled", "slow down") for e in entries

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.states import AttemptOutcome, JobState
+from shared.core.states import AttemptOutcome, JobState
 from tests.e2e_tasks import DDL
 from tests.processes import Processes, process_env
 from tests.wait import wait_for

@@ -6,9 +6,9 @@ from __future__ import annotations
 import psycopg
 import sqlalchemy as sa
 
-from shared.migrate import available, migrate
-from shared.schema import metadata
-from shared.states import AttemptOutcome, JobState
+from shared.core.states import AttemptOutcome, JobState
+from shared.store.migrate import available, migrate
+from shared.store.schema import metadata
 
 
 def _labels(db, enum: str) -> list[str]:

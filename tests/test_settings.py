@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from shared.errors import ConfigError
-from shared.settings import ConsumerSettings, TimerSettings
+from shared.core.errors import ConfigError
+from shared.runtime.settings import ConsumerSettings, TimerSettings
 
 
 def test_defaults_are_consistent():

@@ -1,6 +1,6 @@
 from consumer.tasks import Registry
 from consumer.worker import Consumer
-from shared.states import JobState
+from shared.core.states import JobState
 from timer_service.service import Timer
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shared.errors import ConfigError
-from shared.logs import configure
-from shared.settings import TimerSettings
+from shared.core.errors import ConfigError
+from shared.runtime.logs import configure
+from shared.runtime.settings import TimerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(settings)
     timer.stop_flag.install_signal_handlers()
     if settings.health_port:
-        from shared.health import HealthServer, timer_probes
+        from shared.runtime.health import HealthServer, timer_probes
 
         live, ready = timer_probes(timer)
         HealthServer(settings.health_port, live=live, ready=ready, process="timer").start()

@@ -21,13 +21,14 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from shared import metrics, sql
-from shared.db import transaction
-from shared.errors import TransportError
-from shared.logs import emit
-from shared.messages import JobMessage
-from shared.sqs import MAX_BATCH
-from shared.transport import EntryFailure, Transport
+from shared.core.errors import TransportError
+from shared.core.messages import JobMessage
+from shared.runtime import metrics
+from shared.runtime.logs import emit
+from shared.store import jobs_sql as sql
+from shared.store.database import transaction
+from shared.transport.base import EntryFailure, Transport
+from shared.transport.sqs import MAX_BATCH
 
 log = logging.getLogger("tock.timer.dispatch")
 

@@ -13,11 +13,12 @@ from datetime import datetime
 
 from psycopg_pool import ConnectionPool
 
-from shared import metrics, sql
-from shared.backoff import backoff_seconds
-from shared.db import statement, transaction
-from shared.logs import emit
-from shared.states import JobState
+from shared.core.backoff import backoff_seconds
+from shared.core.states import JobState
+from shared.runtime import metrics
+from shared.runtime.logs import emit
+from shared.store import jobs_sql as sql
+from shared.store.database import statement, transaction
 
 log = logging.getLogger("tock.timer.rescue")
 

@@ -20,13 +20,13 @@ from prometheus_client import Counter
 from psycopg_pool import ConnectionPool
 from pydantic import Field
 
-from shared import schedule_sql
-from shared.db import Connection, transaction
-from shared.logs import emit
-from shared.recurring import Schedule
-from shared.schedule_policies import Fire, Plan, ScheduleState, plan
-from shared.schedule_slots import slot_key
-from shared.settings import CommonSettings, TimerSettings
+from shared.core.schedules import Schedule
+from shared.runtime.logs import emit
+from shared.runtime.settings import CommonSettings, TimerSettings
+from shared.schedules.policies import Fire, Plan, ScheduleState, plan
+from shared.schedules.slots import slot_key
+from shared.store import schedules_sql as schedule_sql
+from shared.store.database import Connection, transaction
 
 log = logging.getLogger("tock.timer.schedules")
 

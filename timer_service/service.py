@@ -13,14 +13,14 @@ from typing import Any
 
 import psycopg
 
-from shared import sql
-from shared.db import connect, make_pool
-from shared.errors import DatabaseUnavailable, TockError
-from shared.lifecycle import StopFlag
-from shared.logs import emit
-from shared.settings import TimerSettings
-from shared.sqs import SqsTransport
-from shared.transport import Transport
+from shared.core.errors import DatabaseUnavailable, TockError
+from shared.runtime.lifecycle import StopFlag
+from shared.runtime.logs import emit
+from shared.runtime.settings import TimerSettings
+from shared.store import jobs_sql as sql
+from shared.store.database import connect, make_pool
+from shared.transport.base import Transport
+from shared.transport.sqs import SqsTransport
 from timer_service.dispatcher import Dispatcher
 from timer_service.rescuer import Rescuer
 

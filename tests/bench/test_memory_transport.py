@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from bench.memory_transport import MemoryTransport
 from consumer.tasks import Registry
 from consumer.worker import Consumer
-from shared.errors import InvalidInput
-from shared.states import JobState
+from shared.core.errors import InvalidInput
+from shared.core.states import JobState
+from shared.transport.memory import MemoryTransport
 from tests.wait import wait_for
 from timer_service.service import Timer
 

@@ -7,7 +7,7 @@ import pytest
 from bench.hotspots import statement_name
 from bench.results import Results, validate
 from bench.runner import render
-from shared import sql
+from shared.store import jobs_sql as sql
 
 
 def _results() -> Results:

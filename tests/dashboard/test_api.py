@@ -274,7 +274,7 @@ def test_viewer_session_cannot_change_anything(anon, db):
 
 
 def test_settings_refuse_unsafe_configuration(database_url):
-    from shared.errors import ConfigError
+    from shared.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="OPERATOR_TOKEN is required"):
         DashboardSettings.load(database_url=database_url)

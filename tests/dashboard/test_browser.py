@@ -177,7 +177,7 @@ def test_cross_site_form_post_is_rejected(
 
 def test_schedules_show_next_fires_and_pause_from_the_page(
         page: Page, live_server: LiveServer, client: Client) -> None:
-    from shared.recurring import get_schedule, recurring
+    from shared.schedules.api import get_schedule, recurring
 
     recurring("nightly", "report", cron="0 2 * * *", client=client)
     login(page, live_server, OPERATOR)

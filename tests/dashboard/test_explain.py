@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared import explain
-from shared.explain import Context, duration
-from shared.job_queries import WorkerInfo
-from shared.jobs import Attempt, Job
-from shared.states import AttemptOutcome, JobState
+from shared.core.jobs import Attempt, Job
+from shared.core.states import AttemptOutcome, JobState
+from shared.ops import explain
+from shared.ops.explain import Context, duration
+from shared.ops.jobs import WorkerInfo
 
 NOW = datetime(2026, 12, 2, 15, 0, 0, tzinfo=UTC)
 
@@ -118,7 +118,7 @@ def test_every_state_has_a_story():
 
 
 def test_gather_reads_workers_queue_and_paused_schedule(client, db):
-    from shared.recurring import pause_schedule, recurring
+    from shared.schedules.api import pause_schedule, recurring
 
     db.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency) "
                "VALUES ('w1', 'h', 1, '{default}', 4)")

@@ -15,7 +15,7 @@ from typing import Any
 from consumer.tasks import Registry
 from consumer.worker import Consumer
 from devstack.ports import free_port
-from shared.health import HealthServer, consumer_probes, timer_probes
+from shared.runtime.health import HealthServer, consumer_probes, timer_probes
 from tests.wait import wait_for
 from timer_service.service import Timer
 

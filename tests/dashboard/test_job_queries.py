@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from shared import job_queries
-from shared.job_queries import JobFilter
+from shared.ops import jobs as job_queries
+from shared.ops.jobs import JobFilter
 
 ROWS = 60_000
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.recurring import recurring
+from shared.schedules.api import recurring
 
 
 def test_list_get_preview_pause_resume(operator, viewer, client):

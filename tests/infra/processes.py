@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from dashboard.settings import DashboardSettings
-from shared.health import HealthSettings
-from shared.settings import (
+from shared.runtime.health import HealthSettings
+from shared.runtime.settings import (
     ClientSettings,
     CommonSettings,
     ConsumerSettings,

@@ -16,9 +16,9 @@ from consumer.tasks import Registry
 from consumer.worker import Consumer
 from devstack.sqs import SqsServer, start_moto
 from shared.client import Client
-from shared.settings import ClientSettings, ConsumerSettings, TimerSettings
-from shared.sqs import SqsTransport
-from shared.states import JobState
+from shared.core.states import JobState
+from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.transport.sqs import SqsTransport
 from tests.infra.paths import QUEUES_TEMPLATE
 from tests.wait import wait_for
 from timer_service.service import Timer

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from cloudcoil.models.keda import v1alpha1 as keda
 
-from shared.settings import ConsumerSettings
+from shared.runtime.settings import ConsumerSettings
 from tests.infra.paths import K8S_DIR, load_k8s_documents
 from tests.infra.processes import load_settings, unknown_tock_variables
 

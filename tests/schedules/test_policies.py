@@ -3,9 +3,9 @@
 import random
 from datetime import UTC, datetime, timedelta
 
-from shared.schedule_policies import MAX_SCAN, ScheduleState, plan
-from shared.schedule_slots import spread_offset
-from shared.schedules import make_spec
+from shared.schedules.policies import MAX_SCAN, ScheduleState, plan
+from shared.schedules.slots import spread_offset
+from shared.schedules.spec import make_spec
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)

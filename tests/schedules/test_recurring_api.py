@@ -16,9 +16,8 @@ from shared.client import (
     schedule_history,
     update_schedule,
 )
-from shared.errors import InvalidInput, InvalidSchedule
-from shared.recurring import slot_of
-from shared.schedules import Misfire, Overlap, ScheduleNotFound
+from shared.core.errors import InvalidInput, InvalidSchedule, ScheduleNotFound
+from shared.core.schedules import Misfire, Overlap, slot_of
 
 T0 = datetime(2026, 6, 1, 12, 0, 7, tzinfo=UTC)
 
@@ -123,7 +122,7 @@ def test_history_and_runs_check_their_limit(client):
     recurring("r", "report", every=60, client=client, now=T0)
     with pytest.raises(InvalidInput, match="limit must be"):
         schedule_history("r", 0, client=client)
-    from shared.recurring import schedule_runs
+    from shared.schedules.api import schedule_runs
 
     with pytest.raises(InvalidInput, match="limit must be"):
         schedule_runs("r", limit="5", client=client)
@@ -135,7 +134,7 @@ def test_concurrent_declarations_of_a_new_schedule_make_one_row(database_url, db
     from concurrent.futures import ThreadPoolExecutor
 
     from shared.client import Client
-    from shared.settings import ClientSettings
+    from shared.runtime.settings import ClientSettings
 
     clients = [Client(ClientSettings(database_url=database_url)) for _ in range(4)]
     try:

@@ -3,8 +3,13 @@ in Python and Postgres agree."""
 
 import sqlalchemy as sa
 
-from shared.schedules import DstFold, DstGap, Misfire, Overlap
-from shared.schema import metadata
+from shared.core.schedules import (
+    DstFold,
+    DstGap,
+    Misfire,
+    Overlap,
+)
+from shared.store.schema import metadata
 
 
 def labels(db, enum):

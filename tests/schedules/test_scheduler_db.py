@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.client import pause_schedule, recurring, resume_schedule, schedule_history
-from shared.db import make_pool
-from shared.schedule_slots import slot_key
+from shared.schedules.slots import slot_key
+from shared.store.database import make_pool
 from timer_service.scheduler import Scheduler
 
 S = timedelta(seconds=1)

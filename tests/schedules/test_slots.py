@@ -4,8 +4,9 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
 
-from shared.schedule_slots import next_slot, preview, slot_key, slots_after, spread_offset
-from shared.schedules import EPOCH, DstFold, DstGap, Timing
+from shared.core.schedules import DstFold, DstGap, Timing
+from shared.schedules.slots import next_slot, preview, slot_key, slots_after, spread_offset
+from shared.schedules.spec import EPOCH
 
 
 def utc(*args):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from consumer.tasks import Registry
 from consumer.worker import Consumer
 from shared.client import recurring, schedule_history
-from shared.schedule_slots import slot_key
+from shared.schedules.slots import slot_key
 from timer_service.service import Timer
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -179,7 +179,7 @@ def test_three_timers_racing_make_exactly_one_job_per_slot(client, db, transport
         # Created at 12:00:00 with its offset still ahead, the 12:00:00 slot fires too.
         "spread": [T0 + k * S for k in range(0, steps + 1, 10)],
     }
-    from shared.schedule_slots import spread_offset
+    from shared.schedules.slots import spread_offset
 
     offset = spread_offset("spread", 5)
     expected["spread"] = [s for s in expected["spread"] if s + offset <= end]

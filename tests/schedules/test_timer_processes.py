@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.client import recurring
-from shared.recurring import slot_of
+from shared.core.schedules import slot_of
 from tests.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.errors import InvalidInput, InvalidSchedule
-from shared.schedules import make_spec
+from shared.core.errors import InvalidInput, InvalidSchedule
+from shared.schedules.spec import make_spec
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

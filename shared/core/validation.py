@@ -9,9 +9,9 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.errors import InvalidInput
-from shared.settings import QUEUE_NAME
+from shared.core.errors import InvalidInput
 
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 KIND = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 MAX_ATTEMPTS_LIMIT = 1000

@@ -1,9 +1,9 @@
-# ruff: noqa: S608 - statements are built from constant fragments only; values are bound.
+
 """Every SQL statement of recurring schedules, named, in one place (the job statements are in
 shared/sql.py; the conventions are the same: `now` is a parameter that defaults to the
 database clock, batches travel as parallel arrays)."""
 
-from shared.sql import NOW
+from shared.store.jobs_sql import NOW
 
 SCHEDULE_COLUMNS = (
     "name, kind, queue, payload, priority, max_attempts, timeout_seconds, tenant, cron, every, "

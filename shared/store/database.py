@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from shared.errors import DatabaseUnavailable
+from shared.core.errors import DatabaseUnavailable
 
 Connection = psycopg.Connection[Any]
 

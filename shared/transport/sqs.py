@@ -16,8 +16,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from shared.errors import TransportError
-from shared.transport import EntryFailure, Received
+from shared.core.errors import TransportError
+from shared.transport.base import EntryFailure, Received
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient

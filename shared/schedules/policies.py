@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from shared.schedule_slots import slots_after, spread_offset
-from shared.schedules import Misfire, Overlap, ScheduleSpec
+from shared.core.schedules import Misfire, Overlap, ScheduleSpec
+from shared.schedules.slots import slots_after, spread_offset
 
 MAX_SCAN = 10_000
 """Slots walked one by one per schedule per pass; a longer outage is audited as one range

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shared.errors import InvalidInput
-from shared.transport import EntryFailure, Received
+from shared.core.errors import InvalidInput
+from shared.transport.base import EntryFailure, Received
 
 MAX_BATCH = 10
 """The same quota SQS enforces on batch calls."""

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from uuid import UUID
 
-from shared.errors import InvalidMessage
+from shared.core.errors import InvalidMessage
 
 VERSION = 1
 MAX_BODY_BYTES = 4096

@@ -1,5 +1,6 @@
 """tock's error vocabulary. Lower-library errors (psycopg, botocore) are translated once,
-at the adapter boundary, into these.
+at their boundary (`shared.store`, `shared.transport`), into these; nothing above those
+layers sees a raw psycopg or botocore exception.
 
     TockError
     ├── InvalidInput (ValueError)      bad argument to a public entry point; nothing written
@@ -7,12 +8,24 @@ at the adapter boundary, into these.
     │   └── InvalidMessage             an SQS message that is not a tock message
     ├── ConfigError                    settings that cannot work together
     ├── JobNotFound (LookupError)
+    ├── ScheduleNotFound (LookupError)
     ├── InvalidTransition              the job is not in a state that allows the operation
     ├── FenceError                     a guarded transition matched no row
     │   ├── LeaseLost                  the worker no longer owns the job (expired, cancelled)
     │   └── StaleMessage               the message's dispatch token is not the job's current one
     ├── TransportError                 SQS answered with an error or could not be reached
-    └── DatabaseUnavailable            Postgres could not be reached
+    │   └── QueueMissing               the SQS queue does not exist (deleted, never created)
+    └── DatabaseError                  a statement failed; the subclass says what to do
+        ├── Retryable                  transient: the same work may succeed if run again
+        │   ├── DatabaseUnavailable    connection lost or refused, server shutting down
+        │   └── LockTimeout            lock_timeout expired waiting for a row lock
+        ├── DataRejected               Postgres refused a value (out of range, NUL, bad text)
+        └── DatabaseBug                the statement itself is wrong: a bug in tock
+
+Loops survive `Retryable` (they back off and go on) and `TransportError`; a `DataRejected`
+is the input's fault and is handled where the input came from (a poison message is
+dropped); `DatabaseBug` and anything else unexpected stop the process so its orchestrator
+restarts it (`shared.runtime.supervisor`).
 
 Handlers raise these to steer retries:
 
@@ -47,6 +60,10 @@ class JobNotFound(TockError, LookupError):
     """No job with that id (or key)."""
 
 
+class ScheduleNotFound(TockError, LookupError):
+    """No schedule with that name."""
+
+
 class InvalidTransition(TockError):
     """The job's current state does not allow the operation (e.g. retry a running job)."""
 
@@ -67,8 +84,37 @@ class TransportError(TockError):
     """SQS returned an error or could not be reached."""
 
 
-class DatabaseUnavailable(TockError):
-    """Postgres could not be reached."""
+class QueueMissing(TransportError):
+    """The SQS queue for a tock queue does not exist."""
+
+
+class DatabaseError(TockError):
+    """A database statement failed. `sqlstate` is Postgres' error code when it sent one."""
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class Retryable(DatabaseError):
+    """A transient failure: deadlock, serialization failure, statement or lock timeout, too
+    many connections, or the connection itself. Running the same work again may succeed."""
+
+
+class DatabaseUnavailable(Retryable):
+    """Postgres could not be reached, or the connection was lost."""
+
+
+class LockTimeout(Retryable):
+    """A row lock was not granted within the statement's lock_timeout."""
+
+
+class DataRejected(DatabaseError):
+    """Postgres refused a value: out of range, invalid text, a NUL byte, a constraint."""
+
+
+class DatabaseBug(DatabaseError):
+    """The statement itself is wrong (syntax, an unknown column): a bug, not an outage."""
 
 
 class Permanent(Exception):

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from shared.states import AttemptOutcome, JobState
+from shared.core.states import AttemptOutcome, JobState
 
 
 @dataclass(frozen=True)

@@ -19,28 +19,19 @@ client) and `now=` (tests pin the clock; default: the database's).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from shared import schedule_sql
-from shared.db import Connection
-from shared.errors import InvalidInput
-from shared.schedule_slots import FireTime, preview, slots_after, spread_offset
-from shared.schedules import (
-    DstFold,
-    DstGap,
-    Misfire,
-    Overlap,
-    ScheduleNotFound,
-    ScheduleSpec,
-    Timing,
-    make_spec,
-    schedule_name,
-)
+from shared.core.errors import InvalidInput, ScheduleNotFound
+from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, ScheduleSpec, slot_of
+from shared.schedules.slots import FireTime, preview, slots_after, spread_offset
+from shared.schedules.spec import make_spec, schedule_name
+from shared.store import schedules_sql as schedule_sql
+from shared.store.database import Connection
 
 if TYPE_CHECKING:
-    from shared.client import Client
+    from shared.producer.client import Client
 
 MAX_PREVIEW = 1000
 MAX_UNRUN_SCAN = 10_000
@@ -48,102 +39,6 @@ UPDATABLE = frozenset({
     "kind", "payload", "every", "cron", "tz", "start", "queue", "priority", "max_attempts",
     "timeout", "tenant", "misfire", "misfire_grace", "backfill_max", "backfill_gap", "overlap",
     "dst_gap", "dst_fold", "spread", "jitter"})
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A schedule as stored."""
-
-    name: str
-    kind: str
-    queue: str
-    payload: Any
-    priority: int
-    max_attempts: int | None
-    timeout_seconds: float | None
-    tenant: str | None
-    cron: str | None
-    every: timedelta | None
-    anchor: datetime | None
-    tz: str
-    misfire: Misfire
-    misfire_grace_seconds: float
-    backfill_max: int
-    backfill_gap_seconds: float
-    overlap: Overlap
-    dst_gap: DstGap
-    dst_fold: DstFold
-    spread_seconds: float
-    jitter_seconds: float
-    paused: bool
-    cursor_at: datetime
-    """Every slot up to here has been handled (fired or audited)."""
-    next_slot: datetime | None
-    next_fire_at: datetime | None
-    """next_slot plus the schedule's spread offset (jitter comes on top)."""
-    buffered_slot: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    changed: bool = True
-    """False when `recurring()` found the same definition already stored."""
-
-    @classmethod
-    def from_row(cls, row: tuple[Any, ...], *, changed: bool = True) -> Schedule:
-        names = [f.name for f in fields(cls) if f.name != "changed"]
-        values = dict(zip(names, row[:len(names)], strict=True))
-        values["misfire"] = Misfire(values["misfire"])
-        values["overlap"] = Overlap(values["overlap"])
-        values["dst_gap"] = DstGap(values["dst_gap"])
-        values["dst_fold"] = DstFold(values["dst_fold"])
-        return cls(**values, changed=changed)
-
-    @property
-    def timing(self) -> Timing:
-        return Timing(self.cron, self.every, self.anchor, self.tz, self.dst_gap, self.dst_fold)
-
-    @property
-    def spec(self) -> ScheduleSpec:
-        """The definition, as the policies need it."""
-        return ScheduleSpec(
-            name=self.name, kind=self.kind,
-            payload=json.dumps(self.payload, separators=(",", ":")),
-            timing=self.timing, queue=self.queue, priority=self.priority,
-            max_attempts=self.max_attempts, timeout_seconds=self.timeout_seconds,
-            tenant=self.tenant, misfire=self.misfire,
-            misfire_grace_seconds=self.misfire_grace_seconds, backfill_max=self.backfill_max,
-            backfill_gap_seconds=self.backfill_gap_seconds, overlap=self.overlap,
-            spread_seconds=self.spread_seconds, jitter_seconds=self.jitter_seconds)
-
-    def describe(self) -> str:
-        """One line for people: `cron '0 2 * * *' in Europe/Berlin`."""
-        return self.timing.describe()
-
-
-@dataclass(frozen=True)
-class ScheduleEvent:
-    """An audit record: slots that did not become jobs, and why."""
-
-    id: int
-    schedule: str
-    reason: str
-    """`missed`, `paused`, `redefined`, `dst_nonexistent`, `overlap_skipped` or
-    `overlap_replaced`."""
-    first_slot: datetime
-    last_slot: datetime
-    slot_count: int | None
-    """None when the run was too long to count slot by slot."""
-    detail: str | None
-    recorded_at: datetime
-
-
-@dataclass(frozen=True)
-class ScheduleRun:
-    """A job a schedule made."""
-
-    job_id: int
-    slot: datetime
-    state: str
-    run_at: datetime
 
 
 def recurring(name: str, kind: str, payload: Any = None, *, every: timedelta | float | None = None,
@@ -314,20 +209,6 @@ def schedule_runs(name: str, limit: int = 20, *,
             for job_id, key, state, run_at in rows]
 
 
-def slot_of(key: str | None) -> datetime | None:
-    """The slot a recurring job was made for, from its run key (`TaskContext.key`); None for
-    other jobs. (`TaskContext.scheduled_at` is the slot too, unless the run was a late
-    backfill, which is spaced out.)"""
-    if not key or ":" not in key:
-        return None
-    _, _, text = key.partition(":")
-    try:
-        slot = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return slot if slot.tzinfo is not None else None
-
-
 # --- internals ------------------------------------------------------------------------------
 
 def _store(conn: Connection, spec: ScheduleSpec, t: datetime) -> Schedule:
@@ -440,6 +321,6 @@ def _limit(limit: object) -> None:
 def _client(client: Client | None) -> Client:
     if client is not None:
         return client
-    from shared.client import default_client
+    from shared.producer.client import default_client
 
     return default_client()

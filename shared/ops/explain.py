@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from shared import job_queries
-from shared.db import Connection
-from shared.jobs import Attempt, Job
-from shared.states import AttemptOutcome, JobState
+from shared.core.jobs import Attempt, Job
+from shared.core.states import AttemptOutcome, JobState
+from shared.ops import jobs as job_queries
+from shared.store.database import Connection
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
 

@@ -1,4 +1,4 @@
-"""The declared schema, as SQLAlchemy metadata. The migrations in shared/migrations are
+"""The declared schema, as SQLAlchemy metadata. The migrations in shared/store/migrations are
 what creates it; tests/test_schema.py checks that a database migrated from zero matches
 this declaration, table by table, column by column, index by index."""
 
@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, INTERVAL, JSONB, UUID
 
-from shared.states import AttemptOutcome, JobState
+from shared.core.states import AttemptOutcome, JobState
 
 metadata = MetaData()
 

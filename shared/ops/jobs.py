@@ -19,12 +19,12 @@ from typing import Any
 
 from psycopg import sql as pgsql
 
-from shared import validation
-from shared.db import Connection
-from shared.errors import InvalidInput
-from shared.jobs import Job
-from shared.sql import JOB_COLUMNS, NOTIFY_DUE
-from shared.states import ACTIVE_STATES, FINAL_STATES, JobState
+from shared.core import validation
+from shared.core.errors import InvalidInput
+from shared.core.jobs import Job
+from shared.core.states import ACTIVE_STATES, FINAL_STATES, JobState
+from shared.store.database import Connection
+from shared.store.jobs_sql import JOB_COLUMNS, NOTIFY_DUE
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.logs import emit
+from shared.runtime.logs import emit
 
 if TYPE_CHECKING:
     from consumer.worker import Consumer

@@ -1,11 +1,12 @@
-"""Recurring schedule definitions: what a schedule is, its policies, and the checks that keep
-a bad one out of the database.
+"""The checks that keep a bad recurring schedule out of the database: `make_spec` turns loose
+arguments into a validated `ScheduleSpec` (shared.core.schedules) or raises
+`InvalidSchedule` naming the argument and the problem.
 
 A schedule fires on *slots*: for `cron=` the local wall times the expression names in `tz`
 (5 fields, or 6 with seconds first: `"*/15 * * * * *"`); for `every=` the instants
 `anchor + k * every` (absolute elapsed time, the Unix epoch by default, so `every=15 s` fires
-at :00, :15, :30 and :45). Slot arithmetic lives in `shared.schedule_slots`, what a timer
-does with due slots in `shared.schedule_policies`; both are pure functions of `now`.
+at :00, :15, :30 and :45). Slot arithmetic lives in `shared.schedules.slots`, what a timer
+does with due slots in `shared.schedules.policies`; both are pure functions of `now`.
 """
 
 from __future__ import annotations
@@ -14,17 +15,25 @@ import difflib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from functools import cache
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
-from shared import validation
-from shared.errors import InvalidInput, InvalidSchedule, TockError
+from shared.core import validation
+from shared.core.errors import InvalidInput, InvalidSchedule
+from shared.core.schedules import (
+    DstFold,
+    DstGap,
+    Misfire,
+    Overlap,
+    ScheduleSpec,
+    Timing,
+    zone,
+)
+from shared.schedules.slots import next_slot
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 MIN_EVERY = timedelta(seconds=1)
@@ -32,96 +41,6 @@ MAX_EVERY = timedelta(days=366)
 MAX_SPREAD_SECONDS = 86400.0
 MAX_BACKFILL = 10000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class ScheduleNotFound(TockError, LookupError):
-    """No schedule with that name."""
-
-
-class Misfire(StrEnum):
-    """What to do with slots the timers missed (all of them down, or paused by load)."""
-
-    SKIP = "skip"
-    """Record missed slots as missed; the next slot runs (default)."""
-    LATEST = "latest"
-    """Run once for the most recent missed slot; record the others."""
-    ALL = "all"
-    """Run every missed slot (the newest `backfill_max`), spaced `backfill_gap_seconds` apart."""
-
-
-class Overlap(StrEnum):
-    """What to do when a slot comes while an earlier run has not finished."""
-
-    ALLOW = "allow"
-    """Run anyway (default)."""
-    SKIP = "skip"
-    """Record the slot as skipped."""
-    BUFFER_ONE = "buffer_one"
-    """Keep the newest such slot and run it when the earlier run finishes."""
-
-
-class DstGap(StrEnum):
-    """A local time that does not exist (clocks spring forward over it)."""
-
-    SHIFT = "shift"
-    """Run at the first valid instant after the gap (default)."""
-    SKIP = "skip"
-    """Do not run; record the slot as skipped."""
-
-
-class DstFold(StrEnum):
-    """A local time that happens twice (clocks fall back over it)."""
-
-    ONCE = "once"
-    """Run at its first occurrence only (default)."""
-    TWICE = "twice"
-    """Run at both occurrences."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    """When a schedule's slots are: the part of a definition slot arithmetic needs."""
-
-    cron: str | None
-    every: timedelta | None
-    anchor: datetime | None
-    tz: str
-    dst_gap: DstGap = DstGap.SHIFT
-    dst_fold: DstFold = DstFold.ONCE
-
-    @property
-    def zone(self) -> ZoneInfo:
-        return _zone(self.tz)
-
-    def describe(self) -> str:
-        if self.cron is not None:
-            return f"cron {self.cron!r} in {self.tz}"
-        assert self.every is not None
-        every = _human_seconds(self.every.total_seconds())
-        return f"every {every} from {self.anchor:%Y-%m-%dT%H:%M:%SZ}"
-
-
-@dataclass(frozen=True)
-class ScheduleSpec:
-    """A validated schedule definition (what `recurring()` stores)."""
-
-    name: str
-    kind: str
-    payload: str
-    """JSON text."""
-    timing: Timing
-    queue: str = "default"
-    priority: int = 0
-    max_attempts: int | None = None
-    timeout_seconds: float | None = None
-    tenant: str | None = None
-    misfire: Misfire = Misfire.SKIP
-    misfire_grace_seconds: float = 60.0
-    backfill_max: int = 100
-    backfill_gap_seconds: float = 1.0
-    overlap: Overlap = Overlap.ALLOW
-    spread_seconds: float = 0.0
-    jitter_seconds: float = 0.0
 
 
 def schedule_name(value: object) -> str:
@@ -249,8 +168,6 @@ def cron_expression(value: object) -> str:
 
 
 def _first_fire(timing: Timing, now: datetime) -> None:
-    from shared.schedule_slots import next_slot
-
     try:
         first = next_slot(timing, now)
     except CroniterBadDateError:
@@ -265,7 +182,7 @@ def time_zone(value: object) -> str:
         raise InvalidSchedule(f"tz must be an IANA time zone name such as 'Europe/Berlin', "
                               f"got {value!r}")
     try:
-        _zone(value)
+        zone(value)
     except (ZoneInfoNotFoundError, ValueError):
         hints = difflib.get_close_matches(value, sorted(available_timezones()), n=3)
         hint = f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else ""
@@ -312,13 +229,3 @@ def _seconds(name: str, value: object, low: float, high: float) -> float:
     return seconds
 
 
-def _human_seconds(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
-
-
-@cache
-def _zone(name: str) -> ZoneInfo:
-    return ZoneInfo(name)

@@ -1,6 +1,6 @@
 """A small ordered-SQL migration runner.
 
-Migrations are the files `shared/migrations/NNNN_name.sql`, applied in order, each in its own
+Migrations are the files `shared/store/migrations/NNNN_name.sql`, applied in order, each in its own
 transaction, recorded in `tock_migrations`. An advisory lock makes concurrent `tock migrate`
 runs (several containers starting at once) wait for each other instead of racing.
 """
@@ -20,7 +20,7 @@ _LOCK_ID = 0x746F636B  # "tock"
 
 def available() -> list[tuple[str, str]]:
     """(name, sql) of every migration shipped with this version, in order."""
-    files = resources.files("shared") / "migrations"
+    files = resources.files("shared.store") / "migrations"
     found = sorted(
         (f.name, f.read_text(encoding="utf-8"))
         for f in files.iterdir()

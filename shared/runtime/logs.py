@@ -1,7 +1,7 @@
 """Structured logs: every line carries a stable `event` key plus fields such as job_id,
 attempt and worker. JSON for machines (the default); a one-line human format for `make run`.
 
-    from shared.logs import emit
+    from shared.runtime.logs import emit
     emit(log, "job_succeeded", job_id=12, kind="email", attempt=1, seconds=0.004)
 """
 

@@ -8,15 +8,13 @@ so the same code runs against LocalStack and real SQS.
 
 from __future__ import annotations
 
-import re
 from typing import Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.errors import ConfigError
-
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+from shared.core.errors import ConfigError
+from shared.core.validation import QUEUE_NAME
 
 
 class CommonSettings(BaseSettings):

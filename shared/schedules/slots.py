@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from shared.schedules import DstFold, DstGap, Timing
+from shared.core.schedules import DstFold, DstGap, Timing
 
 # Longer than any clock shift in the tz database (Antarctica/Troll: 2 h); how far back a fold
 # can reach, so a wall time seen before `after` may still have a second occurrence after it.
