@@ -53,7 +53,7 @@ _NAMES = {_normal(v): k for k, v in vars(sql).items()
 
 
 def statement_name(query: str) -> str:
-    """The `shared.sql` name of a statement pg_stat_statements reports, else its start."""
+    """The `jobs_sql` name of a statement pg_stat_statements reports, else its start."""
     normal = _normal(query)
     if normal in _NAMES:
         return f"sql.{_NAMES[normal]}"
@@ -142,30 +142,29 @@ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'scheduled'
 
 
 def measure_transactions(ctx: Context, rounds: int = 300) -> None:
-    """The same 10-row UPDATE through tock's `shared.db.transaction(pool)` (pool check on
+    """The same 10-row UPDATE through tock's `Database.transaction()` (pool check on
     checkout, BEGIN, statement, COMMIT) and as one autocommit statement: what the
     transaction wrapper costs per transaction on this server, in this run."""
     import time
 
     import psycopg
 
-    from shared.store.database import make_pool, transaction
+    from shared.store.database import Database
 
     url = ctx.services.fresh_database("bench_transactions")
     insert_due(url, 10 * rounds)
     ids = [list(range(1 + 10 * i, 11 + 10 * i)) for i in range(rounds)]
-    pool = make_pool(url, max_size=2, name="bench-tx")
-    pool.open()
+    database = Database(url, max_size=2, name="bench-tx", autocommit=False)
     try:
-        with transaction(pool) as conn:
+        with database.transaction() as conn:
             conn.execute("SELECT 1")
         start = time.perf_counter()
         for chunk in ids:
-            with transaction(pool) as conn:
+            with database.transaction() as conn:
                 conn.execute(TX_UPDATE, {"ids": chunk})
         wrapped = (time.perf_counter() - start) / rounds * 1000
     finally:
-        pool.close()
+        database.close()
     with psycopg.connect(url, autocommit=True) as conn:
         start = time.perf_counter()
         for chunk in ids:

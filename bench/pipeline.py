@@ -22,8 +22,8 @@ from bench.progress import Progress
 from bench.results import Results
 from bench.services import Services
 from bench.stats import rate
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from shared.client import Client
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
 from shared.transport.memory import MemoryTransport

@@ -9,18 +9,26 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from cli.output import cell, print_json, print_table
 from shared.client import Client
 from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.core.filters import (
+    CANCELLABLE_STATES,
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    RETRYABLE_STATES,
+    JobFilter,
+)
 from shared.core.states import JobState
 from shared.ops import explain
-from shared.ops import jobs as job_queries
+from shared.ops import jobs as ops_jobs
 from shared.runtime.settings import ClientSettings
-from shared.store.database import Connection, connect
+from shared.store.database import Database
+from shared.store.operator_store import OperatorStore
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 WORKER_STALE_SECONDS = 30.0
@@ -38,22 +46,13 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 @contextmanager
-def _db(args: argparse.Namespace) -> Iterator[Connection]:
-    """One autocommit connection: reads run as they come; bulk batches open their own
-    transactions (`_transactions`)."""
-    conn = connect(_settings(args).database_url, autocommit=True)
+def _store(args: argparse.Namespace) -> Iterator[OperatorStore]:
+    """The operator statements on a small pool of their own."""
+    database = Database(_settings(args).database_url, max_size=2, name="tock-cli")
     try:
-        yield conn
+        yield OperatorStore(database)
     finally:
-        conn.close()
-
-
-def _transactions(conn: Connection) -> Callable[[], AbstractContextManager[Connection]]:
-    @contextmanager
-    def tx() -> Iterator[Connection]:
-        with conn.transaction():
-            yield conn
-    return tx
+        database.close()
 
 
 def _iso(name: str) -> Callable[[str], datetime]:
@@ -89,11 +88,10 @@ def _filters(p: argparse.ArgumentParser) -> None:
     g.add_argument("--until", type=_iso("--until"), help="created before (ISO 8601)")
 
 
-def _filter_of(args: argparse.Namespace) -> job_queries.JobFilter:
+def _filter_of(args: argparse.Namespace) -> JobFilter:
     states = ",".join(args.state)
-    return job_queries.JobFilter.of(states=states, kind=args.kind, queue=args.queue,
-                                    tenant=args.tenant, key=args.key,
-                                    created_after=args.since, created_before=args.until)
+    return JobFilter.of(states=states, kind=args.kind, queue=args.queue, tenant=args.tenant,
+                        key=args.key, created_after=args.since, created_before=args.until)
 
 
 # --- enqueue ---------------------------------------------------------------------------------
@@ -125,8 +123,8 @@ def _enqueue(args: argparse.Namespace) -> int:
 
 def _jobs(args: argparse.Namespace) -> int:
     where = _filter_of(args)
-    with _db(args) as conn:
-        page = job_queries.list_jobs(conn, where, limit=args.limit, before_id=args.before_id)
+    with _store(args) as store:
+        page = ops_jobs.list_jobs(store, where, limit=args.limit, before_id=args.before_id)
     if args.json:
         print_json({"jobs": page.jobs, "next_cursor": page.next_cursor})
         return EXIT_OK
@@ -142,9 +140,10 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _client(args) as client, _db(args) as conn:
-        job = client.get(args.job_id, with_attempts=True, connection=conn)
-        why = explain.explain(job, explain.gather(conn, job))
+    with _client(args) as client, _store(args) as store:
+        job = client.get(args.job_id, with_attempts=True)
+        with store.transaction() as tx:
+            why = explain.explain(job, explain.gather(tx, job))
     if args.json:
         print_json({"job": job, "explanation": why})
         return EXIT_OK
@@ -193,8 +192,7 @@ def _change_ids(client: Client, action: str, args: argparse.Namespace) -> int:
     for job_id in args.job_ids:
         if args.dry_run:
             job = client.get(job_id)
-            allowed = (job_queries.RETRYABLE_STATES if action == "retry"
-                       else job_queries.CANCELLABLE_STATES)
+            allowed = RETRYABLE_STATES if action == "retry" else CANCELLABLE_STATES
             ok = job.state in allowed
             print(f"job {job_id}: would {action}" if ok else
                   f"job {job_id}: cannot {action}, it is {job.state}")
@@ -214,10 +212,9 @@ def _change_ids(client: Client, action: str, args: argparse.Namespace) -> int:
     return status
 
 
-def _change_filter(action: str, where: job_queries.JobFilter,
-                   args: argparse.Namespace) -> int:
-    with _db(args) as conn:
-        plan = job_queries.plan_bulk(conn, action, where)
+def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        plan = ops_jobs.plan_bulk(store, action, where)
     if args.dry_run:
         if args.json:
             print_json({"dry_run": True, **plan.__dict__})
@@ -239,9 +236,8 @@ def _change_filter(action: str, where: job_queries.JobFilter,
             print("nothing changed")
             return EXIT_REFUSED
 
-    with _db(args) as conn:
-        count = job_queries.run_bulk(_transactions(conn), action, where,
-                                     up_to_id=plan.up_to_id)
+    with _store(args) as store:
+        count = ops_jobs.run_bulk(store, action, where, up_to_id=plan.up_to_id)
     if args.json:
         print_json({"dry_run": False, "action": action, "count": count,
                     "up_to_id": plan.up_to_id, "description": plan.description})
@@ -254,10 +250,10 @@ def _change_filter(action: str, where: job_queries.JobFilter,
 
 
 def _stats(args: argparse.Namespace) -> int:
-    with _db(args) as conn:
-        now = job_queries.database_now(conn)
-        counts = job_queries.counts_by_state_kind(conn)  # all states: one pass, once
-        queues = job_queries.queue_stats(conn, now)
+    with _store(args) as store, store.transaction() as tx:
+        now = tx.database_now()
+        counts = tx.counts_by_state_kind(tuple(JobState))  # all states: one pass, once
+        queues = tx.queue_stats(now)
     totals = {s.value: 0 for s in JobState}
     for (state, _), n in counts.items():
         totals[state] += n
@@ -277,8 +273,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    with _db(args) as conn:
-        found = job_queries.workers(conn, stale_after_seconds=args.stale_seconds)
+    with _store(args) as store:
+        found = store.workers(stale_after_seconds=args.stale_seconds)
     if args.json:
         print_json(found)
         return EXIT_OK
@@ -330,9 +326,9 @@ def register(sub: Sub) -> None:
     p = sub.add_parser("jobs", help="list jobs (newest first) with filters",
                        description="List jobs, newest first, a page at a time.")
     _filters(p)
-    p.add_argument("--limit", type=int, default=job_queries.DEFAULT_PAGE_SIZE,
-                   help=f"1..{job_queries.MAX_PAGE_SIZE} (default "
-                        f"{job_queries.DEFAULT_PAGE_SIZE})")
+    p.add_argument("--limit", type=int, default=DEFAULT_PAGE_SIZE,
+                   help=f"1..{MAX_PAGE_SIZE} (default "
+                        f"{DEFAULT_PAGE_SIZE})")
     p.add_argument("--before-id", type=_job_id, help="page cursor printed by the last page")
     _common(p)
     p.set_defaults(func=_jobs)

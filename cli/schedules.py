@@ -45,30 +45,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     from shared.core.errors import ScheduleNotFound
-    from shared.schedules import api as recurring
 
     try:
         with _client(args.database_url) as client:
             if args.action == "list":
-                items = recurring.list_schedules(client=client)
+                items = client.list_schedules()
                 return _out(args, items, _table_of_schedules(items))
             if args.action == "show":
-                sched = recurring.get_schedule(args.name, client=client)
-                runs = recurring.schedule_runs(args.name, client=client)
-                events = recurring.schedule_history(args.name, client=client)
+                sched = client.get_schedule(args.name)
+                runs = client.schedule_runs(args.name)
+                events = client.schedule_history(args.name)
                 data = {"schedule": sched, "runs": runs, "not_run": events}
                 return _out(args, data, _show(sched, runs, events))
             if args.action == "preview":
-                fires = recurring.preview_schedule(args.name, args.n, client=client)
+                fires = client.preview_schedule(args.name, args.n)
                 return _out(args, fires, _table_of_fires(fires))
             if args.action == "pause":
-                sched = recurring.pause_schedule(args.name, client=client)
+                sched = client.pause_schedule(args.name)
                 return _out(args, sched, f"paused {sched.name}")
             if args.action == "resume":
-                sched = recurring.resume_schedule(args.name, client=client)
+                sched = client.resume_schedule(args.name)
                 return _out(args, sched, f"resumed {sched.name}; next fire "
                                          f"{_time(sched.next_fire_at)}")
-            recurring.delete_schedule(args.name, client=client)
+            client.delete_schedule(args.name)
             return _out(args, {"deleted": args.name}, f"deleted {args.name}")
     except ScheduleNotFound as exc:
         print(f"tock: {exc}", file=sys.stderr)

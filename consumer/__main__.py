@@ -1,4 +1,5 @@
-"""`python -m consumer --tasks myapp.tasks`: run a consumer until SIGTERM."""
+"""`python -m consumer --tasks myapp.tasks`: run a consumer until SIGTERM (exit 0), or until
+a loop crashes (exit 70, so the orchestrator restarts it)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tock consumer: cannot import task module {module!r}: {exc}",
                   file=sys.stderr)
             return 2
+    from consumer.service import Consumer
     from consumer.tasks import registry
-    from consumer.worker import Consumer
 
     if not registry.kinds():
         print(f"tock consumer: no @task handlers registered by {args.tasks}", file=sys.stderr)
@@ -49,12 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     consumer = Consumer(settings, registry)
     consumer.stop_flag.install_signal_handlers()
     if settings.health_port:
-        from shared.runtime.health import HealthServer, consumer_probes
+        from shared.runtime.health import HealthServer
 
-        live, ready = consumer_probes(consumer)
-        HealthServer(settings.health_port, live=live, ready=ready, process="consumer").start()
-    consumer.run_forever()
-    return 0
+        HealthServer(settings.health_port, live=consumer.supervisor.live,
+                     ready=consumer.supervisor.ready, process="consumer").start()
+    return consumer.run_forever()
 
 
 if __name__ == "__main__":

@@ -1,22 +1,21 @@
-"""Book-keeping of the jobs a consumer process holds, and of its free handler slots."""
+"""Book-keeping of the jobs a consumer process holds: each claimed job (`InFlight`), the
+table of them (`Tracker`), and the free handler slots (`Slots`)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
-from uuid import UUID
 
 from consumer.tasks import TaskContext
+from shared.store.rows import Lease
 
 
 @dataclass
 class InFlight:
     """A claimed job from claim until its outcome is written (or it is given up)."""
 
-    job_id: int
-    attempt: int
-    token: UUID
+    lease: Lease
     queue: str
     receipt: str
     context: TaskContext
@@ -28,10 +27,65 @@ class InFlight:
     """No more heartbeats: the lease will expire and the timer recovers the job."""
     released: bool = False
     """Given back at shutdown: only the release is written, not the handler's late result."""
+    completing: bool = False
+    """Its outcome is being written: a heartbeat that misses it now is no lost lease."""
+
+    @property
+    def job_id(self) -> int:
+        return self.lease.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.attempt
 
     @property
     def heartbeating(self) -> bool:
-        return not (self.lease_lost or self.abandoned)
+        return not (self.lease_lost or self.abandoned or self.completing)
+
+
+class Tracker:
+    """The jobs this process holds, by job id. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, InFlight] = {}
+        self._cond = threading.Condition()
+
+    def add(self, item: InFlight) -> None:
+        with self._cond:
+            self._items[item.job_id] = item
+
+    def forget(self, item: InFlight) -> None:
+        """Stop tracking a job, once, whichever path gets here first."""
+        with self._cond:
+            if self._items.get(item.job_id) is item:
+                del self._items[item.job_id]
+                self._cond.notify_all()
+
+    def holds(self, item: InFlight) -> bool:
+        with self._cond:
+            return self._items.get(item.job_id) is item
+
+    def items(self) -> list[InFlight]:
+        with self._cond:
+            return list(self._items.values())
+
+    def heartbeating(self) -> list[InFlight]:
+        return [i for i in self.items() if i.heartbeating]
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Wait until every claimed job's outcome is written (stuck handlers excepted)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while any(not i.abandoned or i.released for i in self._items.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
 
 
 class Slots:

@@ -9,6 +9,7 @@ from consumer.inflight import InFlight
 from shared.core.backoff import backoff_seconds
 from shared.core.errors import Permanent, RetryAfter
 from shared.core.states import AttemptOutcome, JobState
+from shared.store.rows import AttemptResult
 
 MAX_ERROR_CHARS = 2000
 MAX_TRACEBACK_CHARS = 20000
@@ -26,6 +27,11 @@ class Finished:
     traceback: str | None = None
     refund: bool = False
     run_seconds: float = 0.0
+
+    def result(self) -> AttemptResult:
+        """What the store writes, fenced on the item's lease."""
+        return AttemptResult(self.item.lease, self.state, self.outcome, self.delay_seconds,
+                             self.error, self.traceback, self.refund)
 
 
 def succeeded(item: InFlight, run_seconds: float) -> Finished:

@@ -5,13 +5,11 @@ operator role (and, from a browser session, the CSRF token)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from psycopg_pool import ConnectionPool
 
 from dashboard import models
 from dashboard.auth import Principal, current_principal, operator
@@ -19,11 +17,12 @@ from dashboard.models import MAX_ID
 from dashboard.stats import StatsCache, state_totals
 from shared.client import Client
 from shared.core.errors import InvalidInput
+from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobFilter
 from shared.core.states import JobState
 from shared.ops import explain
-from shared.ops import jobs as job_queries
+from shared.ops import jobs as ops_jobs
 from shared.runtime.logs import emit
-from shared.store.database import Connection, transaction
+from shared.store.operator_store import OperatorStore
 
 log = logging.getLogger("tock.dashboard")
 
@@ -48,9 +47,9 @@ def _client(request: Request) -> Client:
     return c
 
 
-def _pool(request: Request) -> ConnectionPool:
-    p: ConnectionPool = request.app.state.pool
-    return p
+def _store(request: Request) -> OperatorStore:
+    s: OperatorStore = request.app.state.operator_store
+    return s
 
 
 def _stats(request: Request) -> StatsCache:
@@ -58,17 +57,12 @@ def _stats(request: Request) -> StatsCache:
     return s
 
 
-def _tx(request: Request) -> Callable[[], AbstractContextManager[Connection]]:
-    pool = _pool(request)
-    return lambda: transaction(pool)
+def _read(request: Request) -> Iterator[OperatorStore]:
+    with _store(request).transaction() as tx:
+        yield tx
 
 
-def _read(request: Request) -> Iterator[Connection]:
-    with transaction(_pool(request)) as conn:
-        yield conn
-
-
-Read = Annotated[Connection, Depends(_read)]
+Read = Annotated[OperatorStore, Depends(_read)]
 
 
 @router.get("/me", response_model=models.MeOut, summary="Who am I (role, CSRF token)")
@@ -90,15 +84,15 @@ def enqueue(body: models.EnqueueIn, who: Operator, request: Request) -> models.J
 
 def _filter(*, state: list[JobState] | None, kind: str | None, queue: str | None,
             tenant: str | None, key: str | None, created_after: datetime | None,
-            created_before: datetime | None) -> job_queries.JobFilter:
-    return job_queries.JobFilter.of(states=state or [], kind=kind, queue=queue, tenant=tenant,
+            created_before: datetime | None) -> JobFilter:
+    return JobFilter.of(states=state or [], kind=kind, queue=queue, tenant=tenant,
                                     key=key, created_after=created_after,
                                     created_before=created_before)
 
 
 @router.get("/jobs", response_model=models.JobPage, summary="List jobs, newest first")
 def list_jobs(
-    *, who: Viewer, conn: Read,
+    *, who: Viewer, store: Read,
     state: Annotated[list[JobState] | None, Query(description="repeatable")] = None,
     kind: Annotated[models.Kind | None, Query()] = None,
     queue: Annotated[models.Queue | None, Query()] = None,
@@ -106,14 +100,13 @@ def list_jobs(
     key: Annotated[models.Key | None, Query()] = None,
     created_after: models.IsoDateTime | None = None,
     created_before: models.IsoDateTime | None = None,
-    limit: Annotated[int, Query(ge=1, le=job_queries.MAX_PAGE_SIZE)] =
-        job_queries.DEFAULT_PAGE_SIZE,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
     before_id: Annotated[int | None, Query(ge=1, le=MAX_ID,
                                            description="cursor from the last page")] = None,
 ) -> models.JobPage:
     where = _filter(state=state, kind=kind, queue=queue, tenant=tenant, key=key,
                     created_after=created_after, created_before=created_before)
-    page = job_queries.list_jobs(conn, where, limit=limit, before_id=before_id)
+    page = ops_jobs.list_jobs(store, where, limit=limit, before_id=before_id)
     return models.JobPage(jobs=[models.JobSummary.of(j) for j in page.jobs],
                           next_cursor=page.next_cursor)
 
@@ -125,11 +118,10 @@ def _bulk(action: str, body: models.BulkIn, who: Principal,
         raise InvalidInput("the filter is empty: it would touch every job; narrow it, or "
                            "send \"all\": true to mean it")
     if body.dry_run:
-        with transaction(_pool(request)) as conn:
-            plan = job_queries.plan_bulk(conn, action, where)
+        plan = ops_jobs.plan_bulk(_store(request), action, where)
         return models.BulkOut(action=action, dry_run=True, count=plan.count,
                               up_to_id=plan.up_to_id, description=plan.description)
-    done = job_queries.run_bulk(_tx(request), action, where, up_to_id=body.up_to_id)
+    done = ops_jobs.run_bulk(_store(request), action, where, up_to_id=body.up_to_id)
     emit(log, f"bulk_{action}", jobs=done, filter=where.describe(), up_to_id=body.up_to_id,
          role=who.role)
     return models.BulkOut(action=action, dry_run=False, count=done, up_to_id=body.up_to_id,
@@ -148,11 +140,11 @@ def bulk_cancel(body: models.BulkIn, who: Operator, request: Request) -> models.
     return _bulk("cancel", body, who, request)
 
 
-def _detail(client: Client, pool: ConnectionPool, job_id: int,
+def _detail(client: Client, store: OperatorStore, job_id: int,
             stale_after_seconds: float) -> models.JobDetail:
-    with transaction(pool) as conn:
-        job = client.get(job_id, with_attempts=True, connection=conn)
-        context = explain.gather(conn, job, stale_after_seconds=stale_after_seconds)
+    job = client.get(job_id, with_attempts=True)
+    with store.transaction() as tx:
+        context = explain.gather(tx, job, stale_after_seconds=stale_after_seconds)
     return models.JobDetail(
         job=models.JobOut.of(job), attempts=[models.AttemptOut.of(a) for a in job.attempts],
         explanation=models.ExplanationOut.of(explain.explain(job, context)))
@@ -161,14 +153,14 @@ def _detail(client: Client, pool: ConnectionPool, job_id: int,
 @router.get("/jobs/{job_id}", response_model=models.JobDetail, responses=JOB_ERRORS,
             summary="A job with its attempts and the explanation of its state")
 def get_job(job_id: JobId, who: Viewer, request: Request) -> models.JobDetail:
-    return _detail(_client(request), _pool(request), job_id,
+    return _detail(_client(request), _store(request), job_id,
                    request.app.state.settings.dashboard_worker_stale_seconds)
 
 
 @router.get("/jobs/{job_id}/explain", response_model=models.ExplanationOut,
             responses=JOB_ERRORS, summary="Why this job is or is not running right now")
 def explain_job(job_id: JobId, who: Viewer, request: Request) -> models.ExplanationOut:
-    detail = _detail(_client(request), _pool(request), job_id,
+    detail = _detail(_client(request), _store(request), job_id,
                      request.app.state.settings.dashboard_worker_stale_seconds)
     return detail.explanation
 
@@ -211,7 +203,6 @@ def overview(who: Viewer, request: Request) -> models.OverviewOut:
 
 @router.get("/workers", response_model=list[models.WorkerOut],
             summary="Consumers with their last heartbeat")
-def list_workers(who: Viewer, conn: Read, request: Request) -> list[models.WorkerOut]:
+def list_workers(who: Viewer, store: Read, request: Request) -> list[models.WorkerOut]:
     stale = request.app.state.settings.dashboard_worker_stale_seconds
-    return [models.WorkerOut.of(w)
-            for w in job_queries.workers(conn, stale_after_seconds=stale)]
+    return [models.WorkerOut.of(w) for w in store.workers(stale_after_seconds=stale)]

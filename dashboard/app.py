@@ -12,7 +12,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import psycopg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
@@ -26,16 +25,18 @@ from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
 from shared.client import Client
 from shared.core.errors import (
-    DatabaseUnavailable,
+    DataRejected,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
+    Retryable,
     ScheduleNotFound,
     TransportError,
 )
 from shared.runtime.logs import emit
 from shared.runtime.settings import ClientSettings
-from shared.store.database import make_pool
+from shared.store.database import Database, probe
+from shared.store.operator_store import OperatorStore
 
 log = logging.getLogger("tock.dashboard")
 
@@ -49,25 +50,15 @@ SECURITY_HEADERS = {
 }
 
 
-def _connect_error(database_url: str) -> str:
-    """Why Postgres cannot be used: the pool only says it timed out."""
-    try:
-        with psycopg.connect(database_url, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        return str(exc).strip().splitlines()[-1]
-    return "connections are exhausted or slow (the pool timed out)"
-
-
 def create_app(settings: DashboardSettings) -> FastAPI:
     """A ready-to-serve app; the database pool opens with the app's lifespan."""
-    pool = make_pool(settings.database_url, max_size=settings.pool_max_size,
-                     name="tock-dashboard")
     # A page or scrape that cannot get a connection soon answers 503 rather than hanging.
-    pool.timeout = 3.0
+    database = Database(settings.database_url, max_size=settings.pool_max_size,
+                        name="tock-dashboard", timeout=3.0)
+    store = OperatorStore(database)
     client = Client(ClientSettings(database_url=settings.database_url,
                                    queue_prefix=settings.queue_prefix))
-    stats = StatsCache(pool, ttl_seconds=settings.dashboard_stats_ttl_seconds,
+    stats = StatsCache(store, ttl_seconds=settings.dashboard_stats_ttl_seconds,
                        stale_after_seconds=settings.dashboard_worker_stale_seconds,
                        finished_ttl_seconds=settings.dashboard_finished_ttl_seconds)
     registry = CollectorRegistry(auto_describe=False)
@@ -75,12 +66,12 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool.open(wait=False)
+        database.open()
         try:
             yield
         finally:
             client.close()
-            pool.close()
+            database.close()
 
     app = FastAPI(
         title="tock", version="0.1.0", lifespan=lifespan,
@@ -90,7 +81,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         docs_url=None, redoc_url=None,  # their UIs load scripts from a CDN
     )
     app.state.settings = settings
-    app.state.pool = pool
+    app.state.operator_store = store
     app.state.client = client
     app.state.stats = stats
     app.state.auth = Authenticator(settings)
@@ -108,7 +99,8 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app.add_exception_handler(JobNotFound, _error(404))
     app.add_exception_handler(ScheduleNotFound, _error(404))
     app.add_exception_handler(InvalidTransition, _error(409))
-    app.add_exception_handler(DatabaseUnavailable, _error(503))
+    app.add_exception_handler(Retryable, _error(503))
+    app.add_exception_handler(DataRejected, _error(400))
     app.add_exception_handler(TransportError, _error(503))
 
     @app.middleware("http")
@@ -132,11 +124,8 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
     @app.get("/readyz", include_in_schema=False)
     def readyz() -> PlainTextResponse:
-        try:
-            with pool.connection(timeout=2) as conn:
-                conn.execute("SELECT 1")
-        except Exception:  # any failure means not ready: find out why, to say so
-            reason = _connect_error(settings.database_url)
+        reason = probe(settings.database_url)
+        if reason is not None:
             emit(log, "not_ready", logging.WARNING, error=reason)
             return PlainTextResponse(f"not ready: postgres: {reason}\n", status_code=503)
         return PlainTextResponse("ready\n")

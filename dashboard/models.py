@@ -8,10 +8,11 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from shared.core import validation
+from shared.core.filters import JobFilter
 from shared.core.jobs import Attempt, Job
+from shared.core.reports import QueueKindStats, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
 from shared.core.validation import QUEUE_NAME
-from shared.ops import jobs as job_queries
 from shared.ops.explain import Explanation
 
 MAX_ID = 9 * 10**18
@@ -186,8 +187,8 @@ class FilterIn(StrictIn):
     created_after: IsoDateTime | None = None
     created_before: IsoDateTime | None = None
 
-    def to_filter(self) -> job_queries.JobFilter:
-        return job_queries.JobFilter.of(
+    def to_filter(self) -> JobFilter:
+        return JobFilter.of(
             states=list(self.state), kind=self.kind, queue=self.queue, tenant=self.tenant,
             key=self.key, created_after=self.created_after, created_before=self.created_before)
 
@@ -220,7 +221,7 @@ class QueueStatsOut(BaseModel):
     oldest_due_age_seconds: float
 
     @classmethod
-    def of(cls, q: job_queries.QueueKindStats) -> QueueStatsOut:
+    def of(cls, q: QueueKindStats) -> QueueStatsOut:
         return cls(queue=q.queue, kind=q.kind, due=q.due, dispatched=q.dispatched,
                    running=q.running, future=q.future, depth=q.depth,
                    oldest_due_age_seconds=q.oldest_due_age_seconds)
@@ -240,7 +241,7 @@ class WorkerOut(BaseModel):
     status: str
 
     @classmethod
-    def of(cls, w: job_queries.WorkerInfo) -> WorkerOut:
+    def of(cls, w: WorkerInfo) -> WorkerOut:
         return cls(**w.__dict__)
 
 

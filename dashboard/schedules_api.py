@@ -15,7 +15,7 @@ from dashboard.api import ERRORS, Operator, Viewer
 from shared.client import Client
 from shared.core.schedules import Schedule
 from shared.runtime.logs import emit
-from shared.schedules import api as recurring
+from shared.schedules.api import MAX_PREVIEW
 
 log = logging.getLogger("tock.dashboard")
 
@@ -88,32 +88,32 @@ def _client(request: Request) -> Client:
 
 def _fires(name: str, n: int, client: Client) -> list[FireTimeOut]:
     return [FireTimeOut(slot=f.slot, fire_at=f.fire_at, local=f.local.isoformat(),
-                        note=f.note) for f in recurring.preview_schedule(name, n, client=client)]
+                        note=f.note) for f in client.preview_schedule(name, n)]
 
 
 @router.get("", response_model=list[ScheduleOut], summary="Every schedule, by name")
 def list_schedules(who: Viewer, request: Request) -> list[ScheduleOut]:
-    return [ScheduleOut.of(s) for s in recurring.list_schedules(client=_client(request))]
+    return [ScheduleOut.of(s) for s in _client(request).list_schedules()]
 
 
 @router.get("/{name}", response_model=ScheduleDetail, responses=NOT_FOUND,
             summary="A schedule with its next fire times, recent runs and skipped slots")
 def get_schedule(name: Name, who: Viewer, request: Request) -> ScheduleDetail:
     client = _client(request)
-    schedule = recurring.get_schedule(name, client=client)
+    schedule = client.get_schedule(name)
     return ScheduleDetail(
         schedule=ScheduleOut.of(schedule),
         next_fires=[] if schedule.paused else _fires(name, 5, client),
-        runs=[RunOut(**r.__dict__) for r in recurring.schedule_runs(name, 20, client=client)],
+        runs=[RunOut(**r.__dict__) for r in client.schedule_runs(name, 20)],
         skipped=[EventOut(reason=e.reason, first_slot=e.first_slot, last_slot=e.last_slot,
                           slot_count=e.slot_count, detail=e.detail, recorded_at=e.recorded_at)
-                 for e in recurring.schedule_history(name, 20, client=client)])
+                 for e in client.schedule_history(name, 20)])
 
 
 @router.get("/{name}/preview", response_model=list[FireTimeOut], responses=NOT_FOUND,
             summary="The next n fire times, as they will happen")
 def preview(name: Name, who: Viewer, request: Request,
-            n: Annotated[int, Query(ge=1, le=recurring.MAX_PREVIEW)] = 10
+            n: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10
             ) -> list[FireTimeOut]:
     return _fires(name, n, _client(request))
 
@@ -121,7 +121,7 @@ def preview(name: Name, who: Viewer, request: Request,
 @router.post("/{name}/pause", response_model=ScheduleOut, responses=NOT_FOUND,
              summary="Stop firing (jobs already made are left alone)")
 def pause(name: Name, who: Operator, request: Request) -> ScheduleOut:
-    schedule = recurring.pause_schedule(name, client=_client(request))
+    schedule = _client(request).pause_schedule(name)
     emit(log, "schedule_paused", schedule=name, role=who.role, via="api")
     return ScheduleOut.of(schedule)
 
@@ -129,6 +129,6 @@ def pause(name: Name, who: Operator, request: Request) -> ScheduleOut:
 @router.post("/{name}/resume", response_model=ScheduleOut, responses=NOT_FOUND,
              summary="Fire again from the first slot after now")
 def resume(name: Name, who: Operator, request: Request) -> ScheduleOut:
-    schedule = recurring.resume_schedule(name, client=_client(request))
+    schedule = _client(request).resume_schedule(name)
     emit(log, "schedule_resumed", schedule=name, role=who.role, via="api")
     return ScheduleOut.of(schedule)

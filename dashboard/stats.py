@@ -13,21 +13,22 @@ from datetime import datetime
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from psycopg_pool import ConnectionPool
 
-from shared.core.errors import DatabaseUnavailable
+from shared.core.errors import DatabaseError
+from shared.core.filters import FINISHED_STATES, UNFINISHED_STATES
+from shared.core.reports import Bucket, QueueKindStats, WorkerInfo
 from shared.core.states import JobState
-from shared.ops import jobs as job_queries
-from shared.store.database import transaction
+from shared.ops.jobs import timeline
+from shared.store.operator_store import OperatorStore
 
 
 @dataclass(frozen=True)
 class Snapshot:
     now: datetime
     counts: dict[tuple[str, str], int]
-    queues: list[job_queries.QueueKindStats]
-    workers: list[job_queries.WorkerInfo]
-    timeline: list[job_queries.Bucket]
+    queues: list[QueueKindStats]
+    workers: list[WorkerInfo]
+    timeline: list[Bucket]
     compute_seconds: float
 
 
@@ -35,9 +36,9 @@ class StatsCache:
     """Computes a `Snapshot` when the last one is older than `ttl_seconds`; concurrent
     callers wait for the one computation instead of each running it."""
 
-    def __init__(self, pool: ConnectionPool, *, ttl_seconds: float,
+    def __init__(self, store: OperatorStore, *, ttl_seconds: float,
                  stale_after_seconds: float, finished_ttl_seconds: float = 15.0) -> None:
-        self.pool = pool
+        self.store = store
         self.ttl_seconds = ttl_seconds
         self.finished_ttl_seconds = max(finished_ttl_seconds, ttl_seconds)
         self.stale_after_seconds = stale_after_seconds
@@ -56,24 +57,22 @@ class StatsCache:
 
     def _compute(self) -> Snapshot:
         started = time.monotonic()
-        with transaction(self.pool) as conn:
+        with self.store.transaction() as tx:
             # One snapshot of the database for every number (REPEATABLE READ would need a
             # separate transaction start; the figures are seconds-fresh anyway).
-            now = job_queries.database_now(conn)
-            counts = job_queries.counts_by_state_kind(conn, job_queries.UNFINISHED_STATES)
+            now = tx.database_now()
+            counts = tx.counts_by_state_kind(UNFINISHED_STATES)
             if (self._finished_taken is None
                     or started - self._finished_taken >= self.finished_ttl_seconds):
                 # The history (succeeded, dead, cancelled) is the expensive part and
                 # changes slowly relative to a scrape: counted less often.
-                self._finished = job_queries.counts_by_state_kind(
-                    conn, job_queries.FINISHED_STATES)
+                self._finished = tx.counts_by_state_kind(FINISHED_STATES)
                 self._finished_taken = started
             counts.update(self._finished)
-            queues = job_queries.queue_stats(conn, now)
-            workers = job_queries.workers(conn, stale_after_seconds=self.stale_after_seconds,
-                                          now=now)
-            timeline = job_queries.timeline(conn, now=now)
-        return Snapshot(now, counts, queues, workers, timeline, time.monotonic() - started)
+            queues = tx.queue_stats(now)
+            workers = tx.workers(stale_after_seconds=self.stale_after_seconds, now=now)
+            buckets = timeline(tx, now=now)
+        return Snapshot(now, counts, queues, workers, buckets, time.monotonic() - started)
 
 
 class ClusterCollector(Collector):
@@ -87,7 +86,7 @@ class ClusterCollector(Collector):
                                "1 if the cluster statistics could be read from Postgres")
         try:
             snap = self.cache.get()
-        except DatabaseUnavailable:
+        except DatabaseError:
             up.add_metric([], 0)
             yield up
             return

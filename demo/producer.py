@@ -11,7 +11,6 @@ from shared.core.errors import TockError
 from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import configure, emit
 from shared.runtime.settings import ClientSettings
-from shared.schedules.api import recurring
 
 log = logging.getLogger("tock.demo")
 
@@ -26,7 +25,7 @@ def main() -> int:
     kinds = [k for k, weight in MIX for _ in range(weight)]
     with Client(settings) as client:
         # Declared at every start: an unchanged definition is a no-op (upsert by name).
-        recurring("demo-report", "report", {"demo": True}, every=15, client=client)
+        client.recurring("demo-report", "report", {"demo": True}, every=15)
         while not stop.wait(random.uniform(0.5, 1.5)):
             kind = random.choice(kinds)
             delay = random.choice([0, 0, 0, 2, 5])

@@ -4,37 +4,86 @@
     job = schedule("email", {"to": "a@example.com"}, delay=30, key="welcome:42")
     recurring("nightly-report", "report", cron="0 2 * * *", tz="Europe/Berlin")
 
-This module is a facade: jobs come from `shared.producer`, schedules from
-`shared.schedules`. The module-level functions use one process-wide `Client` built from
-`TOCK_*` settings on first use.
+This module is the facade over two layers that do not know each other: jobs
+(`shared.producer`) and recurring schedules (`shared.schedules`). `Client` combines them;
+the module-level functions call one process-wide `Client` built from `TOCK_*` settings on
+first use, with the same signatures as the methods.
 """
 
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Concatenate, ParamSpec, TypeVar
+
+from shared.core.config import ProducerConfig
 from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, slot_of
-from shared.producer.client import (
-    Client,
-    cancel,
-    default_client,
-    get,
-    retry,
-    schedule,
-    schedule_many,
-)
-from shared.schedules.api import (
-    delete_schedule,
-    get_schedule,
-    list_schedules,
-    pause_schedule,
-    preview_schedule,
-    recurring,
-    resume_schedule,
-    schedule_history,
-    schedule_runs,
-    update_schedule,
-)
+from shared.producer.client import Client as _JobClient
+from shared.runtime.settings import ClientSettings
+from shared.schedules.api import ScheduleApi
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Client(_JobClient, ScheduleApi):
+    """Jobs and recurring schedules over one connection pool. Thread-safe.
+
+    `Client()` reads `TOCK_*` settings; `Client(ClientSettings(database_url=...))` is
+    explicit. `now` pins the database's clock (tests)."""
+
+    def __init__(self, settings: ProducerConfig | None = None, *,
+                 now: datetime | None = None) -> None:
+        super().__init__(settings if settings is not None else ClientSettings.load(), now=now)
+
+    def __enter__(self) -> Client:
+        return self
+
+
+_default: Client | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> Client:
+    """The process-wide client, built from `TOCK_*` settings on first use."""
+    global _default  # noqa: PLW0603 - one lazily built client per process
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def _on_default(method: Callable[Concatenate[Client, P], R]) -> Callable[P, R]:
+    """`method` called on the default client, with its signature and docstring."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        return method(default_client(), *args, **kwargs)
+
+    return call
+
+
+schedule = _on_default(Client.schedule)
+schedule_many = _on_default(Client.schedule_many)
+get = _on_default(Client.get)
+cancel = _on_default(Client.cancel)
+retry = _on_default(Client.retry)
+recurring = _on_default(Client.recurring)
+update_schedule = _on_default(Client.update_schedule)
+get_schedule = _on_default(Client.get_schedule)
+list_schedules = _on_default(Client.list_schedules)
+pause_schedule = _on_default(Client.pause_schedule)
+resume_schedule = _on_default(Client.resume_schedule)
+delete_schedule = _on_default(Client.delete_schedule)
+preview_schedule = _on_default(Client.preview_schedule)
+schedule_history = _on_default(Client.schedule_history)
+schedule_runs = _on_default(Client.schedule_runs)
 
 __all__ = [
-    "Client", "Schedule", "ScheduleEvent", "ScheduleRun", "cancel", "default_client",
-    "delete_schedule", "get", "get_schedule", "list_schedules", "pause_schedule",
-    "preview_schedule", "recurring", "resume_schedule", "retry", "schedule",
+    "Client", "ClientSettings", "Schedule", "ScheduleEvent", "ScheduleRun", "cancel",
+    "default_client", "delete_schedule", "get", "get_schedule", "list_schedules",
+    "pause_schedule", "preview_schedule", "recurring", "resume_schedule", "retry", "schedule",
     "schedule_history", "schedule_many", "schedule_runs", "slot_of", "update_schedule",
 ]

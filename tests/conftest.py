@@ -17,6 +17,7 @@ from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_sqs
 from shared.client import Client
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.store import Database, JobStore, OperatorStore, ScheduleStore
 from shared.store.migrate import migrate
 from shared.transport.sqs import SqsTransport
 
@@ -36,6 +37,29 @@ def pg_server() -> Iterator[PostgresServer]:
 def database_url(pg_server: PostgresServer) -> str:
     return pg_server.create_database(f"t{os.getpid()}_{next(_counter)}",
                                      template="tock_template")
+
+
+@pytest.fixture
+def database(database_url: str) -> Iterator[Database]:
+    """A pool on the test's database, for the stores."""
+    d = Database(database_url, max_size=4, name="tock-test")
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def job_store(database: Database) -> JobStore:
+    return JobStore(database)
+
+
+@pytest.fixture
+def schedule_store(database: Database) -> ScheduleStore:
+    return ScheduleStore(database)
+
+
+@pytest.fixture
+def operator_store(database: Database) -> OperatorStore:
+    return OperatorStore(database)
 
 
 @pytest.fixture

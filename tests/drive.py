@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from shared.runtime.settings import ConsumerSettings
 from timer_service.service import Timer
 
@@ -34,8 +34,8 @@ def receive(consumer: Consumer, expect: int, queue: str = "default",
         if len(entries) >= expect:
             break
         consumer.receive_once(queue, wait_seconds=1)
-        while not consumer._work.empty():
-            entry = consumer._work.get_nowait()
+        while not consumer.pipe.work.empty():
+            entry = consumer.pipe.work.get_nowait()
             assert entry is not None
             entries.append(entry)
     return entries
@@ -44,7 +44,7 @@ def receive(consumer: Consumer, expect: int, queue: str = "default",
 def run_all(consumer: Consumer, entries: list[Any]) -> None:
     """Run each claimed job's handler, then write every outcome."""
     for entry in entries:
-        consumer.run_handler(*entry)
+        consumer.executor.run(entry)
     while consumer.complete_pending():
         pass
 

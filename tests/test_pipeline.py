@@ -502,9 +502,9 @@ def test_shutdown_releases_unfinished_jobs_for_others_at_once(
 
 def test_claim_gives_up_waiting_on_a_slow_dispatch_and_the_message_comes_back(
         client, timer_settings, transport, registry, consumers, clock, monkeypatch):
-    import consumer.worker as worker_module
+    import shared.store.job_store as job_store_module
 
-    monkeypatch.setattr(worker_module, "LOCK_WAIT_MS", 100)
+    monkeypatch.setattr(job_store_module, "LOCK_WAIT_MS", 100)
     registry.add("work", lambda payload, ctx: None)
     consumer = consumers(clock)
     with _dispatch_held_open(client, timer_settings, transport, clock) as (job, _):

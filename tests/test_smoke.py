@@ -1,5 +1,5 @@
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from shared.core.states import JobState
 from timer_service.service import Timer
 
@@ -14,8 +14,7 @@ def test_job_runs_end_to_end_in_process(client, transport, timer_settings, consu
     consumer = Consumer(consumer_settings, registry, transport)
     consumer.open()
     assert consumer.receive_once("default", wait_seconds=5) == 1
-    entry = consumer._work.get_nowait()
-    consumer.run_handler(*entry)
+    consumer.executor.run(consumer.pipe.work.get_nowait())
     assert consumer.complete_pending() == 1
     assert seen == [({"n": 1}, 1)]
     assert client.get(job.id).state is JobState.SUCCEEDED

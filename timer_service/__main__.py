@@ -1,4 +1,5 @@
-"""`python -m timer_service`: run one timer instance until SIGTERM."""
+"""`python -m timer_service`: run one timer instance until SIGTERM (exit 0), or until a
+loop crashes (exit 70, so the orchestrator restarts it)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(settings)
     timer.stop_flag.install_signal_handlers()
     if settings.health_port:
-        from shared.runtime.health import HealthServer, timer_probes
+        from shared.runtime.health import HealthServer
 
-        live, ready = timer_probes(timer)
-        HealthServer(settings.health_port, live=live, ready=ready, process="timer").start()
-    timer.run_forever()
-    return 0
+        HealthServer(settings.health_port, live=timer.supervisor.live,
+                     ready=timer.supervisor.ready, process="timer").start()
+    return timer.run_forever()
 
 
 if __name__ == "__main__":

@@ -17,62 +17,103 @@ import logging
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
-
-from psycopg_pool import ConnectionPool
 
 from shared.core.errors import TransportError
 from shared.core.messages import JobMessage
 from shared.runtime import metrics
 from shared.runtime.logs import emit
-from shared.store import jobs_sql as sql
-from shared.store.database import transaction
-from shared.transport.base import EntryFailure, Transport
-from shared.transport.sqs import MAX_BATCH
+from shared.runtime.supervisor import Loop
+from shared.store.database import Listener
+from shared.store.job_store import JobStore
+from shared.store.rows import DueJob, Refused
+from shared.transport.base import MAX_BATCH, EntryFailure, Transport
 
 log = logging.getLogger("tock.timer.dispatch")
 
+DUE_CHANNEL = "tock_due"
+"""NOTIFY channel: an insert of a near-due job, a retry, or a retry delay ending soon."""
+REFUSED_PAUSE_SECONDS = 1.0
 
-class Dispatcher:
-    """Claims due jobs in batches and sends them, several SendMessageBatch calls at once."""
 
-    def __init__(self, pool: ConnectionPool, transport: Transport, *, batch_size: int,
-                 send_concurrency: int) -> None:
-        self.pool = pool
+class Dispatcher(Loop):
+    """Claims due jobs in batches and sends them, several SendMessageBatch calls at once.
+    Between passes it sleeps until the next due time, or until a NOTIFY on `tock_due`,
+    never longer than `max_idle_seconds`."""
+
+    name = "dispatch"
+
+    def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
+                 send_concurrency: int, max_idle_seconds: float) -> None:
+        super().__init__()
+        self.store = store
         self.transport = transport
         self.batch_size = batch_size
+        self.max_idle_seconds = max_idle_seconds
+        self.ready_within_seconds = max(10.0, 5 * max_idle_seconds)
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")
+        self._listener: Listener | None = None
+        self._refused_last_pass = False
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """One batch; returns how many were sent. A full batch returns at once for more."""
+        sent, refused = self.dispatch_due(now)
+        self._refused_last_pass = bool(refused)
+        return sent if sent >= self.batch_size else 0
+
+    def idle(self) -> None:
+        if self._refused_last_pass:
+            self.wait(REFUSED_PAUSE_SECONDS)  # SQS is refusing sends: do not spin on them
+            return
+        try:
+            if self._listener is None:
+                assert self.store.database is not None
+                self._listener = self.store.database.listener(DUE_CHANNEL)
+            wait = self.seconds_until_next_due()
+            if wait > 0:
+                self._listener.wait(min(wait, self.max_idle_seconds))
+        except BaseException:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            raise
+
+    def seconds_until_next_due(self) -> float:
+        """How long until the earliest scheduled job is due, capped at max_idle_seconds."""
+        next_due, db_now = self.store.next_due_at()
+        if next_due is None:
+            return self.max_idle_seconds
+        wait = (next_due - db_now).total_seconds()
+        return min(max(wait, 0.0), self.max_idle_seconds)
 
     def dispatch_due(self, now: datetime | None = None) -> tuple[int, int]:
-        """One batch: returns (sent, refused)."""
-        with transaction(self.pool) as conn:
-            rows = conn.execute(sql.CLAIM_DUE, {"limit": self.batch_size, "now": now}).fetchall()
-            if not rows:
+        """Claim one batch, send it, commit; returns (sent, refused)."""
+        with self.store.transaction() as tx:
+            due = tx.claim_due(self.batch_size, now)
+            if not due:
                 return 0, 0
-            failed = self._send(rows)
+            failed = self._send(due)
             if failed:
-                prev = {r[0]: r[4] for r in rows}
-                ids = list(failed)
-                conn.execute(sql.UNDO_DISPATCH, {
-                    "ids": ids, "prev_states": [prev[i] for i in ids],
-                    "errors": [failed[i] for i in ids], "now": now,
-                })
-        sent = len(rows) - len(failed)
-        for row in rows:
-            if row[0] not in failed:
-                metrics.DUE_TO_DISPATCH.observe(max(row[5], 0.0))
-                emit(log, "job_dispatched", logging.DEBUG, job_id=row[0], kind=row[1],
-                     queue=row[2], lag_ms=round(row[5] * 1000, 1))
-        return sent, len(failed)
+                tx.undo_dispatch([Refused(j.id, j.prev_state, failed[j.id])
+                                  for j in due if j.id in failed], now)
+        for job in due:
+            if job.id not in failed:
+                metrics.DUE_TO_DISPATCH.observe(max(job.lag_seconds, 0.0))
+                emit(log, "job_dispatched", logging.DEBUG, job_id=job.id, kind=job.kind,
+                     queue=job.queue, lag_ms=round(job.lag_seconds * 1000, 1))
+        return len(due) - len(failed), len(failed)
 
-    def _send(self, rows: list[Any]) -> dict[int, str]:
-        """Send every row; returns {job id: error} for the ones SQS did not take."""
+    def _send(self, due: list[DueJob]) -> dict[int, str]:
+        """Send every job; returns {job id: error} for the ones SQS did not take."""
         by_queue: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        for job_id, kind, queue, token, _prev, _lag in rows:
-            by_queue[queue].append((str(job_id), JobMessage(job_id, token, kind).encode()))
+        for job in due:
+            by_queue[job.queue].append(
+                (str(job.id), JobMessage(job.id, job.token, job.kind).encode()))
         calls = [
             (queue, entries[i:i + MAX_BATCH])
             for queue, entries in by_queue.items()

@@ -11,70 +11,70 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from psycopg_pool import ConnectionPool
-
 from shared.core.backoff import backoff_seconds
 from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
-from shared.store import jobs_sql as sql
-from shared.store.database import statement, transaction
+from shared.runtime.supervisor import Loop
+from shared.store.job_store import JobStore
+from shared.store.rows import Rescue
 
 log = logging.getLogger("tock.timer.rescue")
 
 
-class Rescuer:
-    def __init__(self, pool: ConnectionPool, *, batch_size: int, default_max_attempts: int,
+class Rescuer(Loop):
+    """Runs every `interval_seconds` (a full batch goes on at once)."""
+
+    name = "rescue"
+
+    def __init__(self, store: JobStore, *, batch_size: int, default_max_attempts: int,
                  backoff_base_seconds: float, backoff_cap_seconds: float,
-                 dispatch_timeout_seconds: float) -> None:
-        self.pool = pool
+                 dispatch_timeout_seconds: float, interval_seconds: float) -> None:
+        super().__init__()
+        self.store = store
         self.batch_size = batch_size
         self.default_max_attempts = default_max_attempts
         self.backoff_base = backoff_base_seconds
         self.backoff_cap = backoff_cap_seconds
         self.dispatch_timeout = dispatch_timeout_seconds
+        self.idle_seconds = interval_seconds
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """Rescue expired leases, then re-dispatch stuck jobs; 0 unless a batch was full."""
+        rescued = self.rescue_expired(now)
+        redispatched = self.redispatch_stuck(now)
+        return int(rescued >= self.batch_size or redispatched >= self.batch_size)
 
     def rescue_expired(self, now: datetime | None = None) -> int:
         """Move running jobs with an expired lease to retrying or dead; returns how many."""
-        with transaction(self.pool) as conn:
-            rows = conn.execute(sql.SELECT_EXPIRED_LEASES, {
-                "limit": self.batch_size, "now": now,
-                "default_max_attempts": self.default_max_attempts,
-            }).fetchall()
-            if not rows:
+        with self.store.transaction() as tx:
+            expired = tx.expired_leases(self.batch_size, self.default_max_attempts, now)
+            if not expired:
                 return 0
-            ids, attempts, states, delays, errors, workers = [], [], [], [], [], []
-            for job_id, attempt, max_attempts, owner, _started, expired_at in rows:
-                last = attempt >= max_attempts
-                ids.append(job_id)
-                attempts.append(attempt)
-                states.append(JobState.DEAD if last else JobState.RETRYING)
-                delays.append(0.0 if last else backoff_seconds(
-                    attempt, base=self.backoff_base, cap=self.backoff_cap))
-                errors.append(f"lease expired at {expired_at.isoformat()}: worker {owner} "
-                              f"stopped heartbeating (attempt {attempt} of {max_attempts})")
-                workers.append(owner)
-            done = conn.execute(sql.RESCUE_EXPIRED, {
-                "ids": ids, "attempts": attempts, "states": states, "delays": delays,
-                "errors": errors, "workers": workers, "now": now,
-            }).fetchall()
-        rescued = {r[0] for r in done}
-        for job_id, state, worker in zip(ids, states, workers, strict=True):
-            if job_id in rescued:
-                metrics.LEASE_EXPIRIES.labels(state.value).inc()
-                emit(log, "lease_expired", logging.WARNING, job_id=job_id, worker=worker,
-                     next_state=state.value)
-        return len(rescued)
+            rescues = []
+            for lease in expired:
+                last = lease.attempt >= lease.max_attempts
+                rescues.append(Rescue(
+                    job_id=lease.job_id, attempt=lease.attempt,
+                    state=JobState.DEAD if last else JobState.RETRYING,
+                    delay_seconds=0.0 if last else backoff_seconds(
+                        lease.attempt, base=self.backoff_base, cap=self.backoff_cap),
+                    error=f"lease expired at {lease.expired_at.isoformat()}: worker "
+                          f"{lease.owner} stopped heartbeating (attempt {lease.attempt} of "
+                          f"{lease.max_attempts})",
+                    worker=lease.owner))
+            done = tx.rescue_expired(rescues, now)
+        for rescue in rescues:
+            if rescue.job_id in done:
+                metrics.LEASE_EXPIRIES.labels(rescue.state.value).inc()
+                emit(log, "lease_expired", logging.WARNING, job_id=rescue.job_id,
+                     worker=rescue.worker, next_state=rescue.state.value)
+        return len(done)
 
     def redispatch_stuck(self, now: datetime | None = None) -> int:
         """Make dispatched jobs that nobody claimed within the timeout due again."""
-        with statement(self.pool) as conn:
-            rows = conn.execute(sql.REDISPATCH_STUCK, {
-                "limit": self.batch_size, "now": now,
-                "timeout_seconds": self.dispatch_timeout,
-            }).fetchall()
-        if rows:
-            metrics.REDISPATCHED.inc(len(rows))
-            emit(log, "redispatch_stuck", logging.WARNING, jobs=len(rows),
-                 job_ids=[r[0] for r in rows[:20]])
-        return len(rows)
+        ids = self.store.redispatch_stuck(self.dispatch_timeout, self.batch_size, now)
+        if ids:
+            metrics.REDISPATCHED.inc(len(ids))
+            emit(log, "redispatch_stuck", logging.WARNING, jobs=len(ids), job_ids=ids[:20])
+        return len(ids)

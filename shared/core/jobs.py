@@ -22,6 +22,14 @@ class Attempt:
     error: str | None
     traceback: str | None
 
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Attempt:
+        """Build from a row of (attempt, worker, started_at, finished_at, outcome, error,
+        traceback)."""
+        values = list(row)
+        values[4] = AttemptOutcome(values[4])
+        return cls(*values)
+
 
 @dataclass(frozen=True)
 class Job:
@@ -53,14 +61,8 @@ class Job:
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], *, created: bool = True) -> Job:
-        """Build from a row selected with `sql.JOB_COLUMNS`."""
+        """Build from a row selected with `jobs_sql.JOB_COLUMNS` (shared.store)."""
         names = [f for f in cls.__dataclass_fields__ if f not in ("created", "attempts")]
         values = dict(zip(names, row, strict=True))
         values["state"] = JobState(values["state"])
         return cls(**values, created=created)
-
-
-def attempt_from_row(row: tuple[Any, ...]) -> Attempt:
-    values = list(row)
-    values[4] = AttemptOutcome(values[4])
-    return Attempt(*values)

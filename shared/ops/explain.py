@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shared.core.jobs import Attempt, Job
+from shared.core.reports import WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
-from shared.ops import jobs as job_queries
-from shared.store.database import Connection
+from shared.store.operator_store import DUE_AHEAD_CAP, OperatorStore
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
 
@@ -45,7 +45,7 @@ class Context:
     """What the explanation needs beyond the job row."""
 
     now: datetime
-    lease_worker: job_queries.WorkerInfo | None = None
+    lease_worker: WorkerInfo | None = None
     queue_workers: int = 0
     """Live (heartbeating) consumers that receive from the job's queue."""
     due_ahead: int | None = None
@@ -106,7 +106,7 @@ def _scheduled(job: Job, ctx: Context) -> Explanation:
             "A timer dispatches it to SQS once it is due.", can_cancel=True)
     ahead = ""
     if ctx.due_ahead:
-        more = "+" if ctx.due_ahead >= job_queries.DUE_AHEAD_CAP else ""
+        more = "+" if ctx.due_ahead >= DUE_AHEAD_CAP else ""
         ahead = f" {ctx.due_ahead}{more} due job(s) go before it (higher priority or older)."
     details.append("If this lasts, check that a timer is running (GET /healthz on its "
                    "health port) and that it can reach Postgres and SQS.")
@@ -229,26 +229,14 @@ _BY_STATE: dict[JobState, Callable[[Job, Context], Explanation]] = {
     JobState.CANCELLED: _cancelled,
 }
 
-PAUSED_SCHEDULE = """
-SELECT s.name FROM tock_jobs j JOIN tock_schedules s ON s.name = j.schedule_name
-WHERE j.id = %(id)s AND s.paused
-"""
-
-
-def paused_schedule_of(conn: Connection, job: Job) -> str | None:
-    """The schedule that made `job`, if it is paused now."""
-    row = conn.execute(PAUSED_SCHEDULE, {"id": job.id}).fetchone()
-    return str(row[0]) if row else None
-
-
-def gather(conn: Connection, job: Job, *,
+def gather(store: OperatorStore, job: Job, *,
            stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS) -> Context:
-    """Load what `explain` needs, on the database clock."""
-    now = job_queries.database_now(conn)
-    live = job_queries.workers(conn, stale_after_seconds=stale_after_seconds, now=now)
+    """Load what `explain` needs, on the database clock (run it in one transaction)."""
+    now = store.database_now()
+    live = store.workers(stale_after_seconds=stale_after_seconds, now=now)
     lease_worker = next((w for w in live if w.id == job.lease_owner), None)
     queue_workers = sum(1 for w in live if w.status == "alive" and job.queue in w.queues)
     ahead = None
     if job.state in (JobState.SCHEDULED, JobState.RETRYING) and job.run_at <= now:
-        ahead = job_queries.due_ahead(conn, job, now)
-    return Context(now, lease_worker, queue_workers, ahead, paused_schedule_of(conn, job))
+        ahead = store.due_ahead(job, now)
+    return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id))

@@ -1,10 +1,11 @@
 """Probes for container platforms: a tiny HTTP server thread that the timer and consumer
 start when `TOCK_HEALTH_PORT` is set.
 
-    GET /healthz   liveness: 200 while the process's main loop is alive; restart it if not
-    GET /readyz    readiness: 200 while its last pass / heartbeat succeeded recently
-    GET /metrics   this process's Prometheus metrics (shared.metrics)
+    GET /healthz   liveness: 200 while every loop runs and none is stuck; restart it if not
+    GET /readyz    readiness: 200 while the loops that gate it succeeded recently
+    GET /metrics   this process's Prometheus metrics (shared.runtime.metrics)
 
+The probes are the process's `Supervisor.live` and `.ready` (shared.runtime.supervisor).
 Liveness deliberately ignores Postgres and SQS: restarting a process does not fix an
 outage, so an outage shows as "not ready" only. The server binds `TOCK_HEALTH_HOST`
 (default 0.0.0.0, since the platform probes the container's own address) and answers
@@ -15,20 +16,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.runtime.logs import emit
-
-if TYPE_CHECKING:
-    from consumer.worker import Consumer
-    from timer_service.service import Timer
 
 log = logging.getLogger("tock.health")
 
@@ -98,56 +93,3 @@ class HealthServer:
                 pass  # probes every few seconds would drown the structured logs
 
         return Handler
-
-
-def _fresh(last_ok: float | None, within: float, what: str,
-           now: float | None = None) -> tuple[bool, str]:
-    if last_ok is None:
-        return False, f"no successful {what} yet"
-    age = (time.monotonic() if now is None else now) - last_ok
-    if age > within:
-        return False, f"last successful {what} {age:.1f} s ago (limit {within:.0f} s)"
-    return True, f"last successful {what} {age:.1f} s ago"
-
-
-def timer_probes(timer: Timer, loop: threading.Thread | None = None) -> tuple[Probe, Probe]:
-    """Live while the loop thread runs and no stop was asked; ready while a pass succeeded
-    within a few idle periods (a pass runs at least every max_idle_seconds)."""
-    thread = loop or threading.main_thread()
-    within = max(10.0, 5 * timer.settings.max_idle_seconds)
-
-    def live() -> tuple[bool, str]:
-        if not thread.is_alive():
-            return False, "timer loop has exited"
-        if timer.stop_flag.is_set():
-            return False, "timer is stopping"
-        return True, "timer loop running"
-
-    def ready() -> tuple[bool, str]:
-        return _fresh(timer.last_pass_ok, within, "timer pass")
-
-    return live, ready
-
-
-def consumer_probes(consumer: Consumer) -> tuple[Probe, Probe]:
-    """Live while the heartbeat thread runs (or before start); ready while a heartbeat
-    (one fenced UPDATE of every lease, plus the worker row) succeeded within three
-    heartbeat periods."""
-    within = 3 * consumer.settings.heartbeat_seconds
-
-    seen = False
-
-    def live() -> tuple[bool, str]:
-        nonlocal seen
-        beating = any(t.name == "tock-heartbeat" for t in threading.enumerate())
-        seen = seen or beating
-        if consumer.stop_flag.is_set():
-            return False, "consumer is stopping"
-        if seen and not beating:
-            return False, "heartbeat thread has exited"
-        return True, "consumer running"
-
-    def ready() -> tuple[bool, str]:
-        return _fresh(consumer.last_heartbeat_ok, within, "heartbeat")
-
-    return live, ready

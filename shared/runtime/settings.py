@@ -78,12 +78,32 @@ class TimerSettings(CommonSettings):
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)
     default_max_attempts: int = Field(default=5, ge=1, le=1000)
     health_port: int | None = Field(default=None, ge=1, le=65535)
+    # Recurring schedules (TOCK_SCHEDULE_*).
+    schedule_batch_size: int = Field(default=100, ge=1, le=5000,
+                                     description="Schedules locked and fired per transaction.")
+    schedule_batches_per_pass: int = Field(default=10, ge=1, le=1000)
+    schedule_lookahead_seconds: float | None = Field(
+        default=None, ge=0, le=60,
+        description="Make a slot's job this long before it is due, so the dispatcher meets "
+                    "its run_at exactly. Default: the timer's max_idle_seconds, the longest "
+                    "it sleeps between passes.")
+    schedule_max_fires_per_second: float = Field(
+        default=0, ge=0,
+        description="Cap on recurring jobs this timer makes due per second (0: no cap); "
+                    "extra runs are pushed into the next seconds, never dropped.")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
         return self
+
+    @property
+    def lookahead_seconds(self) -> float:
+        """How early a recurring slot's job is made."""
+        if self.schedule_lookahead_seconds is None:
+            return self.max_idle_seconds
+        return self.schedule_lookahead_seconds
 
 
 class ConsumerSettings(CommonSettings):

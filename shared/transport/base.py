@@ -1,10 +1,19 @@
-"""What the timer and consumers need from a message queue. `shared.sqs.SqsTransport`
-is the production implementation; the benchmarks also run an in-memory one."""
+"""What the timer and consumers need from a message queue: the `Transport` contract.
+`shared.transport.sqs.SqsTransport` is the production implementation;
+`shared.transport.memory.MemoryTransport` keeps the same semantics in memory (benchmarks,
+tests). Both pass one contract suite (tests/integration/test_transport_contract.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+MAX_BATCH = 10
+"""SQS batch calls take at most 10 entries."""
+MAX_WAIT_SECONDS = 20
+"""Longest long poll SQS allows."""
+MAX_VISIBILITY_SECONDS = 43200
+"""12 hours: the longest visibility timeout SQS allows."""
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.core.errors import InvalidInput
-from shared.transport.base import EntryFailure, Received
-
-MAX_BATCH = 10
-"""The same quota SQS enforces on batch calls."""
-MAX_WAIT_SECONDS = 20
-MAX_VISIBILITY_SECONDS = 43200
+from shared.transport.base import (
+    MAX_BATCH,
+    MAX_VISIBILITY_SECONDS,
+    MAX_WAIT_SECONDS,
+    EntryFailure,
+    Received,
+)
 
 
 @dataclass

@@ -17,18 +17,16 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from shared.core.errors import TransportError
-from shared.transport.base import EntryFailure, Received
+from shared.transport.base import (
+    MAX_BATCH,
+    MAX_VISIBILITY_SECONDS,
+    MAX_WAIT_SECONDS,
+    EntryFailure,
+    Received,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
-
-MAX_BATCH = 10
-"""SQS batch calls take at most 10 entries."""
-MAX_WAIT_SECONDS = 20
-"""Longest long poll SQS allows."""
-MAX_VISIBILITY_SECONDS = 43200
-"""12 hours: the longest visibility timeout SQS allows."""
-
 
 class SqsTransport:
     """SQS queues named `prefix + tock queue name`; queue URLs are resolved once and cached."""

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from shared.core.errors import InvalidInput
 from shared.core.states import JobState
 from shared.transport.memory import MemoryTransport

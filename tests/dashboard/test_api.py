@@ -289,7 +289,7 @@ def test_finished_counts_refresh_on_their_own_slower_clock(app, db, operator):
     from dashboard.stats import StatsCache
 
     job = enqueue(operator)["id"]
-    cache = StatsCache(app.state.pool, ttl_seconds=0, stale_after_seconds=30,
+    cache = StatsCache(app.state.operator_store, ttl_seconds=0, stale_after_seconds=30,
                        finished_ttl_seconds=3600)
     assert cache.get().counts == {("scheduled", "email"): 1}
     db.execute("UPDATE tock_jobs SET state = 'succeeded', finished_at = now() WHERE id = %s",

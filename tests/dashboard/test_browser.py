@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from devstack.ports import free_port
 from shared.client import Client
 from tests.dashboard.conftest import OPERATOR, VIEWER, LiveServer
@@ -177,9 +177,8 @@ def test_cross_site_form_post_is_rejected(
 
 def test_schedules_show_next_fires_and_pause_from_the_page(
         page: Page, live_server: LiveServer, client: Client) -> None:
-    from shared.schedules.api import get_schedule, recurring
 
-    recurring("nightly", "report", cron="0 2 * * *", client=client)
+    client.recurring("nightly", "report", cron="0 2 * * *")
     login(page, live_server, OPERATOR)
     page.click("text=Schedules")
     row = page.get_by_test_id("schedule-nightly")
@@ -190,4 +189,4 @@ def test_schedules_show_next_fires_and_pause_from_the_page(
     expect(page.get_by_test_id("next-fires")).to_contain_text("02:00:00")
     page.get_by_test_id("toggle-nightly").click()
     expect(page.locator("h1")).to_contain_text("paused")
-    assert get_schedule("nightly", client=client).paused
+    assert client.get_schedule("nightly").paused

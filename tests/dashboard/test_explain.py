@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.core.jobs import Attempt, Job
+from shared.core.reports import WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
 from shared.ops import explain
 from shared.ops.explain import Context, duration
-from shared.ops.jobs import WorkerInfo
 
 NOW = datetime(2026, 12, 2, 15, 0, 0, tzinfo=UTC)
 
@@ -117,8 +117,7 @@ def test_every_state_has_a_story():
         assert explain.explain(job(state), Context(NOW)).summary
 
 
-def test_gather_reads_workers_queue_and_paused_schedule(client, db):
-    from shared.schedules.api import pause_schedule, recurring
+def test_gather_reads_workers_queue_and_paused_schedule(client, db, operator_store):
 
     db.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency) "
                "VALUES ('w1', 'h', 1, '{default}', 4)")
@@ -126,14 +125,12 @@ def test_gather_reads_workers_queue_and_paused_schedule(client, db):
     mine = client.schedule("email", delay=0)
     db.execute("UPDATE tock_jobs SET run_at = now() - interval '1 min' WHERE id = %s",
                (older.id,))
-    with client._conn(None) as conn:
-        ctx = explain.gather(conn, client.get(mine.id))
+    ctx = explain.gather(operator_store, client.get(mine.id))
     assert ctx.due_ahead == 1 and ctx.queue_workers == 1 and ctx.paused_schedule is None
-    recurring("nightly", "report", every=3600, client=client)
+    client.recurring("nightly", "report", every=3600)
     made = client.schedule("report", key="nightly:2026-12-02T02:00:00+00:00")
     db.execute("UPDATE tock_jobs SET schedule_name = 'nightly' WHERE id = %s", (made.id,))
-    pause_schedule("nightly", client=client)
-    with client._conn(None) as conn:
-        job_ = client.get(made.id)
-        e = explain.explain(job_, explain.gather(conn, job_))
+    client.pause_schedule("nightly")
+    job_ = client.get(made.id)
+    e = explain.explain(job_, explain.gather(operator_store, job_))
     assert any("recurring schedule 'nightly', which is paused" in d for d in e.details)

@@ -12,10 +12,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from devstack.ports import free_port
-from shared.runtime.health import HealthServer, consumer_probes, timer_probes
+from shared.runtime.health import HealthServer
 from tests.wait import wait_for
 from timer_service.service import Timer
 
@@ -30,15 +30,15 @@ def get(url: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def test_timer_probes_follow_its_loop(transport, timer_settings, client):
+def test_timer_probes_follow_its_loops(transport, timer_settings, client):
     timer = Timer(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport)
     loop = threading.Thread(target=timer.run_forever, daemon=True)
-    live, ready = timer_probes(timer, loop)
+    live, ready = timer.supervisor.live, timer.supervisor.ready
     server = HealthServer(0, live=live, ready=ready, host="127.0.0.1", process="timer").start()
     base = f"http://127.0.0.1:{server.port}"
     try:
         status, body = get(base + "/readyz")
-        assert status == 503 and "no successful timer pass yet" in body
+        assert status == 503 and "no successful dispatch pass yet" in body
         loop.start()
         wait_for(lambda: get(base + "/readyz")[0] == 200, message="timer ready")
         assert get(base + "/healthz")[0] == 200
@@ -57,17 +57,17 @@ def test_timer_probes_follow_its_loop(transport, timer_settings, client):
 
 def test_consumer_ready_after_a_heartbeat(consumer_settings, transport):
     consumer = Consumer(consumer_settings, Registry(), transport)
-    live, ready = consumer_probes(consumer)
+    live, ready = consumer.supervisor.live, consumer.supervisor.ready
     server = HealthServer(0, live=live, ready=ready, host="127.0.0.1").start()
     base = f"http://127.0.0.1:{server.port}"
     try:
         consumer.open()
         assert get(base + "/healthz")[0] == 200
         status, body = get(base + "/readyz")
-        assert status == 503 and "no successful heartbeat yet" in body
+        assert status == 503 and "no successful heartbeat pass yet" in body
         consumer.heartbeat_once()
         status, body = get(base + "/readyz")
-        assert status == 200 and "last successful heartbeat" in body
+        assert status == 200 and "heartbeat" in body
     finally:
         server.close()
         consumer.close()

@@ -1,14 +1,14 @@
-"""shared.job_queries at a size where plans matter: the operator's listing must walk an
-index in id order (keyset), never scan the table, and bulk actions must cross batches."""
+"""The operator queries (shared.store.operator_store, shared.ops.jobs) at a size where plans
+matter: the listing must walk an index in id order (keyset), never scan the table, and bulk
+actions must cross batches."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 
+from shared.core.filters import JobFilter
 from shared.ops import jobs as job_queries
-from shared.ops.jobs import JobFilter
+from shared.store import operator_sql
 
 ROWS = 60_000
 
@@ -29,7 +29,7 @@ def big(db):
 def plan(db, where: JobFilter, before_id: int | None = None) -> str:
     from psycopg import sql as pgsql
 
-    clause, params = where.where()
+    clause, params = operator_sql.where(where)
     if before_id is not None:
         clause = pgsql.SQL("{} AND id < %(before_id)s").format(clause)
         params["before_id"] = before_id
@@ -51,10 +51,10 @@ def test_listing_walks_an_index_never_the_table(big, where):
         assert "Index" in text and "Seq Scan" not in text, text
 
 
-def test_pages_cover_every_match_once(big):
+def test_pages_cover_every_match_once(big, operator_store):
     seen, cursor = [], None
     while True:
-        page = job_queries.list_jobs(big, JobFilter.of(states="dead"), limit=250,
+        page = job_queries.list_jobs(operator_store, JobFilter.of(states="dead"), limit=250,
                                      before_id=cursor)
         seen += [j.id for j in page.jobs]
         if page.next_cursor is None:
@@ -64,20 +64,15 @@ def test_pages_cover_every_match_once(big):
     assert seen == sorted(seen, reverse=True)
 
 
-def test_bulk_retry_crosses_batches_and_stops_at_up_to_id(big):
-    @contextmanager
-    def tx():
-        with big.transaction():
-            yield big
-
+def test_bulk_retry_crosses_batches_and_stops_at_up_to_id(big, operator_store):
     where = JobFilter.of(states="dead", queue="q0")
-    plan_ = job_queries.plan_bulk(big, "retry", where)
+    plan_ = job_queries.plan_bulk(operator_store, "retry", where)
     assert plan_.count == ROWS // 100
     cutoff = plan_.up_to_id - 5000
     expected = big.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dead' AND "
                            "queue = 'q0' AND id <= %s", (cutoff,)).fetchone()[0]
-    done = job_queries.run_bulk(tx, "retry", where, up_to_id=cutoff, batch_size=7)
+    done = job_queries.run_bulk(operator_store, "retry", where, up_to_id=cutoff, batch_size=7)
     assert done == expected
     left = big.execute("SELECT min(id) FROM tock_jobs WHERE state = 'dead'").fetchone()[0]
     assert left > cutoff
-    assert job_queries.plan_bulk(big, "cancel", JobFilter.of(states="dead")).count == 0
+    assert job_queries.plan_bulk(operator_store, "cancel", JobFilter.of(states="dead")).count == 0

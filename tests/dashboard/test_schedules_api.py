@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from shared.schedules.api import recurring
-
 
 def test_list_get_preview_pause_resume(operator, viewer, client):
-    recurring("nightly", "report", {"format": "pdf"}, cron="0 2 * * *", tz="Europe/Berlin",
-              client=client)
-    recurring("beat", "ping", every=15, client=client)
+    client.recurring("nightly", "report", {"format": "pdf"}, cron="0 2 * * *", tz="Europe/Berlin")
+    client.recurring("beat", "ping", every=15)
     listed = operator.get("/api/schedules").json()
     assert [s["name"] for s in listed] == ["beat", "nightly"]
     assert listed[1]["timing"] == "cron '0 2 * * *' in Europe/Berlin"

@@ -12,8 +12,8 @@ from typing import Any
 import boto3
 import pytest
 
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
 from devstack.sqs import SqsServer, start_moto
 from shared.client import Client
 from shared.core.states import JobState

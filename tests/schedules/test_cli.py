@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 import pytest
 
 from cli.main import main
-from shared.client import recurring
 
 
 @pytest.fixture
@@ -21,9 +20,8 @@ def run(capsys, *argv):
 
 
 def test_list_show_preview_pause_resume_delete(env, client, capsys):
-    recurring("nightly", "report", {"format": "pdf"}, cron="30 2 * * *", tz="Europe/Berlin",
-              client=client)
-    recurring("pulse", "report", every=15, overlap="skip", client=client)
+    client.recurring("nightly", "report", {"format": "pdf"}, cron="30 2 * * *", tz="Europe/Berlin")
+    client.recurring("pulse", "report", every=15, overlap="skip")
 
     code, out, _ = run(capsys, "list")
     assert code == 0

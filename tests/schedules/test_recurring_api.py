@@ -5,17 +5,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.client import (
-    delete_schedule,
-    get_schedule,
-    list_schedules,
-    pause_schedule,
-    preview_schedule,
-    recurring,
-    resume_schedule,
-    schedule_history,
-    update_schedule,
-)
 from shared.core.errors import InvalidInput, InvalidSchedule, ScheduleNotFound
 from shared.core.schedules import Misfire, Overlap, slot_of
 
@@ -23,80 +12,79 @@ T0 = datetime(2026, 6, 1, 12, 0, 7, tzinfo=UTC)
 
 
 def test_recurring_creates_then_upserts_idempotently(client, db):
-    s = recurring("report-15s", "report", {"x": 1}, every=15, client=client, now=T0)
+    s = client.recurring("report-15s", "report", {"x": 1}, every=15, now=T0)
     assert s.changed
     assert s.next_slot == datetime(2026, 6, 1, 12, 0, 15, tzinfo=UTC)  # epoch-anchored
     assert s.next_fire_at == s.next_slot
-    again = recurring("report-15s", "report", {"x": 1}, every=timedelta(seconds=15),
-                      client=client, now=T0 + timedelta(hours=1))
+    again = client.recurring("report-15s", "report", {"x": 1}, every=timedelta(seconds=15),
+                             now=T0 + timedelta(hours=1))
     assert not again.changed
     assert again.next_slot == s.next_slot  # an unchanged re-declaration keeps its place
     assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 1
 
 
 def test_changing_the_payload_keeps_the_place_changing_the_timing_restarts(client):
-    recurring("r", "report", {"x": 1}, every=15, client=client, now=T0)
-    payload = recurring("r", "report", {"x": 2}, every=15, client=client,
+    client.recurring("r", "report", {"x": 1}, every=15, now=T0)
+    payload = client.recurring("r", "report", {"x": 2}, every=15,
                         now=T0 + timedelta(minutes=5))
     assert payload.changed and payload.payload == {"x": 2}
     assert payload.next_slot == datetime(2026, 6, 1, 12, 0, 15, tzinfo=UTC)
-    timing = recurring("r", "report", {"x": 2}, cron="0 3 * * *", tz="Europe/Berlin",
-                       client=client, now=T0 + timedelta(minutes=5))
+    timing = client.recurring("r", "report", {"x": 2}, cron="0 3 * * *", tz="Europe/Berlin",
+                              now=T0 + timedelta(minutes=5))
     assert timing.cron == "0 3 * * *" and timing.every is None
     assert timing.next_slot == datetime(2026, 6, 2, 1, 0, tzinfo=UTC)
 
 
 def test_update_get_list_delete(client):
-    recurring("a", "report", every=60, client=client, now=T0)
-    recurring("b", "report", cron="*/5 * * * *", client=client, now=T0)
-    updated = update_schedule("a", overlap="skip", misfire="latest", client=client, now=T0)
+    client.recurring("a", "report", every=60, now=T0)
+    client.recurring("b", "report", cron="*/5 * * * *", now=T0)
+    updated = client.update_schedule("a", overlap="skip", misfire="latest", now=T0)
     assert (updated.overlap, updated.misfire) == (Overlap.SKIP, Misfire.LATEST)
     assert updated.every == timedelta(seconds=60)
-    switched = update_schedule("a", cron="0 * * * *", client=client, now=T0)
+    switched = client.update_schedule("a", cron="0 * * * *", now=T0)
     assert switched.cron == "0 * * * *" and switched.every is None
-    assert [s.name for s in list_schedules(client=client)] == ["a", "b"]
-    assert get_schedule("b", client=client).describe() == "cron '*/5 * * * *' in UTC"
-    delete_schedule("a", client=client)
+    assert [s.name for s in client.list_schedules()] == ["a", "b"]
+    assert client.get_schedule("b").describe() == "cron '*/5 * * * *' in UTC"
+    client.delete_schedule("a")
     with pytest.raises(ScheduleNotFound, match="no schedule named 'a'"):
-        get_schedule("a", client=client)
+        client.get_schedule("a")
     with pytest.raises(ScheduleNotFound):
-        delete_schedule("a", client=client)
+        client.delete_schedule("a")
     with pytest.raises(InvalidInput, match="unknown schedule argument"):
-        update_schedule("b", colour="red", client=client)
+        client.update_schedule("b", colour="red")
     with pytest.raises(InvalidSchedule, match="malformed"):
-        update_schedule("b", cron="99 * * * *", client=client)
+        client.update_schedule("b", cron="99 * * * *")
 
 
 def test_invalid_definition_writes_nothing(client, db):
     with pytest.raises(InvalidSchedule, match="unknown time zone"):
-        recurring("x", "report", cron="0 2 * * *", tz="Europe/Nowhere", client=client)
+        client.recurring("x", "report", cron="0 2 * * *", tz="Europe/Nowhere")
     assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
 
 
 def test_pause_and_resume_audit_the_slots_that_passed(client):
-    recurring("p", "report", every=60, client=client, now=T0)
-    paused = pause_schedule("p", client=client, now=T0)
+    client.recurring("p", "report", every=60, now=T0)
+    paused = client.pause_schedule("p", now=T0)
     assert paused.paused
     # Re-declaring at start-up does not unpause an operator's pause.
-    assert recurring("p", "report", every=60, client=client, now=T0).paused
-    resumed = resume_schedule("p", client=client, now=T0 + timedelta(minutes=10, seconds=30))
+    assert client.recurring("p", "report", every=60, now=T0).paused
+    resumed = client.resume_schedule("p", now=T0 + timedelta(minutes=10, seconds=30))
     assert not resumed.paused
     assert resumed.next_slot == datetime(2026, 6, 1, 12, 11, tzinfo=UTC)
-    (event,) = schedule_history("p", client=client)
+    (event,) = client.schedule_history("p")
     assert event.reason == "paused"
     assert (event.first_slot, event.last_slot, event.slot_count) == (
         datetime(2026, 6, 1, 12, 1, tzinfo=UTC), datetime(2026, 6, 1, 12, 10, tzinfo=UTC), 10)
 
 
 def test_preview_by_name(client):
-    recurring("nightly", "report", cron="30 2 * * *", tz="Europe/Berlin", spread=0,
-              client=client, now=datetime(2026, 3, 27, 12, tzinfo=UTC))
-    fires = preview_schedule("nightly", 3, after=datetime(2026, 3, 27, 12, tzinfo=UTC),
-                             client=client)
+    client.recurring("nightly", "report", cron="30 2 * * *", tz="Europe/Berlin", spread=0,
+                     now=datetime(2026, 3, 27, 12, tzinfo=UTC))
+    fires = client.preview_schedule("nightly", 3, after=datetime(2026, 3, 27, 12, tzinfo=UTC))
     assert [f.local.strftime("%d %H:%M%z") for f in fires] == [
         "28 02:30+0100", "29 03:00+0200", "30 02:30+0200"]
     with pytest.raises(InvalidInput, match="n must be"):
-        preview_schedule("nightly", 0, client=client)
+        client.preview_schedule("nightly", 0)
 
 
 def test_slot_of_reads_the_run_key():
@@ -106,27 +94,26 @@ def test_slot_of_reads_the_run_key():
 
 
 def test_changing_the_timing_records_old_slots_that_never_ran(client):
-    recurring("r", "report", every=60, client=client, now=T0)
-    pause_schedule("r", client=client, now=T0)
-    changed = recurring("r", "report", cron="0 * * * *", client=client,
+    client.recurring("r", "report", every=60, now=T0)
+    client.pause_schedule("r", now=T0)
+    changed = client.recurring("r", "report", cron="0 * * * *",
                         now=T0 + timedelta(minutes=3, seconds=30))
     assert changed.next_slot == datetime(2026, 6, 1, 13, 0, tzinfo=UTC)
     assert changed.paused
-    (event,) = schedule_history("r", client=client)
+    (event,) = client.schedule_history("r")
     assert (event.reason, event.slot_count) == ("redefined", 3)
     assert (event.first_slot, event.last_slot) == (datetime(2026, 6, 1, 12, 1, tzinfo=UTC),
                                                    datetime(2026, 6, 1, 12, 3, tzinfo=UTC))
 
 
 def test_history_and_runs_check_their_limit(client):
-    recurring("r", "report", every=60, client=client, now=T0)
+    client.recurring("r", "report", every=60, now=T0)
     with pytest.raises(InvalidInput, match="limit must be"):
-        schedule_history("r", 0, client=client)
-    from shared.schedules.api import schedule_runs
+        client.schedule_history("r", 0)
 
     with pytest.raises(InvalidInput, match="limit must be"):
-        schedule_runs("r", limit="5", client=client)
-    assert schedule_runs("r", client=client) == []
+        client.schedule_runs("r", limit="5")
+    assert client.schedule_runs("r") == []
 
 
 def test_concurrent_declarations_of_a_new_schedule_make_one_row(database_url, db):
@@ -140,7 +127,7 @@ def test_concurrent_declarations_of_a_new_schedule_make_one_row(database_url, db
     try:
         with ThreadPoolExecutor(4) as pool:
             results = list(pool.map(
-                lambda c: recurring("boot", "report", every=30, client=c, now=T0), clients))
+                lambda c: c.recurring("boot", "report", every=30, now=T0), clients))
     finally:
         for c in clients:
             c.close()

@@ -4,22 +4,10 @@ Berlin, the per-timer cap on fires per second, paused schedules."""
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
-from shared.client import pause_schedule, recurring, resume_schedule, schedule_history
 from shared.schedules.slots import slot_key
-from shared.store.database import make_pool
 from timer_service.scheduler import Scheduler
 
 S = timedelta(seconds=1)
-
-
-@pytest.fixture
-def pool(database_url):
-    p = make_pool(database_url, max_size=2)
-    p.open()
-    yield p
-    p.close()
 
 
 def keys(db, name):
@@ -35,13 +23,13 @@ def walk(scheduler, start, end, step):
         now += step
 
 
-def test_berlin_fall_back_night_once_and_twice(client, db, pool):
+def test_berlin_fall_back_night_once_and_twice(client, db, schedule_store):
     start = datetime(2026, 10, 24, 22, 0, tzinfo=UTC)
-    recurring("half-hourly-once", "report", cron="*/30 * * * *", tz="Europe/Berlin",
-              client=client, now=start)
-    recurring("half-hourly-twice", "report", cron="*/30 * * * *", tz="Europe/Berlin",
-              dst_fold="twice", client=client, now=start)
-    walk(Scheduler(pool, lookahead_seconds=0), start, start + timedelta(hours=4),
+    client.recurring("half-hourly-once", "report", cron="*/30 * * * *", tz="Europe/Berlin",
+                     now=start)
+    client.recurring("half-hourly-twice", "report", cron="*/30 * * * *", tz="Europe/Berlin",
+              dst_fold="twice", now=start)
+    walk(Scheduler(schedule_store, lookahead_seconds=0), start, start + timedelta(hours=4),
          timedelta(minutes=5))
     half_hours = [start + timedelta(minutes=30 * k) for k in range(1, 9)]
     assert keys(db, "half-hourly-twice") == [slot_key("half-hourly-twice", s) for s in half_hours]
@@ -51,51 +39,51 @@ def test_berlin_fall_back_night_once_and_twice(client, db, pool):
     assert db.execute("SELECT count(*) FROM tock_schedule_audit").fetchone()[0] == 0
 
 
-def test_berlin_spring_forward_night_shift_and_skip(client, db, pool):
+def test_berlin_spring_forward_night_shift_and_skip(client, db, schedule_store):
     start = datetime(2026, 3, 28, 22, 0, tzinfo=UTC)
-    recurring("shifted", "report", cron="30 2 * * *", tz="Europe/Berlin", client=client,
+    client.recurring("shifted", "report", cron="30 2 * * *", tz="Europe/Berlin",
               now=start)
-    recurring("skipped", "report", cron="30 2 * * *", tz="Europe/Berlin", dst_gap="skip",
-              client=client, now=start)
-    walk(Scheduler(pool, lookahead_seconds=0), start, start + timedelta(hours=4),
+    client.recurring("skipped", "report", cron="30 2 * * *", tz="Europe/Berlin",
+                     dst_gap="skip", now=start)
+    walk(Scheduler(schedule_store, lookahead_seconds=0), start, start + timedelta(hours=4),
          timedelta(minutes=5))
     assert keys(db, "shifted") == ["shifted:2026-03-29T01:00:00Z"]  # 03:00 CEST
     assert keys(db, "skipped") == []
-    (event,) = schedule_history("skipped", client=client)
+    (event,) = client.schedule_history("skipped")
     assert (event.reason, event.first_slot, event.slot_count) == (
         "dst_nonexistent", datetime(2026, 3, 29, 1, 0, tzinfo=UTC), 1)
 
 
-def test_cap_on_fires_per_second_moves_runs_later_and_drops_none(client, db, pool):
+def test_cap_on_fires_per_second_moves_runs_later_and_drops_none(client, db, schedule_store):
     t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
     for i in range(5):
-        recurring(f"herd-{i}", "report", cron="0 * * * *", client=client, now=t0)
+        client.recurring(f"herd-{i}", "report", cron="0 * * * *", now=t0)
     slot = t0 + timedelta(hours=1)
-    made = Scheduler(pool, lookahead_seconds=0, max_fires_per_second=2).step(slot)
+    made = Scheduler(schedule_store, lookahead_seconds=0, max_fires_per_second=2).step(slot)
     assert made == 5
     run_ats = [r[0] for r in db.execute("SELECT run_at FROM tock_jobs").fetchall()]
     assert Counter(run_ats) == {slot: 2, slot + S: 2, slot + 2 * S: 1}
 
 
-def test_paused_schedule_does_not_fire_and_resumes_at_the_next_slot(client, db, pool):
+def test_paused_schedule_does_not_fire_and_resumes_at_the_next_slot(client, db, schedule_store):
     t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-    recurring("tick", "report", every=60, client=client, now=t0)
-    scheduler = Scheduler(pool, lookahead_seconds=0)
-    pause_schedule("tick", client=client, now=t0)
+    client.recurring("tick", "report", every=60, now=t0)
+    scheduler = Scheduler(schedule_store, lookahead_seconds=0)
+    client.pause_schedule("tick", now=t0)
     assert scheduler.step(t0 + 5 * 60 * S) == 0
-    resume_schedule("tick", client=client, now=t0 + 5 * 60 * S + 10 * S)
+    client.resume_schedule("tick", now=t0 + 5 * 60 * S + 10 * S)
     assert scheduler.step(t0 + 6 * 60 * S) == 1
     assert keys(db, "tick") == ["tick:2026-06-01T12:06:00Z"]
-    (event,) = schedule_history("tick", client=client)
+    (event,) = client.schedule_history("tick")
     assert (event.reason, event.slot_count) == ("paused", 5)
 
 
-def test_a_broken_row_does_not_stop_the_other_schedules(client, db, pool, caplog):
+def test_a_broken_row_does_not_stop_the_other_schedules(client, db, schedule_store, caplog):
     t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-    recurring("good", "report", every=3600, client=client, now=t0)
-    recurring("broken", "report", cron="0 * * * *", client=client, now=t0)
+    client.recurring("good", "report", every=3600, now=t0)
+    client.recurring("broken", "report", cron="0 * * * *", now=t0)
     # As if a tzdata upgrade dropped the zone the schedule was stored with.
     db.execute("UPDATE tock_schedules SET tz = 'Gone/Away' WHERE name = 'broken'")
-    assert Scheduler(pool, lookahead_seconds=0).step(t0 + timedelta(hours=1)) == 1
+    assert Scheduler(schedule_store, lookahead_seconds=0).step(t0 + timedelta(hours=1)) == 1
     assert keys(db, "good") == ["good:2026-06-01T13:00:00Z"]
     assert "schedule_plan_failed" in caplog.text

@@ -5,9 +5,8 @@ between the job insert and the cursor update, and three timers racing."""
 import threading
 from datetime import UTC, datetime, timedelta
 
+from consumer.service import Consumer
 from consumer.tasks import Registry
-from consumer.worker import Consumer
-from shared.client import recurring, schedule_history
 from shared.schedules.slots import slot_key
 from timer_service.service import Timer
 
@@ -30,7 +29,7 @@ def jobs(db, name):
 
 def test_slot_boundary_and_the_handler_sees_its_slot(client, db, transport, timer_settings,
                                                      consumer_settings):
-    recurring("tick", "report", {"n": 1}, every=60, client=client, now=T0)
+    client.recurring("tick", "report", {"n": 1}, every=60, now=T0)
     timer = make_timer(timer_settings, transport)
     slot = T0 + 60 * S
     assert timer.run_once(now=slot - MS).fired == 0
@@ -45,7 +44,7 @@ def test_slot_boundary_and_the_handler_sees_its_slot(client, db, transport, time
     consumer = Consumer(consumer_settings, registry, transport)
     consumer.open()
     assert consumer.receive_once("default", wait_seconds=5) == 1
-    consumer.run_handler(*consumer._work.get_nowait())
+    consumer.executor.run(consumer.pipe.work.get_nowait())
     assert consumer.complete_pending() == 1
     assert seen == [({"n": 1}, slot, "tick:2026-06-01T12:01:00Z")]
     timer.close()
@@ -53,7 +52,7 @@ def test_slot_boundary_and_the_handler_sees_its_slot(client, db, transport, time
 
 
 def test_lookahead_makes_the_job_before_its_slot(client, db, transport, timer_settings):
-    recurring("tick", "report", every=60, client=client, now=T0)
+    client.recurring("tick", "report", every=60, now=T0)
     timer = make_timer(timer_settings, transport, lookahead=1.0)
     result = timer.run_once(now=T0 + 59.5 * S)
     assert (result.fired, result.dispatched) == (1, 0)  # made, not yet due
@@ -63,14 +62,14 @@ def test_lookahead_makes_the_job_before_its_slot(client, db, transport, timer_se
 
 def test_outage_of_hours_skip_records_missed_slots_and_runs_the_next(client, db, transport,
                                                                       timer_settings):
-    recurring("tick", "report", every=60, client=client, now=T0)
+    client.recurring("tick", "report", every=60, now=T0)
     timer = make_timer(timer_settings, transport)
     assert timer.run_once(now=T0 + 60 * S).fired == 1
     back = T0 + timedelta(hours=4, seconds=90)  # every timer down from 12:01 to 16:01:30
     assert timer.run_once(now=back).fired == 1  # 16:01 is 30 s late: within the grace
     keys = [k for k, _, _ in jobs(db, "tick")]
     assert keys == ["tick:2026-06-01T12:01:00Z", "tick:2026-06-01T16:01:00Z"]
-    (event,) = schedule_history("tick", client=client)
+    (event,) = client.schedule_history("tick")
     assert (event.reason, event.slot_count) == ("missed", 239)
     assert (event.first_slot, event.last_slot) == (T0 + 2 * 60 * S, T0 + timedelta(hours=4))
     assert timer.run_once(now=back + 30 * S).fired == 1  # 16:02 on time
@@ -78,8 +77,8 @@ def test_outage_of_hours_skip_records_missed_slots_and_runs_the_next(client, db,
 
 
 def test_outage_with_misfire_all_backfills_spread_out(client, db, transport, timer_settings):
-    recurring("hourly", "report", cron="0 * * * *", misfire="all", backfill_max=3,
-              backfill_gap=30, client=client, now=T0)
+    client.recurring("hourly", "report", cron="0 * * * *", misfire="all", backfill_max=3,
+              backfill_gap=30, now=T0)
     timer = make_timer(timer_settings, transport)
     back = T0 + timedelta(hours=5, minutes=10)
     assert timer.run_once(now=back).fired == 3
@@ -87,7 +86,7 @@ def test_outage_with_misfire_all_backfills_spread_out(client, db, transport, tim
     assert [k for k, _, _ in rows] == [slot_key("hourly", T0 + timedelta(hours=h))
                                        for h in (3, 4, 5)]
     assert [r for _, r, _ in rows] == [back, back + 30 * S, back + 60 * S]
-    (event,) = schedule_history("hourly", client=client)
+    (event,) = client.schedule_history("hourly")
     assert (event.reason, event.slot_count) == ("missed", 2)
     timer.close()
 
@@ -98,12 +97,12 @@ def finish(db, key):
 
 
 def test_overlap_skip_with_a_run_still_going(client, db, transport, timer_settings):
-    recurring("sync", "report", every=60, overlap="skip", client=client, now=T0)
+    client.recurring("sync", "report", every=60, overlap="skip", now=T0)
     timer = make_timer(timer_settings, transport)
     assert timer.run_once(now=T0 + 60 * S).fired == 1
     db.execute("UPDATE tock_jobs SET state = 'running' WHERE schedule_name = 'sync'")
     assert timer.run_once(now=T0 + 120 * S).fired == 0
-    (event,) = schedule_history("sync", client=client)
+    (event,) = client.schedule_history("sync")
     assert (event.reason, event.first_slot) == ("overlap_skipped", T0 + 120 * S)
     finish(db, slot_key("sync", T0 + 60 * S))
     assert timer.run_once(now=T0 + 180 * S).fired == 1
@@ -112,7 +111,7 @@ def test_overlap_skip_with_a_run_still_going(client, db, transport, timer_settin
 
 def test_overlap_buffer_one_runs_the_newest_waiting_slot_when_the_run_ends(
         client, db, transport, timer_settings):
-    recurring("sync", "report", every=60, overlap="buffer_one", client=client, now=T0)
+    client.recurring("sync", "report", every=60, overlap="buffer_one", now=T0)
     timer = make_timer(timer_settings, transport)
     assert timer.run_once(now=T0 + 60 * S).fired == 1
     assert timer.run_once(now=T0 + 120 * S).fired == 0
@@ -121,7 +120,7 @@ def test_overlap_buffer_one_runs_the_newest_waiting_slot_when_the_run_ends(
     assert timer.run_once(now=T0 + 190 * S).fired == 1
     assert [k for k, _, _ in jobs(db, "sync")] == [slot_key("sync", T0 + 60 * S),
                                                    slot_key("sync", T0 + 180 * S)]
-    (event,) = schedule_history("sync", client=client)
+    (event,) = client.schedule_history("sync")
     assert (event.reason, event.first_slot) == ("overlap_replaced", T0 + 120 * S)
     timer.close()
 
@@ -129,7 +128,7 @@ def test_overlap_buffer_one_runs_the_newest_waiting_slot_when_the_run_ends(
 def test_a_job_made_before_a_crash_is_not_made_again(client, db, transport, timer_settings):
     """The state a crash between the two writes would leave, were they not one transaction:
     the slot's job exists, the cursor has not moved. One pass: still one job, cursor moves."""
-    recurring("tick", "report", every=60, client=client, now=T0)
+    client.recurring("tick", "report", every=60, now=T0)
     slot = T0 + 60 * S
     db.execute("INSERT INTO tock_jobs (kind, run_at, unique_key, schedule_name) "
                "VALUES ('report', %s, %s, 'tick')", (slot, slot_key("tick", slot)))
@@ -144,11 +143,11 @@ def test_a_job_made_before_a_crash_is_not_made_again(client, db, transport, time
 
 def test_three_timers_racing_make_exactly_one_job_per_slot(client, db, transport,
                                                            timer_settings):
-    recurring("every-1s", "report", every=1, client=client, now=T0)
-    recurring("every-7s", "report", every=7, start=T0, client=client, now=T0)
-    recurring("cron-3s", "report", cron="*/3 * * * * *", tz="Europe/Berlin", client=client,
+    client.recurring("every-1s", "report", every=1, now=T0)
+    client.recurring("every-7s", "report", every=7, start=T0, now=T0)
+    client.recurring("cron-3s", "report", cron="*/3 * * * * *", tz="Europe/Berlin",
               now=T0)
-    recurring("spread", "report", every=10, spread=5, client=client, now=T0)
+    client.recurring("spread", "report", every=10, spread=5, now=T0)
     timers = [make_timer(timer_settings, transport) for _ in range(3)]
     steps = 120
     barrier = threading.Barrier(3)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from shared.client import recurring
 from shared.core.schedules import slot_of
 from tests.wait import wait_for
 
@@ -32,7 +31,7 @@ def start_timer(database_url, queue_prefix, index, log_dir):
 @pytest.mark.e2e
 def test_three_timer_processes_one_killed_exactly_one_job_per_slot(
         client, db, transport, database_url, queue_prefix, tmp_path):
-    recurring("pulse", "report", every=1, client=client)
+    client.recurring("pulse", "report", every=1)
 
     def keys():
         return [r[0] for r in db.execute(

@@ -1,0 +1,206 @@
+"""Receive and claim: long-poll one SQS queue, then claim every message's job with one
+fenced statement (job id AND dispatch token AND state 'dispatched'), and hand the claimed
+jobs to the executor. Slots are reserved before receiving, so a process never holds more
+messages than it can run.
+
+A message whose claim matches nothing (forged, stale, replayed, unknown job, malformed)
+changes nothing and is deleted, with a `message_dropped` line naming the typed reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from consumer.inflight import InFlight
+from consumer.pipeline import Pipeline, Work
+from consumer.tasks import TaskContext
+from shared.core.errors import (
+    InvalidMessage,
+    JobNotFound,
+    LockTimeout,
+    StaleMessage,
+    TockError,
+    TransportError,
+)
+from shared.core.messages import JobMessage, decode
+from shared.runtime import metrics
+from shared.runtime.logs import emit
+from shared.runtime.supervisor import Loop
+from shared.store.rows import Claim, ClaimedJob, Lease
+from shared.transport.base import MAX_BATCH, Received
+
+log = logging.getLogger("tock.consumer")
+
+DROP_ERRORS: dict[str, type[TockError]] = {
+    "malformed": InvalidMessage,
+    "unknown_job": JobNotFound,
+    "stale_token": StaleMessage,
+    "not_dispatched": StaleMessage,
+    "duplicate": StaleMessage,
+}
+"""The typed error behind each reason a message claims nothing."""
+
+RETRY_LATER_SECONDS = 1
+"""Visibility given to a deferred message: it comes back after this long."""
+
+Drop = tuple[Received, str, str]
+"""(message, reason, detail)."""
+
+
+class Claimer(Loop):
+    """Receives from one queue on two threads."""
+
+    name = "claim"
+    threads = 2
+
+    def __init__(self, pipe: Pipeline, queue: str) -> None:
+        super().__init__()
+        self.pipe = pipe
+        self.queue = queue
+        self.name = f"claim-{queue}"
+        settings = pipe.settings
+        # A pass is one long poll plus a claim that may wait for a dispatch commit.
+        self.pass_bound_seconds = (settings.receive_wait_seconds
+                                   + 3 * settings.sqs_call_timeout_seconds + 60)
+
+    def run_once(self, now: datetime | None = None, wait_seconds: int | None = None) -> int:
+        """Receive one batch, claim it, hand the claimed jobs to the executor; returns how
+        many were claimed."""
+        pipe = self.pipe
+        if len(pipe.tracker) >= pipe.max_tracked:
+            # Outcomes are waiting to be written (database slow?): do not take more.
+            self.wait(0.05)
+            return 0
+        reserved = pipe.slots.reserve(MAX_BATCH, timeout=0.5)
+        if not reserved:
+            return 0
+        claimed: list[Work] = []
+        try:
+            wait = pipe.settings.receive_wait_seconds if wait_seconds is None else wait_seconds
+            try:
+                messages = pipe.transport.receive(self.queue, reserved, wait,
+                                                  pipe.settings.visibility_timeout_seconds)
+            except TransportError:
+                metrics.SQS_ERRORS.labels("ReceiveMessage").inc()
+                raise
+            if messages:
+                claimed = self.claim(messages)
+        finally:
+            pipe.slots.release(reserved - len(claimed))
+        for entry in claimed:
+            pipe.work.put(entry)
+        return len(claimed)
+
+    def claim(self, messages: list[Received]) -> list[Work]:
+        """Claim what the messages point at; drop (delete) the rest."""
+        # Keyed by (job, token): a stale message and the current one for the same job may
+        # arrive in one batch, and only the database knows which one is current.
+        wanted: dict[tuple[int, UUID], tuple[Received, JobMessage]] = {}
+        drop: list[Drop] = []
+        for msg in messages:
+            try:
+                parsed = decode(msg.body)
+            except InvalidMessage as exc:
+                drop.append((msg, "malformed", str(exc)))
+                continue
+            key = (parsed.job_id, parsed.token)
+            if key in wanted:
+                drop.append((msg, "duplicate", f"job {parsed.job_id} twice in one batch"))
+                continue
+            wanted[key] = (msg, parsed)
+        rows: list[ClaimedJob] = []
+        if wanted:
+            rows = self._claim_rows(list(wanted.values()))
+            # The timer sends before it commits; a message can arrive while the dispatch is
+            # still uncommitted and so invisible to our claim. Wait for those rows' locks
+            # (the commit takes milliseconds), then try once more.
+            missed = [wanted[k] for k in wanted.keys() - {(r.id, r.token) for r in rows}]
+            if missed:
+                try:
+                    rows += self._claim_rows(missed, wait_for_locks=True)
+                except LockTimeout:
+                    # The dispatch is still open (a slow send): let SQS bring these back in a
+                    # moment rather than hold this receiver.
+                    self._retry_later([m for m, _ in missed])
+                    for _, p in missed:
+                        wanted.pop((p.job_id, p.token))
+            got = {(r.id, r.token) for r in rows}
+            unmatched = [v for k, v in wanted.items() if k not in got]
+            if unmatched:
+                drop += self._explain_unclaimed(unmatched)
+        self._drop(drop)
+        return [self._start(row, wanted[(row.id, row.token)][0]) for row in rows]
+
+    def _start(self, row: ClaimedJob, msg: Received) -> Work:
+        pipe = self.pipe
+        now = row.run_at + timedelta(seconds=row.lag_seconds)
+        ctx = TaskContext(
+            job_id=row.id, kind=row.kind, queue=row.queue, attempt=row.attempt,
+            max_attempts=row.max_attempts, scheduled_at=row.run_at,
+            deadline=now + timedelta(seconds=row.timeout_seconds), tenant=row.tenant,
+            key=row.key, cancelled=threading.Event())
+        item = InFlight(Lease(row.id, row.attempt, row.token), self.queue, msg.receipt, ctx,
+                        timeout_seconds=row.timeout_seconds)
+        pipe.tracker.add(item)
+        metrics.DUE_TO_START.labels(row.kind).observe(max(row.lag_seconds, 0.0))
+        emit(log, "job_started", logging.DEBUG, job_id=row.id, kind=row.kind,
+             attempt=row.attempt, worker=pipe.worker_id, lag_ms=round(row.lag_seconds * 1000, 1))
+        return Work(item, row.payload, pipe.registry.get(row.kind))
+
+    def _claim_rows(self, batch: list[tuple[Received, JobMessage]], *,
+                    wait_for_locks: bool = False) -> list[ClaimedJob]:
+        pipe = self.pipe
+        claims = []
+        for _, parsed in batch:
+            task = pipe.registry.get(parsed.kind)
+            claims.append(Claim(
+                parsed.job_id, parsed.token,
+                (task and task.max_attempts) or pipe.settings.default_max_attempts,
+                (task and task.timeout_seconds) or pipe.settings.default_timeout_seconds))
+        return pipe.claim_store.claim_messages(
+            claims, pipe.worker_id, pipe.settings.lease_seconds, pipe.clock(),
+            wait_for_locks=wait_for_locks)
+
+    def _retry_later(self, messages: list[Received]) -> None:
+        receipts = [m.receipt for m in messages]
+        for i in range(0, len(receipts), MAX_BATCH):
+            try:
+                self.pipe.transport.change_visibility_batch(
+                    self.queue, receipts[i:i + MAX_BATCH], RETRY_LATER_SECONDS)
+            except TransportError as exc:
+                metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
+                emit(log, "visibility_change_failed", logging.WARNING, queue=self.queue,
+                     error=str(exc))
+        emit(log, "claim_deferred", logging.DEBUG, queue=self.queue, messages=len(messages),
+             retry_in_seconds=RETRY_LATER_SECONDS)
+
+    def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]) -> list[Drop]:
+        found = self.pipe.store.job_states([p.job_id for _, p in batch])
+        out: list[Drop] = []
+        for msg, parsed in batch:
+            if parsed.job_id not in found:
+                out.append((msg, "unknown_job", f"no job {parsed.job_id}"))
+                continue
+            state, token = found[parsed.job_id]
+            if token != parsed.token:
+                out.append((msg, "stale_token",
+                            f"job {parsed.job_id} is {state} with another dispatch token"))
+            else:
+                out.append((msg, "not_dispatched", f"job {parsed.job_id} is already {state}"))
+        return out
+
+    def _drop(self, drop: list[Drop]) -> None:
+        if not drop:
+            return
+        for msg, reason, detail in drop:
+            # Each reason is one of tock's typed errors; the message changed no job.
+            error = DROP_ERRORS[reason](detail)
+            metrics.MESSAGES_DROPPED.labels(reason).inc()
+            emit(log, "message_dropped", logging.WARNING, reason=reason,
+                 error=f"{type(error).__name__}: {error}", message_id=msg.message_id,
+                 queue=self.queue)
+        self.pipe.delete(self.queue, [m.receipt for m, _, _ in drop])
+

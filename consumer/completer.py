@@ -1,0 +1,125 @@
+"""Write outcomes: take the finished attempts waiting (up to `completion_batch_size`),
+write them with one fenced statement, commit, and only then delete their messages.
+
+A crash before the delete leaves messages that are redelivered and find their job
+finished, which is harmless. A result whose fence matches nothing (the lease was lost:
+cancelled, or expired and taken over) is discarded with a `result_discarded` line.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queues
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from consumer.outcomes import Finished
+from consumer.pipeline import Pipeline
+from shared.core.errors import LeaseLost, Retryable
+from shared.core.states import AttemptOutcome, JobState
+from shared.runtime import metrics
+from shared.runtime.logs import emit
+from shared.runtime.supervisor import Loop
+
+log = logging.getLogger("tock.consumer")
+
+TAKE_WAIT_SECONDS = 0.2
+NOTIFY_WITHIN_SECONDS = 60
+"""A retry due sooner than this wakes the timers (NOTIFY) instead of waiting for a pass."""
+
+
+class Completer(Loop):
+    name = "complete"
+
+    def __init__(self, pipe: Pipeline) -> None:
+        super().__init__()
+        self.pipe = pipe
+        self._retrying: list[Finished] = []
+
+    def run_once(self, now: datetime | None = None, wait_seconds: float = TAKE_WAIT_SECONDS
+                 ) -> int:
+        """Write one batch of outcomes, then delete their messages; returns how many."""
+        batch = self._take(wait_seconds)
+        if not batch:
+            return 0
+        self.finish(batch)
+        return len(batch)
+
+    def _take(self, wait_seconds: float) -> list[Finished]:
+        batch, self._retrying = self._retrying, []
+        limit = self.pipe.settings.completion_batch_size
+        try:
+            if not batch:
+                batch.append(self.pipe.done.get(timeout=wait_seconds) if wait_seconds
+                             else self.pipe.done.get_nowait())
+            while len(batch) < limit:
+                batch.append(self.pipe.done.get_nowait())
+        except queues.Empty:
+            pass
+        return batch
+
+    def finish(self, batch: list[Finished]) -> None:
+        """Write (fenced), then delete, then forget. A retryable database error keeps the
+        batch for the next pass: the lease may run out meanwhile, and then the fence
+        rejects the write, which is the correct outcome."""
+        pipe = self.pipe
+        # A late result of a job released at shutdown is not written: the release is.
+        batch = [f for f in batch if pipe.tracker.holds(f.item)
+                 and (not f.item.released or f.outcome is AttemptOutcome.RELEASED)]
+        live = [f for f in batch if not f.item.lease_lost]
+        for f in live:
+            f.item.completing = True
+        written: set[int] = set()
+        if live:
+            try:
+                written = self._write(live)
+            except Retryable:
+                for f in live:
+                    f.item.completing = False
+                self._retrying = batch
+                raise
+        by_queue: dict[str, list[str]] = defaultdict(list)
+        for f in batch:
+            self._report(f, f.item.job_id in written)
+            by_queue[f.item.queue].append(f.item.receipt)
+        # Only now, after the commit: delete.
+        for q, receipts in by_queue.items():
+            pipe.delete(q, receipts)
+        for f in batch:
+            pipe.tracker.forget(f.item)
+
+    def _write(self, batch: list[Finished]) -> set[int]:
+        pipe = self.pipe
+        written = pipe.store.finish_attempts([f.result() for f in batch], pipe.worker_id,
+                                             pipe.clock())
+        if any(f.state in (JobState.RETRYING, JobState.SCHEDULED)
+               and f.delay_seconds < NOTIFY_WITHIN_SECONDS for f in batch):
+            pipe.store.notify_due()
+        return written
+
+    def _report(self, f: Finished, written: bool) -> None:
+        item, kind = f.item, f.item.context.kind
+        worker = self.pipe.worker_id
+        if not written:
+            lost = LeaseLost(f"job {item.job_id} attempt {item.attempt}: the fenced write "
+                             "matched no row (cancelled, or its lease expired and the job "
+                             "was taken over)")
+            metrics.STALE_COMPLETIONS.inc()
+            emit(log, "result_discarded", logging.WARNING, job_id=item.job_id, kind=kind,
+                 attempt=item.attempt, worker=worker, error=f"LeaseLost: {lost}",
+                 outcome=f.outcome.value)
+            return
+        metrics.OUTCOMES.labels(kind, f.outcome.value).inc()
+        metrics.RUN_DURATION.labels(kind, f.outcome.value).observe(f.run_seconds)
+        if f.state is JobState.RETRYING and not f.refund:
+            metrics.RETRIES.labels(kind).inc()
+        if f.state is JobState.DEAD:
+            metrics.DEAD.labels(kind).inc()
+        level = logging.INFO if f.state is JobState.SUCCEEDED else logging.WARNING
+        extra: dict[str, Any] = {"error": f.error} if f.error else {}
+        if f.state is JobState.RETRYING and not f.refund:
+            extra["retry_in_s"] = round(f.delay_seconds, 2)
+        emit(log, f"job_{f.outcome.value}", level, job_id=item.job_id, kind=kind,
+             attempt=item.attempt, worker=worker, next_state=f.state.value,
+             ms=round(f.run_seconds * 1000, 1), **extra)

@@ -1,0 +1,127 @@
+"""Keep leases alive, on two timers that never wait for each other:
+
+    LeaseKeeper        every heartbeat_seconds: one fenced UPDATE extends every database
+                       lease this worker holds (the authority), plus the worker row; every
+                       tick it signals handlers past their deadline
+    VisibilityKeeper   every heartbeat_seconds: ChangeMessageVisibilityBatch for the
+                       messages of the jobs whose lease holds, so SQS does not redeliver them
+
+A hung or failing SQS call therefore never delays a database heartbeat. A lost lease
+(cancelled, or expired and taken over) sets the handler's `ctx.cancelled`; its result will
+be discarded by the completer's fence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from datetime import datetime
+
+from consumer.pipeline import Pipeline
+from shared.core.errors import TransportError
+from shared.runtime import metrics
+from shared.runtime.logs import emit
+from shared.runtime.supervisor import Loop
+from shared.transport.base import MAX_BATCH
+
+log = logging.getLogger("tock.consumer")
+
+TICK_SECONDS = 0.2
+"""How often deadlines are checked; heartbeats go out every heartbeat_seconds."""
+
+
+class LeaseKeeper(Loop):
+    name = "heartbeat"
+    idle_seconds = TICK_SECONDS
+
+    def __init__(self, pipe: Pipeline) -> None:
+        super().__init__()
+        self.pipe = pipe
+        self.ready_within_seconds = 3 * pipe.settings.heartbeat_seconds
+        self._next_beat = time.monotonic() + pipe.settings.heartbeat_seconds
+
+    def run_once(self, now: datetime | None = None) -> int:
+        self.check_timeouts()
+        if time.monotonic() >= self._next_beat:
+            self._next_beat = time.monotonic() + self.pipe.settings.heartbeat_seconds
+            self.beat(now)
+        return 0
+
+    def beat(self, now: datetime | None = None) -> tuple[int, int]:
+        """Extend every lease this process holds (one fenced UPDATE) and refresh the worker
+        row; returns (kept, lost)."""
+        pipe = self.pipe
+        items = pipe.tracker.heartbeating()
+        when = now if now is not None else pipe.clock()
+        with pipe.store.transaction() as tx:
+            kept = tx.heartbeat([i.lease for i in items], pipe.worker_id,
+                                pipe.settings.lease_seconds, when)
+            tx.upsert_worker(pipe.announcement(), when)
+        self.mark_ok()
+        # A job whose outcome is being written in the meantime is not lost: it is done.
+        lost = [i for i in items if i.job_id not in kept and not i.completing]
+        for item in lost:
+            item.lease_lost = True
+            item.context.cancelled.set()
+            metrics.LEASES_LOST.inc()
+            emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
+                 worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
+        return len(kept), len(lost)
+
+    def check_timeouts(self) -> None:
+        """Signal handlers past their deadline; stop heartbeating ones stuck far past it, so
+        their lease expires and the timer recovers the job as if this worker had died."""
+        now = time.monotonic()
+        for item in self.pipe.tracker.items():
+            over = now - item.started - item.timeout_seconds
+            if over > 0 and not item.timed_out:
+                item.timed_out = True
+                item.context.cancelled.set()
+                emit(log, "job_timeout", logging.WARNING, job_id=item.job_id,
+                     attempt=item.attempt, timeout_s=item.timeout_seconds)
+            if over > self.pipe.settings.lease_seconds and not item.abandoned:
+                item.abandoned = True
+                emit(log, "handler_stuck", logging.ERROR, job_id=item.job_id,
+                     attempt=item.attempt, worker=self.pipe.worker_id,
+                     detail="handler ignored its deadline; lease left to expire")
+
+
+class VisibilityKeeper(Loop):
+    name = "visibility"
+
+    def __init__(self, pipe: Pipeline) -> None:
+        super().__init__()
+        self.pipe = pipe
+        self.idle_seconds = pipe.settings.heartbeat_seconds
+
+    def run_once(self, now: datetime | None = None) -> int:
+        self.extend()
+        return 0
+
+    def extend(self) -> int:
+        """Extend the visibility of every message whose job's lease holds; returns how
+        many extensions SQS refused. The database lease stays the authority: a message
+        that reappears anyway claims nothing."""
+        pipe = self.pipe
+        by_queue: dict[str, list[str]] = defaultdict(list)
+        for item in pipe.tracker.heartbeating():
+            by_queue[item.queue].append(item.receipt)
+        refused = 0
+        for q, receipts in by_queue.items():
+            for i in range(0, len(receipts), MAX_BATCH):
+                try:
+                    failures = pipe.transport.change_visibility_batch(
+                        q, receipts[i:i + MAX_BATCH], pipe.settings.visibility_timeout_seconds)
+                except TransportError as exc:
+                    metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
+                    emit(log, "visibility_extend_failed", logging.WARNING, queue=q,
+                         error=str(exc))
+                    refused += len(receipts[i:i + MAX_BATCH])
+                    continue
+                if failures:
+                    refused += len(failures)
+                    metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc(len(failures))
+                    emit(log, "visibility_extend_failed", logging.WARNING, queue=q,
+                         entries=len(failures), error=failures[0].message)
+        return refused

@@ -1,0 +1,92 @@
+"""What the loops of one consumer process share: its settings and identity, the stores and
+the transport, the handler slots, the table of jobs in flight, and the two queues between
+the loops.
+
+    claimer ──work──► executor ──done──► completer
+       └─ reserves slots ──┘ frees them      writes outcomes, then deletes messages
+    lease keeper / visibility keeper: every job in the tracker
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queues
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from consumer.inflight import InFlight, Slots, Tracker
+from consumer.outcomes import Finished
+from consumer.tasks import Registry, Task
+from shared.core.errors import TransportError
+from shared.runtime import metrics
+from shared.runtime.logs import emit
+from shared.runtime.settings import ConsumerSettings
+from shared.store.job_store import JobStore
+from shared.store.rows import WorkerAnnouncement
+from shared.transport.base import MAX_BATCH, Transport
+
+log = logging.getLogger("tock.consumer")
+
+Clock = Callable[[], datetime | None]
+"""The database's "now" for leases: None means the database clock (production)."""
+
+
+class Work(NamedTuple):
+    """A claimed job for the executor."""
+
+    item: InFlight
+    payload: Any
+    task: Task | None
+
+
+@dataclass
+class Pipeline:
+    settings: ConsumerSettings
+    registry: Registry
+    transport: Transport
+    store: JobStore
+    """Durable commits: outcomes, heartbeats, the worker row."""
+    claim_store: JobStore
+    """Claims commit asynchronously: a claim lost in a database crash leaves the job
+    dispatched and its message undeleted, so it is claimed again or re-dispatched."""
+    clock: Clock = lambda: None
+    worker_id: str = field(default_factory=lambda: (
+        f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"))
+    slots: Slots = field(init=False)
+    tracker: Tracker = field(default_factory=Tracker)
+    work: queues.Queue[Work] = field(default_factory=queues.Queue)
+    done: queues.Queue[Finished] = field(default_factory=queues.Queue)
+
+    def __post_init__(self) -> None:
+        self.slots = Slots(self.settings.concurrency)
+        if self.settings.worker_id:
+            self.worker_id = self.settings.worker_id
+
+    @property
+    def max_tracked(self) -> int:
+        """Past this many jobs in flight (outcomes waiting to be written), stop receiving."""
+        return 4 * self.settings.concurrency + MAX_BATCH
+
+    def delete(self, queue: str, receipts: list[str]) -> None:
+        """Delete messages, 10 per call; a failure is counted and logged (such a message
+        comes back later and claims nothing)."""
+        for i in range(0, len(receipts), MAX_BATCH):
+            try:
+                failures = self.transport.delete_batch(queue, receipts[i:i + MAX_BATCH])
+            except TransportError as exc:
+                metrics.SQS_ERRORS.labels("DeleteMessageBatch").inc()
+                emit(log, "delete_failed", logging.WARNING, queue=queue, error=str(exc))
+                continue
+            if failures:
+                metrics.SQS_ERRORS.labels("DeleteMessageBatch").inc(len(failures))
+
+    def announcement(self) -> WorkerAnnouncement:
+        return WorkerAnnouncement(
+            id=self.worker_id, host=socket.gethostname(), pid=os.getpid(),
+            queues=self.settings.queues, concurrency=self.settings.concurrency,
+            in_flight=len(self.tracker))

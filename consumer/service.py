@@ -1,0 +1,174 @@
+"""A consumer process: its loops, their threads, and its lifecycle.
+
+    claim-<queue> (2 threads per queue) ─► execute (concurrency threads) ─► complete
+    heartbeat (database leases, deadlines)      visibility (SQS message visibility)
+
+The database lease is the authority. Messages are deleted only after the outcome is
+committed, so a crash at any point leaves the job recoverable. Every loop runs under one
+`Supervisor`: a crash of any of them stops the process with a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from consumer import outcomes
+from consumer.claimer import Claimer
+from consumer.completer import Completer
+from consumer.executor import Executor
+from consumer.inflight import InFlight
+from consumer.lease import LeaseKeeper, VisibilityKeeper
+from consumer.pipeline import Clock, Pipeline
+from consumer.tasks import Registry
+from shared.core.errors import Retryable
+from shared.runtime.lifecycle import StopFlag
+from shared.runtime.logs import emit
+from shared.runtime.settings import ConsumerSettings
+from shared.runtime.supervisor import Supervisor
+from shared.store.database import Database
+from shared.store.job_store import JobStore
+from shared.transport.base import Transport
+from shared.transport.sqs import SqsTransport
+
+log = logging.getLogger("tock.consumer")
+
+SETTLE_SECONDS = 10.0
+"""After the grace period: how long shutdown waits for outcomes to be written."""
+
+
+class Consumer:
+    """One consumer process's machinery. `run_forever()` in production; tests drive the
+    loops' `run_once` (or the shortcuts below) step by step."""
+
+    def __init__(self, settings: ConsumerSettings, registry: Registry,
+                 transport: Transport | None = None, clock: Clock = lambda: None) -> None:
+        """`clock` pins the database's "now" for leases (tests); None means the database
+        clock, which is what production uses: leases are judged by one clock."""
+        self.settings = settings
+        self.registry = registry
+        # Outcomes, heartbeats: durable commits. Claims: a claim lost in a database crash
+        # leaves the job dispatched and its message undeleted, so it is claimed again (or
+        # re-dispatched): no WAL-flush wait needed. No checkout checks: the loops retry.
+        self.database = Database(settings.database_url, max_size=6, name="tock-consumer",
+                                 check=False)
+        self.claim_database = Database(settings.database_url, max_size=4, name="tock-claim",
+                                       check=False, synchronous_commit=False)
+        self.pipe = Pipeline(
+            settings=settings, registry=registry,
+            transport=transport or SqsTransport(
+                settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
+                max_connections=max(20, settings.concurrency + 10)),
+            store=JobStore(self.database), claim_store=JobStore(self.claim_database),
+            clock=clock)
+        self.worker_id = self.pipe.worker_id
+        self.claimers = {q: Claimer(self.pipe, q) for q in settings.queues}
+        self.executor = Executor(self.pipe)
+        self.completer = Completer(self.pipe)
+        self.lease_keeper = LeaseKeeper(self.pipe)
+        self.visibility = VisibilityKeeper(self.pipe)
+        self.stop_flag = StopFlag()
+        self.supervisor = Supervisor("consumer", self.stop_flag)
+        self.supervisor.watch(self.lease_keeper, self.visibility, self.completer,
+                              self.executor, *self.claimers.values())
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.database.open()
+        self.claim_database.open()
+
+    def close(self) -> None:
+        """Close the database pools (after `shutdown`, or when driven step by step)."""
+        self.database.close()
+        self.claim_database.close()
+
+    def start(self) -> None:
+        """Announce this worker, start every loop; returns at once."""
+        self.open()
+        self.pipe.store.upsert_worker(self.pipe.announcement(), self.pipe.clock())
+        self.lease_keeper.mark_ok()  # ready from the start
+        self.supervisor.start()
+        emit(log, "consumer_started", worker=self.worker_id, queues=self.settings.queues,
+             concurrency=self.settings.concurrency, tasks=self.registry.kinds())
+
+    def run_forever(self) -> int:
+        """Run until SIGTERM/SIGINT (graceful shutdown, exit 0) or a loop crash (exit 70)."""
+        self.start()
+        while not self.stop_flag.wait(1.0):
+            pass
+        self.shutdown()
+        return self.supervisor.exit_code
+
+    def shutdown(self) -> None:
+        """Stop receiving; let in-flight jobs finish within the grace period; release the
+        rest (fenced) so they run elsewhere at once; write what is left; stop."""
+        pipe = self.pipe
+        emit(log, "consumer_stopping", worker=self.worker_id, in_flight=len(pipe.tracker),
+             grace_seconds=self.settings.shutdown_grace_seconds)
+        self.stop_flag.set()
+        for claimer in self.claimers.values():
+            claimer.stop()
+        for claimer in self.claimers.values():
+            claimer.join()
+        if not pipe.slots.wait_idle(self.settings.shutdown_grace_seconds):
+            self._release_unfinished()
+        pipe.tracker.wait_settled(SETTLE_SECONDS)
+        self.executor.stop()
+        self.completer.stop()
+        self.completer.join(SETTLE_SECONDS)
+        self._drain()
+        self.lease_keeper.stop()
+        self.visibility.stop()
+        self.lease_keeper.join(SETTLE_SECONDS)
+        with contextlib.suppress(Retryable):  # else the row goes stale; the dashboard says so
+            pipe.store.stop_worker(self.worker_id, pipe.clock())
+        self.close()
+        emit(log, "consumer_stopped", worker=self.worker_id,
+             exit_code=self.supervisor.exit_code)
+
+    def _drain(self) -> None:
+        """Write outcomes still queued (the completer thread has stopped)."""
+        for _ in range(50):
+            try:
+                if not self.completer.run_once(wait_seconds=0):
+                    return
+            except Retryable as exc:
+                emit(log, "complete_failed", logging.ERROR, error=str(exc))
+                time.sleep(0.2)
+
+    def _release_unfinished(self) -> None:
+        pending = {f.item.job_id for f in list(self.pipe.done.queue)}
+        release = [i for i in self.pipe.tracker.heartbeating() if i.job_id not in pending]
+        for item in release:
+            item.released = True  # before the signal: the handler may return at once
+            item.abandoned = True
+            item.context.cancelled.set()
+        if release:
+            emit(log, "jobs_released", logging.WARNING, jobs=len(release),
+                 job_ids=[i.job_id for i in release], worker=self.worker_id)
+            for item in release:
+                self.pipe.done.put(outcomes.released(item))
+
+    # --- step by step (tests, benchmarks) --------------------------------------------------
+
+    def receive_once(self, queue: str, wait_seconds: int | None = None) -> int:
+        """One receive + claim from `queue`; the claimed jobs wait in `pipe.work`."""
+        return self.claimers[queue].run_once(wait_seconds=wait_seconds)
+
+    def complete_pending(self) -> int:
+        """Write the outcomes waiting (one batch), then delete their messages."""
+        return self.completer.run_once(wait_seconds=0)
+
+    def heartbeat_once(self) -> tuple[int, int]:
+        """One database heartbeat, then one visibility extension; returns (kept, lost)."""
+        kept_lost = self.lease_keeper.beat()
+        self.visibility.extend()
+        return kept_lost
+
+    def check_timeouts(self) -> None:
+        self.lease_keeper.check_timeouts()
+
+    def in_flight(self) -> list[InFlight]:
+        return self.pipe.tracker.items()

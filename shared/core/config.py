@@ -1,0 +1,15 @@
+"""The configuration the library layers take. Processes read it from `TOCK_*` variables
+(`shared.runtime.settings.ClientSettings` satisfies it); library users may pass their own."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ProducerConfig(Protocol):
+    """What the producer client and the schedules API need to know."""
+
+    database_url: str
+    max_payload_bytes: int
+    default_queue: str
+    pool_max_size: int

@@ -1,0 +1,84 @@
+"""What operators read: pages of jobs, bulk-action plans, queue statistics, workers and
+the throughput timeline. Plain data, built by `shared.store.OperatorStore`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shared.core.jobs import Job
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of jobs, newest first. `next_cursor` is passed back as `before_id` for the
+    next page; None on the last page."""
+
+    jobs: list[Job]
+    next_cursor: int | None
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """What a bulk action would touch now: `count` jobs, none newer than `up_to_id`.
+    Passing `up_to_id` back to the action keeps jobs created after the dry run out."""
+
+    action: str
+    count: int
+    up_to_id: int | None
+    description: str
+
+
+@dataclass(frozen=True)
+class QueueKindStats:
+    """Unfinished work of one kind on one queue, as of `now`."""
+
+    queue: str
+    kind: str
+    due: int
+    """scheduled/retrying with run_at passed: waiting for a timer."""
+    dispatched: int
+    """in SQS, waiting for a consumer."""
+    running: int
+    future: int
+    """scheduled/retrying, not yet due."""
+    oldest_due_age_seconds: float
+    """How long the oldest due-but-not-started job (due or dispatched) has waited; 0 if none."""
+
+    @property
+    def depth(self) -> int:
+        """Jobs that are due and not yet running: the backlog consumers should drain."""
+        return self.due + self.dispatched
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A consumer process as it last reported itself."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    started_at: datetime
+    last_heartbeat: datetime
+    stopped_at: datetime | None
+    heartbeat_age_seconds: float
+    status: str = field(default="alive")
+    """alive, stale (no heartbeat for `stale_after_seconds`) or stopped."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One time bucket of finished work."""
+
+    start: datetime
+    outcomes: dict[str, int]
+    """Finished attempts by outcome."""
+    succeeded: int
+    start_lag_p50: float | None
+    start_lag_p95: float | None
+    """Due-to-start latency (seconds) of jobs that succeeded in the bucket."""
+    run_p50: float | None
+    run_p95: float | None

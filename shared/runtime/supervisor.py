@@ -1,0 +1,293 @@
+"""Every long-running loop of a process has one shape (`Loop`) and runs under one
+`Supervisor`, so that no thread dies unnoticed and the health probes tell the truth.
+
+    loop.run_once(now)    one pass; returns how much work it did (tests call it directly)
+    loop.start()/stop()   the pass on its own thread(s), until stopped
+
+What a loop thread does with an error a pass raises:
+- `Retryable` (the store's verdict: connection lost, deadlock, timeout) or `TransportError`
+  (SQS): logged, then the pass runs again after a backoff (0.1 s doubling to 1 s, reset by
+  the first success). Repeats of the same error are collapsed into one line every 30 s.
+- anything else (a bug, a `DatabaseBug`, even `KeyboardInterrupt` in a thread): logged
+  with its traceback as `loop_crashed`, and the supervisor stops the process, which exits
+  non-zero so that ECS or Kubernetes restart it. Recovering in place from an error nobody
+  anticipated would hide it.
+
+Liveness (`Supervisor.live`) fails when a loop thread has exited, a loop crashed, or a
+pass has run longer than its loop's `pass_bound_seconds`. Readiness (`Supervisor.ready`)
+fails while a loop with `ready_within_seconds` has not succeeded that recently.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from shared.core.errors import Retryable, TransportError
+from shared.runtime.lifecycle import StopFlag
+from shared.runtime.logs import emit
+
+log = logging.getLogger("tock.supervisor")
+
+MIN_BACKOFF_SECONDS = 0.1
+MAX_BACKOFF_SECONDS = 1.0
+"""Short on purpose: after an outage every loop is working again within about a second of
+the service coming back."""
+REPEAT_LOG_SECONDS = 30.0
+
+EXPECTED = (Retryable, TransportError)
+"""Errors a loop waits out and retries."""
+
+
+@dataclass
+class _Beat:
+    """What one loop thread last did, by the monotonic clock."""
+
+    started: float | None = None
+    """Start of the pass in progress; None between passes."""
+    finished: float | None = None
+    succeeded: float | None = None
+
+
+class Loop:
+    """Base of every long-running loop. Subclasses set the class attributes and implement
+    `run_once`; a pass that returns 0 (nothing to do) is followed by `idle_seconds` of
+    sleep, which `stop()` cuts short."""
+
+    name = "loop"
+    threads = 1
+    idle_seconds = 0.0
+    pass_bound_seconds: float | None = 120.0
+    """A pass running longer than this makes the process not live (None: no bound)."""
+    ready_within_seconds: float | None = None
+    """The process is ready only while this loop succeeded this recently (None: ignored)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._beats: list[_Beat] = []
+        self._failures = _FailureLog()
+        self.supervisor: Supervisor | None = None
+        self.crashed: BaseException | None = None
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """One pass; returns how much it did. `now` pins the database clock (tests)."""
+        raise NotImplementedError
+
+    # --- threads ----------------------------------------------------------------------------
+
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Run passes on `threads` daemon threads until `stop()`."""
+        self.supervisor = supervisor
+        self._stop.clear()
+        for index in range(self.threads):
+            beat = _Beat()
+            thread = threading.Thread(target=self._main, args=(beat,), daemon=True,
+                                      name=f"tock-{self.name}-{index}")
+            self._beats.append(beat)
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self) -> None:
+        """Ask the threads to finish their current pass and end."""
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the threads to end; False if one is still running after `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(deadline - time.monotonic(), 0))
+        return not any(t.is_alive() for t in self._threads)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True (at once) when the loop is asked to stop."""
+        return self._stop.wait(max(seconds, 0.0))
+
+    def idle(self) -> None:
+        """Between a pass that found nothing to do and the next: sleep `idle_seconds`
+        (loops that can be woken, like the dispatcher on NOTIFY, override this)."""
+        if self.idle_seconds:
+            self.wait(self.idle_seconds)
+
+    def mark_ok(self) -> None:
+        """Record a success that happened outside a pass (e.g. a start-up announcement)."""
+        now = time.monotonic()
+        for beat in self._beats or [self._spare()]:
+            beat.succeeded = now
+
+    def _spare(self) -> _Beat:
+        beat = _Beat()
+        self._beats.append(beat)
+        return beat
+
+    def _main(self, beat: _Beat) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            try:
+                beat.started = time.monotonic()
+                did = self.run_once()
+                now = time.monotonic()
+                beat.started, beat.finished, beat.succeeded = None, now, now
+                if backoff:
+                    self._failures.recovered(self.name)
+                    backoff = 0.0
+                if not did:
+                    self.idle()
+            except EXPECTED as exc:
+                beat.started, beat.finished = None, time.monotonic()
+                backoff = min(max(backoff * 2, MIN_BACKOFF_SECONDS), MAX_BACKOFF_SECONDS)
+                self._failures.report(self.name, exc, backoff)
+                self.wait(backoff)
+            except BaseException as exc:  # any other error is a bug: stop the process
+                beat.started, beat.finished = None, time.monotonic()
+                self.crashed = exc
+                emit(log, "loop_crashed", logging.CRITICAL, loop=self.name,
+                     error=_describe(exc), traceback="".join(traceback.format_exception(exc)))
+                if self.supervisor is not None:
+                    self.supervisor.crash(self, exc)
+                return
+
+    # --- probes -------------------------------------------------------------------------------
+
+    def problem(self, now: float) -> str | None:
+        """Why this loop makes the process not live, or None."""
+        if self.crashed is not None:
+            return f"loop {self.name} crashed: {_describe(self.crashed)}"
+        if not self.stopping:
+            for thread in self._threads:
+                if not thread.is_alive():
+                    return f"loop {self.name}: thread {thread.name} has exited"
+        bound = self.pass_bound_seconds
+        for beat in self._beats:
+            if bound is not None and beat.started is not None and now - beat.started > bound:
+                return (f"loop {self.name}: a pass has run for {now - beat.started:.0f} s "
+                        f"(bound {bound:.0f} s)")
+        return None
+
+    def unready(self, now: float) -> str | None:
+        """Why this loop makes the process not ready, or None."""
+        within = self.ready_within_seconds
+        if within is None:
+            return None
+        times = [b.succeeded for b in self._beats if b.succeeded is not None]
+        if not times:
+            return f"no successful {self.name} pass yet"
+        age = now - max(times)
+        if age > within:
+            return f"last successful {self.name} pass {age:.1f} s ago (limit {within:.0f} s)"
+        return None
+
+    def last_success_age(self, now: float) -> float | None:
+        times = [b.succeeded for b in self._beats if b.succeeded is not None]
+        return now - max(times) if times else None
+
+
+class Supervisor:
+    """The loops of one process. A crash in any of them stops the process (`stop_flag`),
+    and `exit_code` tells the process to exit non-zero."""
+
+    def __init__(self, process: str, stop_flag: StopFlag | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.process = process
+        self.stop_flag = stop_flag or StopFlag()
+        self.clock = clock
+        self.loops: list[Loop] = []
+        self.fatal: str | None = None
+
+    def watch(self, *loops: Loop) -> None:
+        """Make these loops part of the process (its probes cover them from now on)."""
+        self.loops.extend(loops)
+
+    def start(self) -> None:
+        """Start every loop watched."""
+        for loop in self.loops:
+            loop.start(self)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask every loop to stop, then wait up to `timeout` for their threads."""
+        for loop in self.loops:
+            loop.stop()
+        for loop in self.loops:
+            loop.join(timeout)
+
+    def crash(self, loop: Loop, exc: BaseException) -> None:
+        """A loop died of an unexpected error: stop everything, exit non-zero."""
+        if self.fatal is None:
+            self.fatal = f"loop {loop.name} crashed: {_describe(exc)}"
+            emit(log, "process_stopping", logging.CRITICAL, process=self.process,
+                 reason=self.fatal)
+        self.stop_flag.set()
+
+    @property
+    def exit_code(self) -> int:
+        return 70 if self.fatal else 0  # EX_SOFTWARE
+
+    def live(self) -> tuple[bool, str]:
+        """(ok, reason): every loop thread alive, no pass past its bound, no crash."""
+        now = self.clock()
+        if self.fatal:
+            return False, self.fatal
+        for loop in self.loops:
+            problem = loop.problem(now)
+            if problem:
+                return False, problem
+        if self.stop_flag.is_set():
+            return False, f"{self.process} is stopping"
+        return True, f"{self.process}: {len(self.loops)} loops running"
+
+    def ready(self) -> tuple[bool, str]:
+        """(ok, reason): live, and every loop that gates readiness succeeded recently."""
+        ok, reason = self.live()
+        if not ok:
+            return ok, reason
+        now = self.clock()
+        for loop in self.loops:
+            why = loop.unready(now)
+            if why:
+                return False, why
+        ages = [(loop.name, loop.last_success_age(now)) for loop in self.loops
+                if loop.ready_within_seconds is not None]
+        said = ", ".join(f"{n} {a:.1f} s ago" for n, a in ages if a is not None)
+        return True, f"last successful pass: {said}" if said else "ready"
+
+
+class _FailureLog:
+    """One line per new error; repeats of the same error once every REPEAT_LOG_SECONDS."""
+
+    def __init__(self) -> None:
+        self._last_text: str | None = None
+        self._last_logged = 0.0
+        self._repeats = 0
+
+    def report(self, loop: str, exc: BaseException, retry_in: float) -> None:
+        text = _describe(exc)
+        now = time.monotonic()
+        if text == self._last_text and now - self._last_logged < REPEAT_LOG_SECONDS:
+            self._repeats += 1
+            return
+        emit(log, "loop_failed", logging.ERROR, loop=loop, error=text,
+             retry_in_seconds=round(retry_in, 2), repeats=self._repeats)
+        self._last_text, self._last_logged, self._repeats = text, now, 0
+
+    def recovered(self, loop: str) -> None:
+        if self._last_text is not None:
+            emit(log, "loop_recovered", loop=loop, after_error=self._last_text,
+                 repeats=self._repeats)
+        self._last_text, self._repeats = None, 0
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose __str__ raises still gets a name
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

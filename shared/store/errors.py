@@ -1,0 +1,75 @@
+"""The one place that decides what a database error means. Every psycopg error that leaves
+`shared.store` has been turned into one of tock's `DatabaseError`s (shared.core.errors):
+
+    connection lost or refused, admin/crash shutdown,     -> DatabaseUnavailable (Retryable)
+      pool timeout (class 08, 57P01-57P03, no SQLSTATE)
+    lock_timeout (55P03)                                  -> LockTimeout (Retryable)
+    deadlock (40P01), serialization failure (40001),      -> Retryable
+      statement_timeout / cancel (57014), too many
+      connections or out of resources (class 53)
+    a value Postgres refuses (class 22, 23; NUL bytes,    -> DataRejected
+      text that is not valid UTF-8)
+    anything else (syntax, undefined column, ...)         -> DatabaseBug
+
+Loops retry `Retryable`, drop the input behind a `DataRejected`, and stop the process on a
+`DatabaseBug` (shared.runtime.supervisor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from shared.core.errors import (
+    DatabaseBug,
+    DatabaseError,
+    DatabaseUnavailable,
+    DataRejected,
+    LockTimeout,
+    Retryable,
+)
+
+_SHUTDOWN = ("57P01", "57P02", "57P03")  # admin_shutdown, crash_shutdown, cannot_connect_now
+_TRANSIENT = ("40001", "40P01", "57014")  # serialization, deadlock, query_canceled (timeouts)
+
+
+def classify(exc: BaseException) -> DatabaseError:
+    """The tock error for a psycopg error (or an encoding error raised while sending)."""
+    if isinstance(exc, UnicodeError):
+        return DataRejected(f"text the database cannot store: {exc}")
+    state = getattr(exc, "sqlstate", None)
+    text = _describe(exc)
+    if isinstance(exc, PoolTimeout):
+        return DatabaseUnavailable(f"database unavailable: {text}")
+    if state is None:
+        if isinstance(exc, psycopg.DataError):
+            return DataRejected(text)  # e.g. a NUL byte in a text parameter
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return DatabaseUnavailable(f"database unavailable: {text}")
+        return DatabaseBug(text)
+    if state.startswith("08") or state in _SHUTDOWN:
+        return DatabaseUnavailable(f"database unavailable: {text}", state)
+    if state == "55P03":
+        return LockTimeout(text, state)
+    if state in _TRANSIENT or state.startswith("53"):
+        return Retryable(text, state)
+    if state.startswith(("22", "23")):
+        return DataRejected(text, state)
+    return DatabaseBug(f"{text} (SQLSTATE {state})", state)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise any psycopg error inside the block as its tock error."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise classify(exc) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

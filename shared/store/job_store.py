@@ -1,0 +1,187 @@
+"""`JobStore`: every statement on jobs, attempts and workers (shared.store.jobs_sql), one
+typed method each. `now=None` means the database clock, which production uses (leases are
+judged by one clock); tests pin it. Guarded transitions return what they changed; the
+caller turns "nothing" into its typed error (`LeaseLost`, `InvalidTransition` ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from shared.core.jobs import Attempt, Job
+from shared.core.states import JobState
+from shared.store import jobs_sql as sql
+from shared.store.base import Store
+from shared.store.rows import (
+    AttemptResult,
+    Claim,
+    ClaimedJob,
+    DueJob,
+    ExpiredLease,
+    Lease,
+    NewJob,
+    Refused,
+    Rescue,
+    WorkerAnnouncement,
+)
+
+LOCK_WAIT_MS = 2000
+"""Longest a claim waits for the timer's dispatch commit (see `claim_messages`)."""
+
+
+class JobStore(Store):
+    """Job statements. See `Store` for how a store runs them."""
+
+    # --- producer -------------------------------------------------------------------------
+
+    def insert_jobs(self, jobs: Sequence[NewJob], now: datetime | None = None) -> list[Job]:
+        """Insert the jobs; those whose unique key is taken are not inserted (and not
+        returned): read them with `jobs_by_key`."""
+        rows = self._rows(sql.INSERT_JOBS, {
+            "kind": [j.kind for j in jobs], "queue": [j.queue for j in jobs],
+            "payload": [j.payload for j in jobs], "priority": [j.priority for j in jobs],
+            "at": [j.at for j in jobs], "delay": [j.delay_seconds for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "timeout_seconds": [j.timeout_seconds for j in jobs],
+            "unique_key": [j.unique_key for j in jobs], "tenant": [j.tenant for j in jobs],
+            "now": now,
+        })
+        return [Job.from_row(r) for r in rows]
+
+    def jobs_by_key(self, keys: Sequence[str]) -> list[Job]:
+        return [Job.from_row(r, created=False)
+                for r in self._rows(sql.SELECT_JOBS_BY_KEY, {"keys": list(keys)})]
+
+    def get_job(self, job_id: int) -> Job | None:
+        row = self._one(sql.SELECT_JOB, {"id": job_id})
+        return Job.from_row(row) if row else None
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        """Finished attempts of a job, oldest first."""
+        return [Attempt.from_row(r) for r in self._rows(sql.SELECT_ATTEMPTS, {"id": job_id})]
+
+    def cancel_job(self, job_id: int, now: datetime | None = None) -> Job | None:
+        """Cancel an unfinished job; None if it is finished or does not exist."""
+        row = self._one(sql.CANCEL_JOB, {"id": job_id, "now": now})
+        return Job.from_row(row) if row else None
+
+    def retry_job(self, job_id: int, now: datetime | None = None) -> Job | None:
+        """Make a dead or cancelled job due now with a fresh attempt count; None otherwise."""
+        row = self._one(sql.RETRY_JOB, {"id": job_id, "now": now})
+        return Job.from_row(row) if row else None
+
+    def notify_due(self) -> None:
+        """Wake the timers: something is due now or soon."""
+        self._run(sql.NOTIFY_DUE)
+
+    # --- timer ----------------------------------------------------------------------------
+
+    def claim_due(self, limit: int, now: datetime | None = None) -> list[DueJob]:
+        """Mark up to `limit` due jobs `dispatched` with fresh tokens (SKIP LOCKED: other
+        timers claim other rows). Run it in a transaction that commits after the send."""
+        return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]))
+                for r in self._rows(sql.CLAIM_DUE, {"limit": limit, "now": now})]
+
+    def undo_dispatch(self, refused: Sequence[Refused], now: datetime | None = None) -> None:
+        """Put jobs SQS refused back to the state they came from, with the reason."""
+        self._run(sql.UNDO_DISPATCH, {
+            "ids": [r.id for r in refused], "prev_states": [r.prev_state.value for r in refused],
+            "errors": [r.error for r in refused], "now": now})
+
+    def next_due_at(self) -> tuple[datetime | None, datetime]:
+        """(earliest run_at of a scheduled/retrying job, the database clock now)."""
+        row = self._one(sql.NEXT_DUE_AT)
+        assert row is not None
+        return row[0], row[1]
+
+    def redispatch_stuck(self, timeout_seconds: float, limit: int,
+                         now: datetime | None = None) -> list[int]:
+        """Make jobs dispatched longer ago than `timeout_seconds` and never claimed due
+        again (their message was lost); returns their ids."""
+        return [r[0] for r in self._rows(sql.REDISPATCH_STUCK, {
+            "timeout_seconds": timeout_seconds, "limit": limit, "now": now})]
+
+    def expired_leases(self, limit: int, default_max_attempts: int,
+                       now: datetime | None = None) -> list[ExpiredLease]:
+        """Running jobs whose lease expired, locked (SKIP LOCKED) until the transaction
+        ends: call `rescue_expired` in the same transaction."""
+        rows = self._rows(sql.SELECT_EXPIRED_LEASES, {
+            "limit": limit, "default_max_attempts": default_max_attempts, "now": now})
+        return [ExpiredLease(*r) for r in rows]
+
+    def rescue_expired(self, rescues: Sequence[Rescue], now: datetime | None = None
+                       ) -> set[int]:
+        """Move expired jobs on (retrying or dead) and record the lost attempts; a lease a
+        heartbeat renewed meanwhile is left alone. Returns the rescued ids."""
+        return {r[0] for r in self._rows(sql.RESCUE_EXPIRED, {
+            "ids": [r.job_id for r in rescues], "attempts": [r.attempt for r in rescues],
+            "states": [r.state.value for r in rescues],
+            "delays": [r.delay_seconds for r in rescues],
+            "errors": [r.error for r in rescues], "workers": [r.worker for r in rescues],
+            "now": now})}
+
+    # --- consumer -------------------------------------------------------------------------
+
+    def claim_messages(self, claims: Sequence[Claim], worker: str, lease_seconds: float,
+                       now: datetime | None = None, *,
+                       wait_for_locks: bool = False) -> list[ClaimedJob]:
+        """dispatched -> running for every claim whose job id and token match, leased to
+        `worker`. With `wait_for_locks`, first wait (up to LOCK_WAIT_MS, else `LockTimeout`)
+        for row locks an uncommitted dispatch holds: the timer sends before it commits."""
+        params = {
+            "ids": [c.job_id for c in claims], "tokens": [c.token for c in claims],
+            "default_max_attempts": [c.default_max_attempts for c in claims],
+            "default_timeout_seconds": [c.default_timeout_seconds for c in claims],
+            "worker": worker, "lease_seconds": lease_seconds, "now": now,
+        }
+        if wait_for_locks:
+            with self.transaction() as tx:
+                tx._run(sql.SET_LOCK_TIMEOUT, {"ms": LOCK_WAIT_MS})
+                tx._run(sql.WAIT_FOR_DISPATCH_COMMIT, {"ids": params["ids"]})
+                rows = tx._rows(sql.CLAIM_MESSAGES, params)
+        else:
+            rows = self._rows(sql.CLAIM_MESSAGES, params)
+        return [ClaimedJob(id=r[0], kind=r[1], payload=r[2], attempt=r[3], max_attempts=r[4],
+                           timeout_seconds=r[5], run_at=r[6], token=r[7], queue=r[8],
+                           tenant=r[9], key=r[10], lag_seconds=float(r[11])) for r in rows]
+
+    def job_states(self, job_ids: Sequence[int]) -> dict[int, tuple[JobState, UUID | None]]:
+        """State and dispatch token of each job that exists (why a message claimed nothing)."""
+        return {r[0]: (JobState(r[1]), r[2])
+                for r in self._rows(sql.EXPLAIN_UNCLAIMED, {"ids": list(job_ids)})}
+
+    def heartbeat(self, leases: Sequence[Lease], worker: str, lease_seconds: float,
+                  now: datetime | None = None) -> set[int]:
+        """Extend every lease `worker` still holds; returns the job ids extended (the rest
+        are lost: cancelled, or expired and taken over)."""
+        if not leases:
+            return set()
+        return {r[0] for r in self._rows(sql.HEARTBEAT, {
+            "ids": [x.job_id for x in leases], "attempts": [x.attempt for x in leases],
+            "tokens": [x.token for x in leases], "worker": worker,
+            "lease_seconds": lease_seconds, "now": now})}
+
+    def upsert_worker(self, worker: WorkerAnnouncement, now: datetime | None = None) -> None:
+        self._run(sql.UPSERT_WORKER, {
+            "id": worker.id, "host": worker.host, "pid": worker.pid, "queues": worker.queues,
+            "concurrency": worker.concurrency, "in_flight": worker.in_flight, "now": now})
+
+    def stop_worker(self, worker_id: str, now: datetime | None = None) -> None:
+        self._run(sql.STOP_WORKER, {"id": worker_id, "now": now})
+
+    def finish_attempts(self, results: Sequence[AttemptResult], worker: str,
+                        now: datetime | None = None) -> set[int]:
+        """Write every outcome whose fence (state, owner, attempt, token) still holds, with
+        its attempt row, in one statement; returns the job ids written."""
+        return {r[0] for r in self._rows(sql.FINISH_ATTEMPTS, {
+            "ids": [r.lease.job_id for r in results],
+            "attempts": [r.lease.attempt for r in results],
+            "tokens": [r.lease.token for r in results],
+            "states": [r.state.value for r in results],
+            "delays": [r.delay_seconds for r in results],
+            "outcomes": [r.outcome.value for r in results],
+            "errors": [r.error for r in results],
+            "tracebacks": [r.traceback for r in results],
+            "refunds": [r.refund for r in results],
+            "worker": worker, "now": now})}

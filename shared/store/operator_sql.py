@@ -1,0 +1,154 @@
+"""The operators' statements: listing, bulk actions, statistics, workers, the timeline and
+the facts behind `explain`. Fixed statements are constants here; listing and bulk actions
+are composed from the operator's filter (`where`, values always bound).
+
+Listing is newest first and pages on `id` (`WHERE id < cursor ORDER BY id DESC LIMIT n`),
+so page 10,000 costs what page 1 costs; the per-filter indexes are `(state, id)`,
+`(kind, id)` (migration 0001), `(queue, id)` and `(tenant, id)` (0003).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql as pgsql
+
+from shared.core.filters import JobFilter
+from shared.core.states import JobState
+from shared.store.jobs_sql import JOB_COLUMNS
+
+DB_NOW = "SELECT now()"
+
+
+def where(f: JobFilter, *, only_states: tuple[JobState, ...] | None = None
+          ) -> tuple[pgsql.Composable, dict[str, Any]]:
+    """The filter as a WHERE clause (without the keyword) and its parameters. `only_states`
+    intersects the filter's states with the states an action applies to."""
+    parts: list[pgsql.Composable] = []
+    params: dict[str, Any] = {}
+    states = f.states
+    if only_states is not None:
+        states = tuple(s for s in (states or only_states) if s in only_states)
+        if not states:
+            return pgsql.SQL("false"), params
+    if states:
+        parts.append(pgsql.SQL("state = ANY(%(states)s::tock_job_state[])"))
+        params["states"] = [s.value for s in states]
+    for name, column in (("kind", "kind"), ("queue", "queue"), ("tenant", "tenant"),
+                         ("key", "unique_key")):
+        value = getattr(f, name)
+        if value is not None:
+            parts.append(pgsql.SQL("{} = {}").format(pgsql.Identifier(column),
+                                                     pgsql.Placeholder(name)))
+            params[name] = value
+    if f.created_after is not None:
+        parts.append(pgsql.SQL("created_at >= %(created_after)s"))
+        params["created_after"] = f.created_after
+    if f.created_before is not None:
+        parts.append(pgsql.SQL("created_at < %(created_before)s"))
+        params["created_before"] = f.created_before
+    if not parts:
+        return pgsql.SQL("true"), params
+    return pgsql.SQL(" AND ").join(parts), params
+
+
+def list_jobs(clause: pgsql.Composable, *, with_cursor: bool) -> pgsql.Composed:
+    cursor = pgsql.SQL(" AND id < %(before_id)s") if with_cursor else pgsql.SQL("")
+    return pgsql.SQL("SELECT {} FROM tock_jobs WHERE {}{} ORDER BY id DESC LIMIT %(limit)s"
+                     ).format(pgsql.SQL(JOB_COLUMNS), clause, cursor)
+
+
+def count_matching(clause: pgsql.Composable) -> pgsql.Composed:
+    return pgsql.SQL("SELECT count(*), max(id) FROM tock_jobs WHERE {}").format(clause)
+
+
+BULK_SET = {
+    "retry": pgsql.SQL(
+        "state = 'scheduled', run_at = now(), attempt = 0, lease_owner = NULL, "
+        "lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = now()"),
+    "cancel": pgsql.SQL("state = 'cancelled', finished_at = now(), updated_at = now()"),
+}
+
+
+def bulk_batch(action: str, clause: pgsql.Composable, *, bounded: bool) -> pgsql.Composed:
+    """One batch of a bulk action, in id order after %(after)s; each row's state is
+    re-checked under its lock (the same guard as the one-job statements)."""
+    return pgsql.SQL(
+        "WITH picked AS ("
+        " SELECT id FROM tock_jobs WHERE {where} AND id > %(after)s"
+        "{upper} ORDER BY id LIMIT %(batch)s FOR UPDATE)"
+        " UPDATE tock_jobs j SET {set} FROM picked"
+        " WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])"
+        " RETURNING j.id"
+    ).format(where=clause, set=BULK_SET[action],
+             upper=pgsql.SQL(" AND id <= %(up_to)s") if bounded else pgsql.SQL(""))
+
+
+QUEUE_STATS = """
+SELECT queue, kind,
+       count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at <= n.now),
+       count(*) FILTER (WHERE state = 'dispatched'),
+       count(*) FILTER (WHERE state = 'running'),
+       count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at > n.now),
+       coalesce(extract(epoch FROM n.now - min(run_at) FILTER (
+           WHERE state = 'dispatched'
+              OR (state IN ('scheduled', 'retrying') AND run_at <= n.now))), 0)::float8
+FROM tock_jobs, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
+WHERE state IN ('scheduled', 'retrying', 'dispatched', 'running')
+GROUP BY queue, kind, n.now
+ORDER BY queue, kind
+"""
+
+# Unfinished jobs are few and sit behind the state index; finished ones are the table's
+# history, so counting them is a full pass that callers refresh less often.
+COUNTS_BY_STATE_KIND = """
+SELECT state::text, kind, count(*) FROM tock_jobs
+WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
+"""
+
+WORKERS = """
+SELECT id, host, pid, queues, concurrency, in_flight, started_at, last_heartbeat, stopped_at,
+       extract(epoch FROM n.now - last_heartbeat)::float8
+FROM tock_workers, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
+WHERE stopped_at IS NULL OR stopped_at > n.now - interval '1 hour'
+ORDER BY stopped_at IS NOT NULL, last_heartbeat DESC
+LIMIT 500
+"""
+
+THROUGHPUT = """
+SELECT floor(extract(epoch FROM finished_at - %(since)s) / %(bucket)s)::int, outcome::text,
+       count(*)
+FROM tock_attempts
+WHERE finished_at >= %(since)s AND finished_at < %(until)s
+GROUP BY 1, 2
+"""
+
+LATENCY = """
+SELECT b, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag), percentile_cont(0.95) WITHIN GROUP
+       (ORDER BY lag), percentile_cont(0.5) WITHIN GROUP (ORDER BY run),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY run)
+FROM (
+    SELECT floor(extract(epoch FROM finished_at - %(since)s) / %(bucket)s)::int AS b,
+           greatest(extract(epoch FROM started_at - run_at), 0)::float8 AS lag,
+           extract(epoch FROM finished_at - started_at)::float8 AS run
+    FROM tock_jobs
+    WHERE finished_at >= %(since)s AND finished_at < %(until)s AND state = 'succeeded'
+      AND started_at IS NOT NULL
+) x
+GROUP BY b
+"""
+
+DUE_AHEAD = """
+SELECT count(*) FROM (
+    SELECT 1 FROM tock_jobs
+    WHERE state IN ('scheduled', 'retrying') AND run_at <= %(now)s AND id <> %(id)s
+      AND (priority > %(priority)s OR (priority = %(priority)s AND run_at < %(run_at)s))
+    LIMIT %(cap)s
+) x
+"""
+
+PAUSED_SCHEDULE = """
+SELECT s.name FROM tock_jobs j JOIN tock_schedules s ON s.name = j.schedule_name
+WHERE j.id = %(id)s AND s.paused
+"""

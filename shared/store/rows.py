@@ -1,0 +1,168 @@
+"""The typed rows the stores take and return, beside `Job` and `Attempt` (shared.core.jobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from shared.core.states import AttemptOutcome, JobState
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job to insert (shared.producer builds these)."""
+
+    kind: str
+    queue: str
+    payload: str
+    """JSON text."""
+    priority: int = 0
+    at: datetime | None = None
+    delay_seconds: float = 0.0
+    max_attempts: int | None = None
+    timeout_seconds: float | None = None
+    unique_key: str | None = None
+    tenant: str | None = None
+
+
+@dataclass(frozen=True)
+class DueJob:
+    """A job the timer claimed for dispatch (now `dispatched` with a fresh token)."""
+
+    id: int
+    kind: str
+    queue: str
+    token: UUID
+    prev_state: JobState
+    lag_seconds: float
+    """How late the dispatch is: now - run_at."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A dispatched job SQS did not take: back to `prev_state`, with the reason."""
+
+    id: int
+    prev_state: JobState
+    error: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A received message to claim, with the task defaults for fields the job left NULL."""
+
+    job_id: int
+    token: UUID
+    default_max_attempts: int
+    default_timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job a consumer now runs under its lease."""
+
+    id: int
+    kind: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    timeout_seconds: float
+    run_at: datetime
+    token: UUID
+    queue: str
+    tenant: str | None
+    key: str | None
+    lag_seconds: float
+    """now - run_at at the claim: the due-to-start latency."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What fences a worker's writes to one job."""
+
+    job_id: int
+    attempt: int
+    token: UUID
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """The outcome of one attempt, written fenced on the lease."""
+
+    lease: Lease
+    state: JobState
+    outcome: AttemptOutcome
+    delay_seconds: float = 0.0
+    error: str | None = None
+    traceback: str | None = None
+    refund: bool = False
+    """Give the attempt back (a release at shutdown is not a failure)."""
+
+
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A running job whose lease ran out (by the database clock), locked for rescue."""
+
+    job_id: int
+    attempt: int
+    max_attempts: int
+    owner: str | None
+    started_at: datetime | None
+    expired_at: datetime
+
+
+@dataclass(frozen=True)
+class Rescue:
+    """What the rescuer decided for one expired lease."""
+
+    job_id: int
+    attempt: int
+    state: JobState
+    delay_seconds: float
+    error: str
+    worker: str | None
+
+
+@dataclass(frozen=True)
+class WorkerAnnouncement:
+    """A consumer process as it reports itself at start and on every heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class SlotJob:
+    """A recurring slot to turn into a job, under its run key."""
+
+    schedule: str
+    run_at: datetime
+    key: str
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """Slots of a schedule that did not become jobs, and why."""
+
+    schedule: str
+    reason: str
+    first_slot: datetime
+    last_slot: datetime
+    slot_count: int | None
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a schedule stands: every slot up to `cursor_at` is handled."""
+
+    cursor_at: datetime
+    next_slot: datetime | None
+    next_fire_at: datetime | None
+    buffered_slot: datetime | None = None
