@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make run        start Postgres, LocalStack SQS, a timer, two consumers, a demo producer"
 	@echo "make test       set up and run the whole test suite"
-	@echo "make check      ruff + mypy (strict)"
+	@echo "make check      ruff + mypy (strict) + the import contract (lint-imports)"
 	@echo "make bench      quick benchmark profile (see bench/)"
 	@echo "make infra-check  deployment checks: cfn-lint, checkov, kubernetes-validate, KEDA, deploy test"
 
@@ -54,6 +54,7 @@ test: install $(CHECKOV_VENV)/.installed
 check: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 lint: check
 

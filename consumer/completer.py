@@ -66,7 +66,7 @@ class Completer(Loop):
         pipe = self.pipe
         # A late result of a job released at shutdown is not written: the release is.
         batch = [f for f in batch if pipe.tracker.holds(f.item)
-                 and (not f.item.released or f.outcome is AttemptOutcome.RELEASED)]
+                 and (not f.item.released or f.result.outcome is AttemptOutcome.RELEASED)]
         live = [f for f in batch if not f.item.lease_lost]
         for f in live:
             f.item.completing = True
@@ -91,10 +91,10 @@ class Completer(Loop):
 
     def _write(self, batch: list[Finished]) -> set[int]:
         pipe = self.pipe
-        written = pipe.store.finish_attempts([f.result() for f in batch], pipe.worker_id,
+        written = pipe.store.finish_attempts([f.result for f in batch], pipe.worker_id,
                                              pipe.clock())
-        if any(f.state in (JobState.RETRYING, JobState.SCHEDULED)
-               and f.delay_seconds < NOTIFY_WITHIN_SECONDS for f in batch):
+        if any(f.result.state in (JobState.RETRYING, JobState.SCHEDULED)
+               and f.result.delay_seconds < NOTIFY_WITHIN_SECONDS for f in batch):
             pipe.store.notify_due()
         return written
 
@@ -108,18 +108,18 @@ class Completer(Loop):
             metrics.STALE_COMPLETIONS.inc()
             emit(log, "result_discarded", logging.WARNING, job_id=item.job_id, kind=kind,
                  attempt=item.attempt, worker=worker, error=f"LeaseLost: {lost}",
-                 outcome=f.outcome.value)
+                 outcome=f.result.outcome.value)
             return
-        metrics.OUTCOMES.labels(kind, f.outcome.value).inc()
-        metrics.RUN_DURATION.labels(kind, f.outcome.value).observe(f.run_seconds)
-        if f.state is JobState.RETRYING and not f.refund:
+        metrics.OUTCOMES.labels(kind, f.result.outcome.value).inc()
+        metrics.RUN_DURATION.labels(kind, f.result.outcome.value).observe(f.run_seconds)
+        if f.result.state is JobState.RETRYING and not f.result.refund:
             metrics.RETRIES.labels(kind).inc()
-        if f.state is JobState.DEAD:
+        if f.result.state is JobState.DEAD:
             metrics.DEAD.labels(kind).inc()
-        level = logging.INFO if f.state is JobState.SUCCEEDED else logging.WARNING
-        extra: dict[str, Any] = {"error": f.error} if f.error else {}
-        if f.state is JobState.RETRYING and not f.refund:
-            extra["retry_in_s"] = round(f.delay_seconds, 2)
-        emit(log, f"job_{f.outcome.value}", level, job_id=item.job_id, kind=kind,
-             attempt=item.attempt, worker=worker, next_state=f.state.value,
+        level = logging.INFO if f.result.state is JobState.SUCCEEDED else logging.WARNING
+        extra: dict[str, Any] = {"error": f.result.error} if f.result.error else {}
+        if f.result.state is JobState.RETRYING and not f.result.refund:
+            extra["retry_in_s"] = round(f.result.delay_seconds, 2)
+        emit(log, f"job_{f.result.outcome.value}", level, job_id=item.job_id, kind=kind,
+             attempt=item.attempt, worker=worker, next_state=f.result.state.value,
              ms=round(f.run_seconds * 1000, 1), **extra)

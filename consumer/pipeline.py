@@ -23,11 +23,11 @@ from consumer.inflight import InFlight, Slots, Tracker
 from consumer.outcomes import Finished
 from consumer.tasks import Registry, Task
 from shared.core.errors import TransportError
+from shared.core.reports import Worker
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.settings import ConsumerSettings
 from shared.store.job_store import JobStore
-from shared.store.rows import WorkerAnnouncement
 from shared.transport.base import MAX_BATCH, Transport
 
 log = logging.getLogger("tock.consumer")
@@ -85,8 +85,8 @@ class Pipeline:
             if failures:
                 metrics.SQS_ERRORS.labels("DeleteMessageBatch").inc(len(failures))
 
-    def announcement(self) -> WorkerAnnouncement:
-        return WorkerAnnouncement(
+    def announcement(self) -> Worker:
+        return Worker(
             id=self.worker_id, host=socket.gethostname(), pid=os.getpid(),
             queues=self.settings.queues, concurrency=self.settings.concurrency,
             in_flight=len(self.tracker))

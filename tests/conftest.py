@@ -23,6 +23,8 @@ from shared.transport.sqs import SqsTransport
 
 _counter = itertools.count()
 
+pytest_plugins = ["tests.support.dashboard"]
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:

@@ -52,8 +52,8 @@ class QueueKindStats:
 
 
 @dataclass(frozen=True)
-class WorkerInfo:
-    """A consumer process as it last reported itself."""
+class Worker:
+    """A consumer process as it reports itself at start and on every heartbeat."""
 
     id: str
     host: str
@@ -61,6 +61,12 @@ class WorkerInfo:
     queues: list[str]
     concurrency: int
     in_flight: int
+
+
+@dataclass(frozen=True)
+class WorkerInfo(Worker):
+    """A consumer process as it last reported itself, with when."""
+
     started_at: datetime
     last_heartbeat: datetime
     stopped_at: datetime | None

@@ -10,6 +10,7 @@ from datetime import datetime
 from uuid import UUID
 
 from shared.core.jobs import Attempt, Job
+from shared.core.reports import Worker
 from shared.core.states import JobState
 from shared.store import jobs_sql as sql
 from shared.store.base import Store
@@ -23,7 +24,6 @@ from shared.store.rows import (
     NewJob,
     Refused,
     Rescue,
-    WorkerAnnouncement,
 )
 
 LOCK_WAIT_MS = 2000
@@ -162,7 +162,7 @@ class JobStore(Store):
             "tokens": [x.token for x in leases], "worker": worker,
             "lease_seconds": lease_seconds, "now": now})}
 
-    def upsert_worker(self, worker: WorkerAnnouncement, now: datetime | None = None) -> None:
+    def upsert_worker(self, worker: Worker, now: datetime | None = None) -> None:
         self._run(sql.UPSERT_WORKER, {
             "id": worker.id, "host": worker.host, "pid": worker.pid, "queues": worker.queues,
             "concurrency": worker.concurrency, "in_flight": worker.in_flight, "now": now})

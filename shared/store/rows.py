@@ -126,18 +126,6 @@ class Rescue:
 
 
 @dataclass(frozen=True)
-class WorkerAnnouncement:
-    """A consumer process as it reports itself at start and on every heartbeat."""
-
-    id: str
-    host: str
-    pid: int
-    queues: list[str]
-    concurrency: int
-    in_flight: int
-
-
-@dataclass(frozen=True)
 class SlotJob:
     """A recurring slot to turn into a job, under its run key."""
 

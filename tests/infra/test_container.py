@@ -18,7 +18,7 @@ import pytest
 from devstack.ports import free_port
 from tests.infra.dockerfile import parse
 from tests.infra.paths import DOCKERFILE, ROOT
-from tests.wait import wait_for
+from tests.support.wait import wait_for
 
 ENTRYPOINT = ROOT / "infra" / "docker" / "entrypoint.sh"
 HEALTHCHECK = ROOT / "infra" / "docker" / "healthcheck.py"

@@ -20,7 +20,7 @@ from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
 from shared.transport.sqs import SqsTransport
 from tests.infra.paths import QUEUES_TEMPLATE
-from tests.wait import wait_for
+from tests.support.wait import wait_for
 from timer_service.service import Timer
 
 REGION = "us-east-1"

@@ -1,6 +1,6 @@
-"""Dashboard fixtures: the app against the per-test database, HTTP clients with each role,
-a real uvicorn server on a free loopback port for the browser, and Chromium from Debian's
-package for pytest-playwright."""
+"""Dashboard fixtures (a pytest plugin, loaded by tests/conftest.py): the app against the
+per-test database, HTTP clients with each role, a real uvicorn server on a free loopback
+port for the browser, and Chromium from Debian's package for pytest-playwright."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
 from devstack.ports import free_port
-from tests.wait import wait_for
+from tests.support.wait import wait_for
 
 OPERATOR = "operator-token-for-tests-0001"
 VIEWER = "viewer-token-for-tests-00001"
@@ -85,3 +85,10 @@ def live_server(app: Any) -> Iterator[LiveServer]:
     yield server
     server.stop()
 
+
+def make_dead(db, job_id: int, error: str = "boom") -> None:
+    db.execute("UPDATE tock_jobs SET state = 'dead', attempt = 3, max_attempts = 3, "
+               "finished_at = now(), last_error = %s WHERE id = %s", (error, job_id))
+    db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, "
+               "outcome, error) VALUES (%s, 3, 'w1', now() - interval '1 s', now(), 'failed', "
+               "%s)", (job_id, error))

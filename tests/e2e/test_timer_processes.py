@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.core.schedules import slot_of
-from tests.wait import wait_for
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

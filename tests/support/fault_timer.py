@@ -1,4 +1,4 @@
-"""A real timer process that dies mid-dispatch: `python -m tests.fault_timer before|after`.
+"""A real timer process that dies mid-dispatch: `python -m tests.support.fault_timer before|after`.
 
 It runs the production Timer with the production SQS transport, wrapped so that the send
 either never happens (`before`: hang before sending) or happens and then the process hangs

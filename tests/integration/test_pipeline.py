@@ -16,8 +16,8 @@ from consumer.tasks import Registry
 from shared.core.errors import Permanent, TransportError
 from shared.core.messages import JobMessage
 from shared.core.states import AttemptOutcome, JobState
-from tests.drive import db_now, dispatch, make_consumer, receive, run_all
-from tests.wait import wait_for
+from tests.support.drive import db_now, dispatch, make_consumer, receive, run_all
+from tests.support.wait import wait_for
 from timer_service.service import Timer
 
 

@@ -11,7 +11,7 @@ from consumer.tasks import Registry
 from shared.core.errors import InvalidInput
 from shared.core.states import JobState
 from shared.transport.memory import MemoryTransport
-from tests.wait import wait_for
+from tests.support.wait import wait_for
 from timer_service.service import Timer
 
 

@@ -16,9 +16,8 @@ from consumer.service import Consumer
 from consumer.tasks import Registry
 from devstack.ports import free_port
 from shared.client import Client
-from tests.dashboard.conftest import OPERATOR, VIEWER, LiveServer
-from tests.dashboard.test_api import make_dead
-from tests.wait import wait_for
+from tests.support.dashboard import OPERATOR, VIEWER, LiveServer, make_dead
+from tests.support.wait import wait_for
 from timer_service.service import Timer
 
 pytestmark = pytest.mark.browser

@@ -10,15 +10,7 @@ from fastapi.testclient import TestClient
 
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
-from tests.dashboard.conftest import OPERATOR, VIEWER
-
-
-def make_dead(db, job_id: int, error: str = "boom") -> None:
-    db.execute("UPDATE tock_jobs SET state = 'dead', attempt = 3, max_attempts = 3, "
-               "finished_at = now(), last_error = %s WHERE id = %s", (error, job_id))
-    db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, "
-               "outcome, error) VALUES (%s, 3, 'w1', now() - interval '1 s', now(), 'failed', "
-               "%s)", (job_id, error))
+from tests.support.dashboard import OPERATOR, VIEWER, make_dead
 
 
 def enqueue(client: TestClient, **body) -> dict:

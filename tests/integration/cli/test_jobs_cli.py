@@ -12,7 +12,7 @@ import pytest
 
 from cli.main import main
 from devstack.ports import free_port
-from tests.dashboard.test_api import make_dead
+from tests.support.dashboard import make_dead
 
 
 @pytest.fixture

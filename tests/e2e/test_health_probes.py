@@ -16,7 +16,7 @@ from consumer.service import Consumer
 from consumer.tasks import Registry
 from devstack.ports import free_port
 from shared.runtime.health import HealthServer
-from tests.wait import wait_for
+from tests.support.wait import wait_for
 from timer_service.service import Timer
 
 

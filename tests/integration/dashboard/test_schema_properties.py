@@ -12,7 +12,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
-from tests.dashboard.conftest import OPERATOR
+from tests.support.dashboard import OPERATOR
 
 EXAMPLES_PER_OPERATION = 20
 """About 340 examples over the 17 operations: a minute on this machine. The examples are

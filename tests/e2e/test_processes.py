@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from shared.core.states import AttemptOutcome, JobState
-from tests.e2e_tasks import DDL
-from tests.processes import Processes, process_env
-from tests.wait import wait_for
+from tests.support.e2e_tasks import DDL
+from tests.support.processes import Processes, process_env
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ def test_timer_killed_between_claim_and_commit_loses_nothing(procs, client, db, 
                                                              when):
     signal_file = tmp_path / "hung"
     jobs = client.schedule_many([{"kind": "record"} for _ in range(5)])
-    procs.start("faulty-timer", "-m", "tests.fault_timer", when,
+    procs.start("faulty-timer", "-m", "tests.support.fault_timer", when,
                 TOCK_FAULT_SIGNAL=str(signal_file))
     wait_for(signal_file.exists, message=f"the timer hung {when} sending")
     assert _states(db) == {"scheduled": 5}, "the claim is not visible before its commit"

@@ -27,7 +27,8 @@ class Processes:
         return self.start(name, "-m", "timer_service", **env)
 
     def consumer(self, name: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        return self.start(name, "-m", "consumer", "--tasks", "tests.e2e_tasks", *args, **env)
+        return self.start(name, "-m", "consumer", "--tasks", "tests.support.e2e_tasks", *args,
+                          **env)
 
     def kill(self, name: str) -> None:
         proc = self.running[name]
