@@ -18,9 +18,11 @@ from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline, Work
 from consumer.tasks import TaskContext
 from shared.core.errors import (
+    DataRejected,
     InvalidMessage,
     JobNotFound,
     LockTimeout,
+    Retryable,
     StaleMessage,
     TockError,
     TransportError,
@@ -40,6 +42,7 @@ DROP_ERRORS: dict[str, type[TockError]] = {
     "stale_token": StaleMessage,
     "not_dispatched": StaleMessage,
     "duplicate": StaleMessage,
+    "rejected": InvalidMessage,
 }
 """The typed error behind each reason a message claims nothing."""
 
@@ -48,6 +51,8 @@ RETRY_LATER_SECONDS = 1
 
 Drop = tuple[Received, str, str]
 """(message, reason, detail)."""
+Parsed = tuple[Received, JobMessage]
+Rejected = tuple[Received, JobMessage, str]
 
 
 class Claimer(Loop):
@@ -87,7 +92,13 @@ class Claimer(Loop):
                 metrics.SQS_ERRORS.labels("ReceiveMessage").inc()
                 raise
             if messages:
-                claimed = self.claim(messages)
+                try:
+                    claimed = self.claim(messages)
+                except Retryable:
+                    # The database is away: let these messages come back at once (to this
+                    # or another consumer) rather than after a whole visibility timeout.
+                    self._retry_later(messages, 0)
+                    raise
         finally:
             pipe.slots.release(reserved - len(claimed))
         for entry in claimed:
@@ -113,7 +124,10 @@ class Claimer(Loop):
             wanted[key] = (msg, parsed)
         rows: list[ClaimedJob] = []
         if wanted:
-            rows = self._claim_rows(list(wanted.values()))
+            rows, rejected = self._claim_each_if_rejected(list(wanted.values()))
+            for msg, parsed, reason in rejected:
+                wanted.pop((parsed.job_id, parsed.token))
+                drop.append((msg, "rejected", reason))
             # The timer sends before it commits; a message can arrive while the dispatch is
             # still uncommitted and so invisible to our claim. Wait for those rows' locks
             # (the commit takes milliseconds), then try once more.
@@ -150,6 +164,24 @@ class Claimer(Loop):
              attempt=row.attempt, worker=pipe.worker_id, lag_ms=round(row.lag_seconds * 1000, 1))
         return Work(item, row.payload, pipe.registry.get(row.kind))
 
+    def _claim_each_if_rejected(self, batch: list[Parsed]
+                                ) -> tuple[list[ClaimedJob], list[Rejected]]:
+        """Claim the batch in one statement; should Postgres refuse a value in it (which
+        `decode` is there to prevent), claim message by message so the one it refuses is
+        dropped and the others still run."""
+        try:
+            return self._claim_rows(batch), []
+        except DataRejected:
+            pass
+        rows: list[ClaimedJob] = []
+        rejected = []
+        for one in batch:
+            try:
+                rows += self._claim_rows([one])
+            except DataRejected as exc:
+                rejected.append((one[0], one[1], str(exc)))
+        return rows, rejected
+
     def _claim_rows(self, batch: list[tuple[Received, JobMessage]], *,
                     wait_for_locks: bool = False) -> list[ClaimedJob]:
         pipe = self.pipe
@@ -164,18 +196,20 @@ class Claimer(Loop):
             claims, pipe.worker_id, pipe.settings.lease_seconds, pipe.clock(),
             wait_for_locks=wait_for_locks)
 
-    def _retry_later(self, messages: list[Received]) -> None:
+    def _retry_later(self, messages: list[Received],
+                     seconds: int = RETRY_LATER_SECONDS) -> None:
+        """Make the messages visible again after `seconds` (0: now)."""
         receipts = [m.receipt for m in messages]
         for i in range(0, len(receipts), MAX_BATCH):
             try:
                 self.pipe.transport.change_visibility_batch(
-                    self.queue, receipts[i:i + MAX_BATCH], RETRY_LATER_SECONDS)
+                    self.queue, receipts[i:i + MAX_BATCH], seconds)
             except TransportError as exc:
                 metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
                 emit(log, "visibility_change_failed", logging.WARNING, queue=self.queue,
                      error=str(exc))
         emit(log, "claim_deferred", logging.DEBUG, queue=self.queue, messages=len(messages),
-             retry_in_seconds=RETRY_LATER_SECONDS)
+             retry_in_seconds=seconds)
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]) -> list[Drop]:
         found = self.pipe.store.job_states([p.job_id for _, p in batch])

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import queue as queues
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from consumer.outcomes import Finished
 from consumer.pipeline import Pipeline
-from shared.core.errors import LeaseLost, Retryable
+from shared.core.errors import DataRejected, LeaseLost, Retryable
 from shared.core.states import AttemptOutcome, JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
@@ -91,11 +92,36 @@ class Completer(Loop):
 
     def _write(self, batch: list[Finished]) -> set[int]:
         pipe = self.pipe
-        written = pipe.store.finish_attempts([f.result for f in batch], pipe.worker_id,
-                                             pipe.clock())
+        try:
+            written = pipe.store.finish_attempts([f.result for f in batch], pipe.worker_id,
+                                                 pipe.clock())
+        except DataRejected:
+            written = self._write_each(batch)
         if any(f.result.state in (JobState.RETRYING, JobState.SCHEDULED)
                and f.result.delay_seconds < NOTIFY_WITHIN_SECONDS for f in batch):
             pipe.store.notify_due()
+        return written
+
+    def _write_each(self, batch: list[Finished]) -> set[int]:
+        """Postgres refused a value in the batch (outcomes are made storable, so this is a
+        last line of defence): write one by one, and an outcome it refuses with its error
+        text replaced by the reason. One that still cannot be written is left to its lease
+        expiring, as if this worker had died: the timer rescues the job."""
+        pipe, written = self.pipe, set()
+        for f in batch:
+            plain = replace(f.result, traceback=None, error=(
+                f"{f.result.outcome.value}: the error text and traceback of this attempt "
+                "were refused by Postgres and are not stored"))
+            for result in (f.result, plain):
+                try:
+                    written |= pipe.store.finish_attempts([result], pipe.worker_id,
+                                                          pipe.clock())
+                    break
+                except DataRejected as exc:
+                    emit(log, "outcome_rejected", logging.ERROR, job_id=f.item.job_id,
+                         attempt=f.item.attempt, error=str(exc))
+            else:
+                f.item.abandoned = True
         return written
 
     def _report(self, f: Finished, written: bool) -> None:

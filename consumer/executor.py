@@ -1,6 +1,10 @@
 """Run handlers: `concurrency` threads take claimed jobs from the work queue, run the
 handler, and queue the outcome for the completer. A handler's slot is free again as soon
-as it returns; writing the outcome and deleting the message happen in the completer."""
+as it returns; writing the outcome and deleting the message happen in the completer.
+
+Handlers are isolated: whatever a handler raises (any `BaseException`: `SystemExit`,
+`KeyboardInterrupt`, an exception whose `__str__` raises...) becomes a recorded failed
+attempt, and the thread goes on to the next job. Only `Abandon` walks away on purpose."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from shared.runtime.supervisor import Loop
 log = logging.getLogger("tock.consumer")
 
 TAKE_WAIT_SECONDS = 0.2
+UNKNOWN_LOG_SECONDS = 60.0
 
 
 class Executor(Loop):
@@ -32,6 +37,11 @@ class Executor(Loop):
         super().__init__()
         self.pipe = pipe
         self.threads = pipe.settings.concurrency
+        settings = pipe.settings
+        self.backoff = outcomes.Backoff(settings.backoff_base_seconds,
+                                        settings.backoff_cap_seconds,
+                                        settings.unknown_kind_backoff_seconds)
+        self._unknown_logged: dict[str, float] = {}
 
     def run_once(self, now: datetime | None = None) -> int:
         """Run the next claimed job, if one comes within a moment; returns 1 if it did."""
@@ -54,8 +64,8 @@ class Executor(Loop):
     def _outcome(self, work: Work) -> Finished | None:
         pipe, item = self.pipe, work.item
         if work.task is None:
-            return outcomes.no_handler(item, pipe.registry.kinds())
-        settings = pipe.settings
+            self._log_unknown(item.context.kind)
+            return outcomes.no_handler(item, pipe.registry.kinds(), self.backoff)
         started = time.monotonic()
         try:
             work.task.handler(work.payload, item.context)
@@ -65,13 +75,21 @@ class Executor(Loop):
                  attempt=item.attempt, worker=pipe.worker_id)
             pipe.tracker.forget(item)
             return None
-        except Exception as exc:
-            return outcomes.failed(item, exc, time.monotonic() - started,
-                                   base=settings.backoff_base_seconds,
-                                   cap=settings.backoff_cap_seconds)
+        except BaseException as exc:  # isolation: nothing a handler raises escapes
+            return outcomes.failed(item, exc, time.monotonic() - started, self.backoff)
         elapsed = time.monotonic() - started
         if item.timed_out:
             return outcomes.failed(item, TimedOut("returned after its deadline"), elapsed,
-                                   base=settings.backoff_base_seconds,
-                                   cap=settings.backoff_cap_seconds)
+                                   self.backoff)
         return outcomes.succeeded(item, elapsed)
+
+    def _log_unknown(self, kind: str) -> None:
+        """Say which kinds this consumer lacks, once a minute per kind."""
+        now = time.monotonic()
+        if now - self._unknown_logged.get(kind, -UNKNOWN_LOG_SECONDS) < UNKNOWN_LOG_SECONDS:
+            return
+        self._unknown_logged[kind] = now
+        emit(log, "unknown_kind", logging.WARNING, kind=kind, worker=self.pipe.worker_id,
+             known=self.pipe.registry.kinds(),
+             detail="jobs of this kind are retried with backoff; deploy a consumer with "
+                    "its handler, or check the job's queue")

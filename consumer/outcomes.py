@@ -1,7 +1,14 @@
-"""What a handler's return or exception means for its job."""
+"""What a handler's return or exception means for its job.
+
+Every outcome is storable: error texts and tracebacks are made safe for Postgres (NUL
+bytes, lone surrogates) and bounded including any suffix, and a `RetryAfter` delay is
+checked (a number, finite, at most MAX_RETRY_AFTER_SECONDS), so no handler can produce an
+outcome the completer cannot write.
+"""
 
 from __future__ import annotations
 
+import math
 import traceback as tb
 from dataclasses import dataclass
 from typing import Any
@@ -10,10 +17,13 @@ from consumer.inflight import InFlight
 from shared.core.backoff import backoff_seconds
 from shared.core.errors import Permanent, RetryAfter
 from shared.core.states import AttemptOutcome, JobState
+from shared.core.text import bounded, describe
 from shared.store.rows import AttemptResult
 
 MAX_ERROR_CHARS = 2000
 MAX_TRACEBACK_CHARS = 20000
+MAX_RETRY_AFTER_SECONDS = 7 * 86400.0
+"""The longest delay a handler may ask for with `RetryAfter`; longer requests are capped."""
 
 
 @dataclass(frozen=True)
@@ -26,52 +36,105 @@ class Finished:
     run_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """How retries are spaced: exponential from `base_seconds`, at most `cap_seconds`;
+    an unknown kind waits from `unknown_kind_seconds` (a rolling deploy takes minutes)."""
+
+    base_seconds: float
+    cap_seconds: float
+    unknown_kind_seconds: float
+
+
 def _finished(item: InFlight, state: JobState, outcome: AttemptOutcome, *,
-              run_seconds: float = 0.0, **result: Any) -> Finished:
-    return Finished(item, AttemptResult(item.lease, state, outcome, **result), run_seconds)
+              run_seconds: float = 0.0, error: str | None = None, traceback: str | None = None,
+              **result: Any) -> Finished:
+    return Finished(item, AttemptResult(
+        item.lease, state, outcome,
+        error=None if error is None else bounded(error, MAX_ERROR_CHARS),
+        traceback=None if traceback is None else bounded(traceback, MAX_TRACEBACK_CHARS,
+                                                         keep="tail"),
+        **result), run_seconds)
 
 
 def succeeded(item: InFlight, run_seconds: float) -> Finished:
     return _finished(item, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED, run_seconds=run_seconds)
 
 
-def no_handler(item: InFlight, known: list[str]) -> Finished:
-    return _finished(
-        item, JobState.DEAD, AttemptOutcome.NO_HANDLER,
-        error=f"no handler for kind {item.context.kind!r} in this consumer "
-              f"(it knows: {', '.join(known) or 'nothing'}); check --tasks and the job's queue",
-    )
+def no_handler(item: InFlight, known: list[str], backoff: Backoff) -> Finished:
+    """No handler for the kind here: retried with backoff (another consumer may have it,
+    e.g. during a rolling deploy), dead after the last attempt."""
+    ctx = item.context
+    text = (f"no handler for kind {ctx.kind!r} in this consumer (it knows: "
+            f"{', '.join(known) or 'nothing'}); check --tasks and the job's queue")
+    if ctx.attempt >= ctx.max_attempts:
+        return _finished(item, JobState.DEAD, AttemptOutcome.NO_HANDLER,
+                         error=bounded(text, MAX_ERROR_CHARS, _giving_up(item)))
+    delay = backoff_seconds(ctx.attempt, base=backoff.unknown_kind_seconds,
+                            cap=max(backoff.cap_seconds, backoff.unknown_kind_seconds))
+    return _finished(item, JobState.RETRYING, AttemptOutcome.NO_HANDLER, delay_seconds=delay,
+                     error=text)
 
 
 def released(item: InFlight) -> Finished:
     """Shutdown before the handler finished: due again at once, attempt given back."""
     state = JobState.RETRYING if item.attempt > 1 else JobState.SCHEDULED
-    return _finished(item, state, AttemptOutcome.RELEASED, error=None, refund=True)
+    return _finished(item, state, AttemptOutcome.RELEASED, refund=True)
 
 
-def failed(item: InFlight, exc: BaseException, run_seconds: float, *, base: float,
-           cap: float) -> Finished:
+def failed(item: InFlight, exc: BaseException, run_seconds: float, backoff: Backoff
+           ) -> Finished:
     """A raised exception (or a timeout) -> retrying with backoff, or dead."""
     ctx = item.context
-    text = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-    trace = "".join(tb.format_exception(exc))[-MAX_TRACEBACK_CHARS:]
+    text = describe(exc)
+    trace = _traceback(exc)
     if isinstance(exc, Permanent):
         return _finished(item, JobState.DEAD, AttemptOutcome.PERMANENT, error=text,
-                        traceback=trace, run_seconds=run_seconds)
+                         traceback=trace, run_seconds=run_seconds)
     outcome = AttemptOutcome.FAILED
     if item.timed_out:
         outcome = AttemptOutcome.TIMED_OUT
-        text = f"timed out after {item.timeout_seconds:g} s ({text})"[:MAX_ERROR_CHARS]
+        text = f"timed out after {item.timeout_seconds:g} s ({text})"
     if ctx.attempt >= ctx.max_attempts:
         return _finished(item, JobState.DEAD, outcome,
-                        error=f"{text} [attempt {ctx.attempt} of {ctx.max_attempts}, giving up]",
-                        traceback=trace, run_seconds=run_seconds)
+                         error=bounded(text, MAX_ERROR_CHARS, _giving_up(item)),
+                         traceback=trace, run_seconds=run_seconds)
+    delay = backoff_seconds(ctx.attempt, base=backoff.base_seconds, cap=backoff.cap_seconds)
     if isinstance(exc, RetryAfter):
-        delay = max(float(exc.seconds), 0.0)
-    else:
-        delay = backoff_seconds(ctx.attempt, base=base, cap=cap)
+        asked = retry_after_seconds(exc.seconds)
+        if asked is None:
+            text = bounded(text, MAX_ERROR_CHARS,
+                           f" [RetryAfter needs a number of seconds, got {exc.seconds!r:.40}; "
+                           "retrying with the usual backoff]")
+        else:
+            delay = asked
     return _finished(item, JobState.RETRYING, outcome, delay_seconds=delay, error=text,
-                    traceback=trace, run_seconds=run_seconds)
+                     traceback=trace, run_seconds=run_seconds)
+
+
+def retry_after_seconds(value: object) -> float | None:
+    """The delay a `RetryAfter` asks for, within [0, MAX_RETRY_AFTER_SECONDS]; None when it
+    is not a number (or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        return MAX_RETRY_AFTER_SECONDS if value > 0 else 0.0
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def _giving_up(item: InFlight) -> str:
+    return f" [attempt {item.context.attempt} of {item.context.max_attempts}, giving up]"
+
+
+def _traceback(exc: BaseException) -> str:
+    try:
+        return "".join(tb.format_exception(exc))
+    except Exception:  # formatting can call into the exception's own broken code
+        return describe(exc)
 
 
 class TimedOut(Exception):

@@ -51,15 +51,18 @@ class Consumer:
         # Outcomes, heartbeats: durable commits. Claims: a claim lost in a database crash
         # leaves the job dispatched and its message undeleted, so it is claimed again (or
         # re-dispatched): no WAL-flush wait needed. No checkout checks: the loops retry.
-        self.database = Database(settings.database_url, max_size=6, name="tock-consumer",
-                                 check=False)
-        self.claim_database = Database(settings.database_url, max_size=4, name="tock-claim",
-                                       check=False, synchronous_commit=False)
+        self.database = Database.for_service(settings.database_url, max_size=6,
+                                             name="tock-consumer")
+        self.claim_database = Database.for_service(settings.database_url, max_size=4,
+                                                   name="tock-claim", synchronous_commit=False)
         self.pipe = Pipeline(
             settings=settings, registry=registry,
             transport=transport or SqsTransport(
                 settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
-                max_connections=max(20, settings.concurrency + 10)),
+                max_connections=max(20, settings.concurrency + 10),
+                create_missing=settings.create_queues,
+                visibility_timeout=settings.visibility_timeout_seconds,
+                dead_letter_after=settings.dead_letter_after),
             store=JobStore(self.database), claim_store=JobStore(self.claim_database),
             clock=clock)
         self.worker_id = self.pipe.worker_id

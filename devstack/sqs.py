@@ -69,14 +69,16 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, check: st
     raise RuntimeError(f"SQS server not ready after 90 s:\n{log.read_text()[-3000:]}")
 
 
-def start_localstack() -> SqsServer:
-    """Start LocalStack natively from its pinned venv (see localstack/requirements.txt)."""
+def start_localstack(port: int | None = None) -> SqsServer:
+    """Start LocalStack natively from its pinned venv (see localstack/requirements.txt).
+    `port` fixes the listening port (e.g. to restart a killed server where clients expect
+    it); by default a free one is picked."""
     python = LOCALSTACK_VENV / "bin" / "python"
     if not python.exists():
         raise RuntimeError(
             f"LocalStack venv missing at {LOCALSTACK_VENV}: run `make localstack-venv`."
         )
-    port = free_port()
+    port = port or free_port()
     work = Path(tempfile.mkdtemp(prefix="tock-localstack-"))
     env = {
         **os.environ,

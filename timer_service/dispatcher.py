@@ -8,12 +8,16 @@ dispatched with a new token), send, then commit, all in one transaction.
 - A consumer that receives a message before the commit waits on the row lock for the
   moment it takes the commit to land, then claims normally.
 - SQS refusing some entries: those rows are put back in the same transaction.
-A message lost after the commit is covered by the rescuer's re-dispatch of stuck jobs.
+- SQS refusing some entries (or the whole call: the queue is missing, SQS is away): those
+  rows are put back in the same transaction, due again after a backoff of their own
+  (0.5 s doubling to 10 s), so they never block other rows; `explain` says why.
+A message lost after the commit is covered by the rescuer's re-dispatch of lost messages.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -32,7 +36,13 @@ log = logging.getLogger("tock.timer.dispatch")
 
 DUE_CHANNEL = "tock_due"
 """NOTIFY channel: an insert of a near-due job, a retry, or a retry delay ending soon."""
-REFUSED_PAUSE_SECONDS = 1.0
+REFUSED_PAUSE_SECONDS = 0.5
+"""After a pass in which SQS took nothing: a pause, so the loop does not spin."""
+REFUSED_BACKOFF_BASE_SECONDS = 0.5
+REFUSED_BACKOFF_CAP_SECONDS = 10.0
+STUCK_AFTER_FAILURES = 5
+"""A job refused this many times in a row is reported (log line, explain)."""
+REPORT_EVERY_SECONDS = 30.0
 
 
 class Dispatcher(Loop):
@@ -53,6 +63,8 @@ class Dispatcher(Loop):
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")
         self._listener: Listener | None = None
         self._refused_last_pass = False
+        self._reported: dict[str, float] = {}
+        self._refusals: dict[str, int] = {}
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -63,7 +75,7 @@ class Dispatcher(Loop):
     def run_once(self, now: datetime | None = None) -> int:
         """One batch; returns how many were sent. A full batch returns at once for more."""
         sent, refused = self.dispatch_due(now)
-        self._refused_last_pass = bool(refused)
+        self._refused_last_pass = bool(refused) and not sent
         return sent if sent >= self.batch_size else 0
 
     def idle(self) -> None:
@@ -99,8 +111,12 @@ class Dispatcher(Loop):
                 return 0, 0
             failed = self._send(due)
             if failed:
-                tx.undo_dispatch([Refused(j.id, j.prev_state, failed[j.id])
-                                  for j in due if j.id in failed], now)
+                streaks = tx.undo_dispatch(
+                    [Refused(j.id, j.prev_state, failed[j.id]) for j in due if j.id in failed],
+                    backoff_base_seconds=REFUSED_BACKOFF_BASE_SECONDS,
+                    backoff_cap_seconds=REFUSED_BACKOFF_CAP_SECONDS, now=now)
+        if failed:
+            self._report_stuck(due, streaks, failed)
         for job in due:
             if job.id not in failed:
                 metrics.DUE_TO_DISPATCH.observe(max(job.lag_seconds, 0.0))
@@ -127,9 +143,7 @@ class Dispatcher(Loop):
                 refused: list[EntryFailure] = future.result()
             except TransportError as exc:
                 metrics.SQS_ERRORS.labels("SendMessageBatch").inc()
-                emit(log, "dispatch_failed", logging.WARNING, queue=queue, jobs=len(chunk),
-                     error=str(exc))
-                refused = [EntryFailure(entry_id, "TransportError", str(exc))
+                refused = [EntryFailure(entry_id, type(exc).__name__, str(exc))
                            for entry_id, _ in chunk]
             for failure in refused:
                 failed[int(failure.entry_id)] = f"SQS refused the send: {failure.code}: " \
@@ -137,4 +151,23 @@ class Dispatcher(Loop):
             metrics.DISPATCHED.labels(queue).inc(len(chunk) - len(refused))
             if refused:
                 metrics.DISPATCH_FAILURES.labels(queue).inc(len(refused))
+                self._report_refused(queue, len(refused), refused[0])
         return failed
+
+    def _report_refused(self, queue: str, count: int, example: EntryFailure) -> None:
+        """One line per queue every REPORT_EVERY_SECONDS, however many passes fail."""
+        self._refusals[queue] = self._refusals.get(queue, 0) + count
+        now = time.monotonic()
+        if now - self._reported.get(queue, -REPORT_EVERY_SECONDS) < REPORT_EVERY_SECONDS:
+            return
+        self._reported[queue] = now
+        emit(log, "dispatch_refused", logging.WARNING, queue=queue,
+             jobs=self._refusals.pop(queue), error=f"{example.code}: {example.message}",
+             detail="the jobs stay due and are tried again with a backoff")
+
+    def _report_stuck(self, due: list[DueJob], streaks: dict[int, int],
+                      failed: dict[int, str]) -> None:
+        for job in due:
+            if streaks.get(job.id) == STUCK_AFTER_FAILURES:
+                emit(log, "dispatch_stuck", logging.ERROR, job_id=job.id, queue=job.queue,
+                     refused=STUCK_AFTER_FAILURES, error=failed[job.id])

@@ -1,23 +1,32 @@
-"""Recovery: jobs whose worker stopped heartbeating, and dispatched jobs nobody claimed.
+"""Recovery: jobs whose worker stopped heartbeating, and jobs whose SQS message was lost.
 
 A running job whose lease expired (by the database clock) goes back to `retrying` with
 backoff, or to `dead` when that was its last attempt; the lost attempt is recorded as
 `lease_expired`. Its old worker, if it is alive after all, is fenced out: its heartbeat and
 its completion match no row.
+
+A dispatched job nobody claimed for `dispatch_timeout_seconds` is sent again only on
+evidence that its message is gone: its SQS queue holds fewer messages than it should (one
+per dispatched job, one in flight per running job). A long backlog therefore resends
+nothing, however old; a purged or recreated queue, or messages moved to the dead-letter
+queue, resend as many of the oldest stuck jobs as messages are missing.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from shared.core.backoff import backoff_seconds
+from shared.core.errors import QueueMissing, TransportError
 from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 from shared.store.job_store import JobStore
 from shared.store.rows import Rescue
+from shared.transport.base import Transport
 
 log = logging.getLogger("tock.timer.rescue")
 
@@ -27,22 +36,31 @@ class Rescuer(Loop):
 
     name = "rescue"
 
-    def __init__(self, store: JobStore, *, batch_size: int, default_max_attempts: int,
-                 backoff_base_seconds: float, backoff_cap_seconds: float,
-                 dispatch_timeout_seconds: float, interval_seconds: float) -> None:
+    def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
+                 default_max_attempts: int, backoff_base_seconds: float,
+                 backoff_cap_seconds: float, dispatch_timeout_seconds: float,
+                 interval_seconds: float) -> None:
         super().__init__()
         self.store = store
+        self.transport = transport
         self.batch_size = batch_size
         self.default_max_attempts = default_max_attempts
         self.backoff_base = backoff_base_seconds
         self.backoff_cap = backoff_cap_seconds
         self.dispatch_timeout = dispatch_timeout_seconds
         self.idle_seconds = interval_seconds
+        # Counting a queue's jobs costs more than the lease scan: at most every few seconds.
+        self._redispatch_every = max(interval_seconds, min(10.0, dispatch_timeout_seconds / 2))
+        self._next_redispatch = 0.0
 
     def run_once(self, now: datetime | None = None) -> int:
-        """Rescue expired leases, then re-dispatch stuck jobs; 0 unless a batch was full."""
+        """Rescue expired leases, then (every few seconds) re-dispatch jobs whose message
+        was lost; 0 unless a batch was full."""
         rescued = self.rescue_expired(now)
-        redispatched = self.redispatch_stuck(now)
+        redispatched = 0
+        if now is not None or time.monotonic() >= self._next_redispatch:
+            self._next_redispatch = time.monotonic() + self._redispatch_every
+            redispatched = self.redispatch_stuck(now)
         return int(rescued >= self.batch_size or redispatched >= self.batch_size)
 
     def rescue_expired(self, now: datetime | None = None) -> int:
@@ -72,9 +90,30 @@ class Rescuer(Loop):
         return len(done)
 
     def redispatch_stuck(self, now: datetime | None = None) -> int:
-        """Make dispatched jobs that nobody claimed within the timeout due again."""
-        ids = self.store.redispatch_stuck(self.dispatch_timeout, self.batch_size, now)
-        if ids:
-            metrics.REDISPATCHED.inc(len(ids))
-            emit(log, "redispatch_stuck", logging.WARNING, jobs=len(ids), job_ids=ids[:20])
-        return len(ids)
+        """Make dispatched jobs whose message is gone due again (see the module docstring);
+        returns how many."""
+        total = 0
+        for queue, stuck in self.store.stuck_queues(self.dispatch_timeout, now).items():
+            missing = self._missing_messages(queue)
+            if not missing:
+                continue
+            ids = self.store.redispatch_stuck(queue, self.dispatch_timeout,
+                                              min(missing, stuck, self.batch_size), now)
+            if ids:
+                total += len(ids)
+                metrics.REDISPATCHED.inc(len(ids))
+                emit(log, "redispatch_lost", logging.WARNING, queue=queue, jobs=len(ids),
+                     missing_messages=missing, job_ids=ids[:20])
+        return total
+
+    def _missing_messages(self, queue: str) -> int:
+        """How many messages `queue` lacks; 0 when SQS cannot tell (no evidence, no resend)."""
+        dispatched, running = self.store.queue_expected(queue)
+        try:
+            held = self.transport.depth(queue)
+        except QueueMissing:
+            held = 0  # the queue is gone, and every message with it
+        except TransportError as exc:
+            emit(log, "queue_depth_unknown", logging.WARNING, queue=queue, error=str(exc))
+            return 0
+        return max(dispatched - max(held - running, 0), 0)

@@ -58,16 +58,19 @@ class Timer:
         # Every write of the timer is recoverable if a database crash loses it after commit
         # (a lost dispatch leaves a token no job carries: stale; a lost rescue or slot fire
         # is simply done again), so its commits need not wait for the WAL flush.
-        self.database = Database(settings.database_url, max_size=4, name="tock-timer",
-                                 check=False, synchronous_commit=False)
+        self.database = Database.for_service(settings.database_url, max_size=4,
+                                             name="tock-timer", synchronous_commit=False)
         self.transport = transport or SqsTransport(
-            settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds)
+            settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
+            create_missing=settings.create_queues,
+            visibility_timeout=settings.visibility_timeout_seconds,
+            dead_letter_after=settings.dead_letter_after)
         jobs = JobStore(self.database)
         self.dispatcher = Dispatcher(jobs, self.transport, batch_size=settings.batch_size,
                                      send_concurrency=settings.send_concurrency,
                                      max_idle_seconds=settings.max_idle_seconds)
         self.rescuer = Rescuer(
-            jobs, batch_size=settings.batch_size,
+            jobs, self.transport, batch_size=settings.batch_size,
             default_max_attempts=settings.default_max_attempts,
             backoff_base_seconds=settings.backoff_base_seconds,
             backoff_cap_seconds=settings.backoff_cap_seconds,

@@ -56,6 +56,8 @@ class Job:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    dispatch_failures: int = 0
+    """Sends SQS refused in a row (the timer retries them with a backoff of their own)."""
     created: bool = True
     attempts: tuple[Attempt, ...] = field(default=())
 

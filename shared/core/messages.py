@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from shared.core.errors import InvalidMessage
+from shared.core.validation import KIND
 
 VERSION = 1
 MAX_BODY_BYTES = 4096
+MAX_JOB_ID = 2**63 - 1
+"""Job ids are Postgres bigints."""
 
 
 @dataclass(frozen=True)
@@ -27,25 +30,33 @@ class JobMessage:
                            "kind": self.kind}, separators=(",", ":"))
 
 
-def decode(body: str) -> JobMessage:
-    """Parse and check a message body; anything else raises `InvalidMessage`."""
+def decode(body: object) -> JobMessage:
+    """Parse and check a message body; anything else (whatever its shape) raises
+    `InvalidMessage`, never another error."""
+    if not isinstance(body, str):
+        raise InvalidMessage(f"message body is not text but {type(body).__name__}")
     if len(body) > MAX_BODY_BYTES:
-        raise InvalidMessage(f"message body is {len(body)} bytes; tock messages are small")
+        raise InvalidMessage(f"message body is {len(body)} characters; tock messages are "
+                             f"at most {MAX_BODY_BYTES}")
     try:
         data = json.loads(body)
-    except ValueError as exc:
-        raise InvalidMessage(f"message body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        raise InvalidMessage(f"message body is not JSON: {str(exc)[:200] or type(exc).__name__}"
+                             ) from None
     if not isinstance(data, dict):
         raise InvalidMessage("message body is not a JSON object")
     if data.get("v") != VERSION:
         raise InvalidMessage(f"unsupported message version {data.get('v')!r}")
     job_id, token, kind = data.get("job"), data.get("token"), data.get("kind")
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
-        raise InvalidMessage(f"message job id must be a positive integer, got {job_id!r}")
-    if not isinstance(kind, str) or not kind:
-        raise InvalidMessage("message has no kind")
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= MAX_JOB_ID:
+        raise InvalidMessage(f"message job id must be an integer from 1 to {MAX_JOB_ID}, "
+                             f"got {str(job_id)[:40]!r}")
+    if not isinstance(kind, str) or not KIND.match(kind):
+        raise InvalidMessage(f"message kind is not a tock kind: {str(kind)[:80]!r}")
+    if not isinstance(token, str):
+        raise InvalidMessage(f"message token is not a UUID: {str(token)[:40]!r}")
     try:
-        parsed = UUID(str(token))
+        parsed = UUID(token)
     except ValueError:
-        raise InvalidMessage(f"message token is not a UUID: {token!r}") from None
+        raise InvalidMessage(f"message token is not a UUID: {token[:40]!r}") from None
     return JobMessage(job_id, parsed, kind)

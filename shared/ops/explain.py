@@ -89,12 +89,28 @@ def _attempts_of(job: Job) -> str:
 
 def explain(job: Job, ctx: Context) -> Explanation:
     """The plain-words story of where `job` is now and why."""
-    found = _BY_STATE[job.state](job, ctx)
+    refused = job.dispatch_failures and job.state in (JobState.SCHEDULED, JobState.RETRYING)
+    found = _refused(job, ctx) if refused else _BY_STATE[job.state](job, ctx)
     if ctx.paused_schedule:
         found = replace(found, details=[*found.details, (
             f"It was made by recurring schedule {ctx.paused_schedule!r}, which is paused: "
             "the schedule makes no further jobs until it is resumed.")])
     return found
+
+
+def _refused(job: Job, ctx: Context) -> Explanation:
+    """SQS would not take the job's message (its queue missing, throttled, unreachable)."""
+    now = ctx.now
+    again = (f"The timer tries again at {when(job.run_at, now)}" if job.run_at > now
+             else "The timer tries again on its next pass")
+    return Explanation(
+        job.id, job.state,
+        f"SQS refused to take it {job.dispatch_failures} time(s) in a row: "
+        f"{job.last_error or 'no error recorded'}.",
+        [f"Priority {job.priority} on queue {job.queue}.",
+         "Check that the SQS queue exists (TOCK_CREATE_QUEUES=1 recreates a missing one) and "
+         "that the timer may send to it."],
+        f"{again}, with a backoff of its own (other jobs are not held up).", can_cancel=True)
 
 
 def _scheduled(job: Job, ctx: Context) -> Explanation:
@@ -152,8 +168,8 @@ def _dispatched(job: Job, ctx: Context) -> Explanation:
         f"Dispatched to SQS queue {job.queue!r} at {when(at, now)} and waiting for a "
         "consumer to claim it.",
         details,
-        "A consumer claims it; if none does within the timer's dispatch timeout, the timer "
-        "sends it again.", can_cancel=True)
+        "A consumer claims it; if its message is lost (the queue holds fewer messages than "
+        "it should), the timer sends it again after its dispatch timeout.", can_cancel=True)
 
 
 def _running(job: Job, ctx: Context) -> Explanation:

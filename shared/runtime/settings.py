@@ -33,6 +33,18 @@ class CommonSettings(BaseSettings):
     log_format: Literal["json", "human"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     sqs_call_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    visibility_timeout_seconds: int = Field(
+        default=60, ge=1, le=43200,
+        description="SQS visibility timeout of a received message; the queue's own setting "
+                    "must agree.")
+    create_queues: bool = Field(
+        default=False,
+        description="Create an SQS queue (and its -dlq) that is missing, at start and after "
+                    "it disappears (local stacks; production queues come from infra/).")
+    dead_letter_after: int = Field(
+        default=5, ge=1, le=1000,
+        description="Receives before SQS moves a message to the dead-letter queue (used "
+                    "when tock creates the queue).")
 
     @classmethod
     def load(cls, **overrides: object) -> Self:
@@ -70,8 +82,9 @@ class TimerSettings(CommonSettings):
     )
     notify_horizon_seconds: float = Field(default=60.0, ge=0)
     dispatch_timeout_seconds: float = Field(
-        default=300.0, ge=5,
-        description="A job still `dispatched` this long after dispatch is sent again.",
+        default=60.0, ge=5,
+        description="A job still `dispatched` this long after dispatch is sent again, if its "
+                    "SQS queue holds fewer messages than it should (its message was lost).",
     )
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
@@ -113,13 +126,16 @@ class ConsumerSettings(CommonSettings):
     concurrency: int = Field(default=8, ge=1, le=1000, description="Handlers run at once.")
     lease_seconds: float = Field(default=30.0, ge=1, le=43200)
     heartbeat_seconds: float = Field(default=10.0, gt=0)
-    visibility_timeout_seconds: int = Field(default=60, ge=1, le=43200)
     receive_wait_seconds: int = Field(default=2, ge=0, le=20)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)
     default_max_attempts: int = Field(default=5, ge=1, le=1000)
     default_timeout_seconds: float = Field(default=300.0, gt=0)
+    unknown_kind_backoff_seconds: float = Field(
+        default=30.0, gt=0, le=86400,
+        description="First retry delay of a job whose kind this consumer has no handler "
+                    "for (doubling per attempt); it goes dead only after its max attempts.")
     completion_batch_size: int = Field(default=100, ge=1, le=1000)
     worker_id: str | None = Field(default=None, max_length=200)
     health_port: int | None = Field(default=None, ge=1, le=65535)

@@ -4,7 +4,9 @@ Callers use the stores (`JobStore`, `ScheduleStore`, `OperatorStore`), not conne
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,37 +14,67 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from shared.core.errors import InvalidInput
+from shared.core.errors import DatabaseUnavailable, InvalidInput
 from shared.store.errors import translated
 
 Connection = psycopg.Connection[Any]
+
+RECHECK_SECONDS = 0.5
+
+LINK_OPTIONS: dict[str, Any] = {
+    "connect_timeout": 5,
+    # A server that vanished without closing the connection (a partition, a dead host) is
+    # noticed within about 10 s, not after the kernel's default of many minutes.
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+"""libpq connection options of every tock connection."""
+
 
 
 class Database:
     """A lazily opened pool to one database.
 
     `check` tests each connection on checkout (one round trip), so a restarted Postgres
-    costs the caller nothing; the services turn it off because their loops retry anyway.
+    costs the caller nothing; the services turn it off because their loops retry anyway,
+    and instead the whole pool is checked once after a lost connection, so the other stale
+    connections of a restarted server are dropped at once instead of failing one pass each.
     `autocommit` lets a single statement run as one round trip (no BEGIN/COMMIT);
     multi-statement work goes through `transaction()`. `synchronous_commit=False` is for
     writes whose loss in a database crash the fences already absorb (see the callers).
+
+    `timeout` bounds the wait for a connection. The services use a short one: while
+    Postgres is down, each loop pass fails fast and the next one (the supervisor retries
+    within a second) asks for a new connection, so a loop works again within about a
+    second of the server coming back. `reconnect_timeout` is how long the pool itself keeps
+    reconnecting in the background (1 s, 2 s, 4 s ... apart) for a caller that waits.
     """
 
     def __init__(self, url: str, *, max_size: int = 10, name: str = "tock", check: bool = True,
                  autocommit: bool = True, synchronous_commit: bool = True,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, reconnect_timeout: float = 300.0) -> None:
         self.url = url
         self.name = name
-        kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit}
+        kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit,
+                                  **LINK_OPTIONS}
         if not synchronous_commit:
             kwargs["options"] = "-c synchronous_commit=off"
         self.pool = ConnectionPool(
             url, min_size=1, max_size=max_size, open=False, name=name,
             check=ConnectionPool.check_connection if check else None,
-            kwargs=kwargs, timeout=timeout, reconnect_timeout=0,
+            kwargs=kwargs, timeout=timeout, reconnect_timeout=reconnect_timeout,
         )
         self._opened = False
         self._lock = threading.Lock()
+        self._checked_at = 0.0
+
+    @classmethod
+    def for_service(cls, url: str, *, name: str, max_size: int,
+                    synchronous_commit: bool = True) -> Database:
+        """A pool for a timer or consumer loop (see above): no checkout checks, a 2 s wait
+        for a connection, reconnection driven by the loops' own retries."""
+        return cls(url, max_size=max_size, name=name, check=False, timeout=2.0,
+                   reconnect_timeout=1.0, synchronous_commit=synchronous_commit)
 
     def open(self) -> None:
         """Start the pool (idempotent); connections are made in the background."""
@@ -61,15 +93,33 @@ class Database:
         """A pooled connection inside one transaction: commits on success, rolls back on
         error."""
         self.open()
-        with translated(), self.pool.connection() as conn, conn.transaction():
-            yield conn
+        try:
+            with translated(), self.pool.connection() as conn, conn.transaction():
+                yield conn
+        except DatabaseUnavailable:
+            self._recheck()
+            raise
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A pooled connection for single autocommit statements (one round trip each)."""
         self.open()
-        with translated(), self.pool.connection() as conn:
-            yield conn
+        try:
+            with translated(), self.pool.connection() as conn:
+                yield conn
+        except DatabaseUnavailable:
+            self._recheck()
+            raise
+
+    def _recheck(self) -> None:
+        """After a lost connection, test the idle ones (at most twice a second) so a
+        restarted server's stale connections are replaced together."""
+        now = time.monotonic()
+        if now - self._checked_at < RECHECK_SECONDS:
+            return
+        self._checked_at = now
+        with contextlib.suppress(Exception):  # the pool logs what it drops
+            self.pool.check()
 
     def listener(self, channel: str) -> Listener:
         """A dedicated connection that LISTENs on `channel`."""
@@ -82,7 +132,8 @@ class Listener:
 
     def __init__(self, url: str, channel: str) -> None:
         with translated():
-            self._conn = psycopg.connect(url, autocommit=True, application_name="tock-listen")
+            self._conn = psycopg.connect(url, autocommit=True, application_name="tock-listen",
+                                         **LINK_OPTIONS)
             self._conn.execute(f"LISTEN {channel}")  # a constant of ours, never user input
 
     def wait(self, timeout: float) -> bool:

@@ -83,11 +83,16 @@ class JobStore(Store):
         return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]))
                 for r in self._rows(sql.CLAIM_DUE, {"limit": limit, "now": now})]
 
-    def undo_dispatch(self, refused: Sequence[Refused], now: datetime | None = None) -> None:
-        """Put jobs SQS refused back to the state they came from, with the reason."""
-        self._run(sql.UNDO_DISPATCH, {
+    def undo_dispatch(self, refused: Sequence[Refused], *, backoff_base_seconds: float,
+                      backoff_cap_seconds: float, now: datetime | None = None
+                      ) -> dict[int, int]:
+        """Put jobs SQS refused back to the state they came from, with the reason, due
+        again after a backoff; returns {job id: sends refused in a row}."""
+        rows = self._rows(sql.UNDO_DISPATCH, {
             "ids": [r.id for r in refused], "prev_states": [r.prev_state.value for r in refused],
-            "errors": [r.error for r in refused], "now": now})
+            "errors": [r.error for r in refused], "backoff_base": backoff_base_seconds,
+            "backoff_cap": backoff_cap_seconds, "now": now})
+        return {r[0]: r[1] for r in rows}
 
     def next_due_at(self) -> tuple[datetime | None, datetime]:
         """(earliest run_at of a scheduled/retrying job, the database clock now)."""
@@ -95,12 +100,24 @@ class JobStore(Store):
         assert row is not None
         return row[0], row[1]
 
-    def redispatch_stuck(self, timeout_seconds: float, limit: int,
+    def stuck_queues(self, timeout_seconds: float, now: datetime | None = None
+                     ) -> dict[str, int]:
+        """Queues with jobs dispatched longer ago than `timeout_seconds` and not claimed:
+        {queue: how many}."""
+        return {r[0]: r[1] for r in self._rows(sql.STUCK_QUEUES, {
+            "timeout_seconds": timeout_seconds, "now": now})}
+
+    def queue_expected(self, queue: str) -> tuple[int, int]:
+        """(dispatched, running) jobs of `queue`: the messages SQS should hold for it."""
+        row = self._one(sql.QUEUE_EXPECTED, {"queue": queue})
+        return (row[0], row[1]) if row else (0, 0)
+
+    def redispatch_stuck(self, queue: str, timeout_seconds: float, limit: int,
                          now: datetime | None = None) -> list[int]:
-        """Make jobs dispatched longer ago than `timeout_seconds` and never claimed due
-        again (their message was lost); returns their ids."""
+        """Make up to `limit` of `queue`'s jobs dispatched longer ago than
+        `timeout_seconds` and never claimed due again, oldest first; returns their ids."""
         return [r[0] for r in self._rows(sql.REDISPATCH_STUCK, {
-            "timeout_seconds": timeout_seconds, "limit": limit, "now": now})]
+            "queue": queue, "timeout_seconds": timeout_seconds, "limit": limit, "now": now})]
 
     def expired_leases(self, limit: int, default_max_attempts: int,
                        now: datetime | None = None) -> list[ExpiredLease]:

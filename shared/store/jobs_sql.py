@@ -17,7 +17,8 @@ NOW = "coalesce(%(now)s::timestamptz, now())"
 JOB_COLUMNS = (
     "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
     "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "
-    "dispatched_at, last_error, created_at, updated_at, started_at, finished_at"
+    "dispatched_at, last_error, created_at, updated_at, started_at, finished_at, "
+    "dispatch_failures"
 )
 
 # --- producer -------------------------------------------------------------------------------
@@ -80,7 +81,7 @@ WITH due AS (
         SELECT j.id, j.state FROM tock_jobs j
         WHERE j.state IN ('scheduled', 'retrying') AND j.priority = p.level
           AND j.run_at <= {NOW}
-        ORDER BY j.run_at
+        ORDER BY j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) d
@@ -95,14 +96,20 @@ RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
           extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
 """
 
-# Sends that SQS refused: back to the state they came from, in the claiming transaction.
+# Sends that SQS refused: back to the state they came from, in the claiming transaction,
+# and due again only after a backoff of their own (base * 2^failures, capped), so a job
+# whose queue is missing waits aside instead of heading every claim.
 UNDO_DISPATCH = f"""
 UPDATE tock_jobs j
 SET state = t.prev_state, dispatch_token = NULL, dispatched_at = NULL,
-    last_error = t.error, updated_at = {NOW}
+    last_error = t.error, dispatch_failures = j.dispatch_failures + 1,
+    run_at = greatest(j.run_at, {NOW} + make_interval(secs => least(
+        %(backoff_cap)s::float8, %(backoff_base)s::float8 * 2 ^ least(j.dispatch_failures, 30)))),
+    updated_at = {NOW}
 FROM unnest(%(ids)s::bigint[], %(prev_states)s::tock_job_state[], %(errors)s::text[])
      AS t(id, prev_state, error)
 WHERE j.id = t.id AND j.state = 'dispatched'
+RETURNING j.id, j.dispatch_failures
 """
 
 # Earliest due time per level, so the timer can sleep until exactly then.
@@ -116,13 +123,27 @@ CROSS JOIN LATERAL (
 ) n
 """
 
-# A dispatched job nobody claimed for too long (its message lost, or sent by a timer that
-# died after commit): make it due again; the next claim gives it a new token, so the old
-# message, should it ever arrive, is stale.
+# Queues with dispatched jobs nobody claimed for too long: candidates for a lost message.
+STUCK_QUEUES = f"""
+SELECT queue, count(*) FROM tock_jobs
+WHERE state = 'dispatched' AND dispatched_at < {NOW} - make_interval(secs => %(timeout_seconds)s)
+GROUP BY queue
+"""
+
+# What should be in one SQS queue: one message per dispatched job (not yet claimed) and one
+# in flight per running job. Fewer messages than that means messages were lost.
+QUEUE_EXPECTED = """
+SELECT count(*) FILTER (WHERE state = 'dispatched'), count(*) FILTER (WHERE state = 'running')
+FROM tock_jobs WHERE state IN ('dispatched', 'running') AND queue = %(queue)s
+"""
+
+# A dispatched job whose message was lost (queue purged or recreated, moved to the DLQ):
+# make it due again, oldest first; the next claim gives it a new token, so the old message,
+# should it ever arrive, is stale.
 REDISPATCH_STUCK = f"""
 WITH stuck AS (
     SELECT id FROM tock_jobs
-    WHERE state = 'dispatched'
+    WHERE state = 'dispatched' AND queue = %(queue)s
       AND dispatched_at < {NOW} - make_interval(secs => %(timeout_seconds)s)
     ORDER BY dispatched_at
     LIMIT %(limit)s
@@ -132,7 +153,8 @@ UPDATE tock_jobs j
 SET state = CASE WHEN j.attempt > 0 THEN 'retrying'::tock_job_state
                  ELSE 'scheduled'::tock_job_state END,
     dispatch_token = NULL,
-    last_error = 'not claimed within ' || %(timeout_seconds)s || ' s of dispatch; sent again',
+    last_error = 'its SQS message was lost (not claimed within ' || %(timeout_seconds)s
+                 || ' s, and the queue holds fewer messages than jobs); sent again',
     updated_at = {NOW}
 FROM stuck
 WHERE j.id = stuck.id
@@ -181,7 +203,7 @@ CLAIM_MESSAGES = f"""
 UPDATE tock_jobs j
 SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
     lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s),
-    started_at = {NOW}, updated_at = {NOW},
+    started_at = {NOW}, updated_at = {NOW}, dispatch_failures = 0,
     max_attempts = coalesce(j.max_attempts, m.default_max_attempts),
     timeout_seconds = coalesce(j.timeout_seconds, m.default_timeout_seconds)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],

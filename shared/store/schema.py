@@ -54,8 +54,9 @@ jobs = Table(
     Column("started_at", TS),
     Column("finished_at", TS),
     Column("schedule_name", Text),  # 0002: which recurring schedule made the job
+    Column("dispatch_failures", Integer, nullable=False, server_default="0"),  # 0004
     CheckConstraint("priority BETWEEN 0 AND 9"),
-    Index("tock_jobs_due_idx", "priority", "run_at",
+    Index("tock_jobs_due_idx", "priority", "run_at", "id",
           postgresql_where=text("state IN ('scheduled', 'retrying')")),
     Index("tock_jobs_lease_idx", "lease_expires_at", postgresql_where=text("state = 'running'")),
     Index("tock_jobs_dispatched_idx", "dispatched_at",

@@ -50,3 +50,7 @@ class Transport(Protocol):
     def change_visibility_batch(self, queue: str, receipts: list[str],
                                 timeout_seconds: int) -> list[EntryFailure]:
         ...
+
+    def depth(self, queue: str) -> int:
+        """Messages in the queue (visible, in flight, delayed); approximate on SQS."""
+        ...

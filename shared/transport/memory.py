@@ -136,7 +136,12 @@ class MemoryTransport:
         with self._cond:
             self._queue(queue)
 
-    def depth(self, queue: str) -> tuple[int, int]:
+    def depth(self, queue: str) -> int:
+        """Messages in the queue, visible or in flight."""
+        visible, in_flight = self.counts(queue)
+        return visible + in_flight
+
+    def counts(self, queue: str) -> tuple[int, int]:
         """(visible, in flight) message counts, as SQS's approximate attributes give them."""
         with self._cond:
             q = self._queue(queue)

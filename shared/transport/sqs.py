@@ -1,22 +1,29 @@
 """Amazon SQS through boto3, behind the `Transport` interface. botocore errors are
-translated here, once, into `TransportError`; per-entry failures of batch calls are
-returned per entry.
+translated here, once, into `TransportError` (`QueueMissing` when the queue does not
+exist); per-entry failures of batch calls are returned per entry.
 
 The endpoint, region and credentials come from the standard AWS configuration
 (`AWS_ENDPOINT_URL_SQS`, `AWS_DEFAULT_REGION`, roles ...), so this runs unchanged against
 LocalStack, moto and real SQS.
+
+Queue URLs are cached. A call that finds its queue gone (deleted, or a LocalStack restart)
+drops the cached URL, so the next call resolves it again; with `create_missing` the queue
+(and its dead-letter queue) is created at once and the call retried, which is what
+`TOCK_CREATE_QUEUES=1` turns on for local stacks. Production queues come from infra/.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from shared.core.errors import TransportError
+from shared.core.errors import QueueMissing, TransportError
 from shared.transport.base import (
     MAX_BATCH,
     MAX_VISIBILITY_SECONDS,
@@ -28,20 +35,32 @@ from shared.transport.base import (
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
+MISSING_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+"""What SQS answers for a queue that does not exist (query and JSON protocols)."""
+
+
 class SqsTransport:
-    """SQS queues named `prefix + tock queue name`; queue URLs are resolved once and cached."""
+    """SQS queues named `prefix + tock queue name`."""
 
     def __init__(self, prefix: str = "tock-", *, call_timeout_seconds: float = 10.0,
-                 max_connections: int = 50, client: SQSClient | None = None) -> None:
+                 max_connections: int = 50, client: SQSClient | None = None,
+                 create_missing: bool = False, visibility_timeout: int = 60,
+                 dead_letter_after: int | None = 5) -> None:
         self.prefix = prefix
-        # Long polls hold a connection for up to 20 s: the read timeout must exceed that.
-        config = Config(
+        self.create_missing = create_missing
+        self.visibility_timeout = visibility_timeout
+        self.dead_letter_after = dead_letter_after
+        retries: Any = {"mode": "standard", "max_attempts": 3}
+        # Every call but the long poll has its own short read timeout, so a hung SQS call
+        # returns within call_timeout_seconds; the long poll holds its connection up to
+        # 20 s, so its client allows that on top.
+        self.client: SQSClient = client or boto3.client("sqs", config=Config(
+            connect_timeout=call_timeout_seconds, read_timeout=call_timeout_seconds,
+            retries=retries, max_pool_connections=max_connections))
+        self._poll: SQSClient = client or boto3.client("sqs", config=Config(
             connect_timeout=call_timeout_seconds,
             read_timeout=call_timeout_seconds + MAX_WAIT_SECONDS,
-            retries={"mode": "standard", "max_attempts": 3},
-            max_pool_connections=max_connections,
-        )
-        self.client: SQSClient = client or boto3.client("sqs", config=config)
+            retries=retries, max_pool_connections=max_connections))
         self._urls: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -49,6 +68,7 @@ class SqsTransport:
         return f"{self.prefix}{queue}"
 
     def url(self, queue: str) -> str:
+        """The queue's URL (cached); `QueueMissing` if it does not exist."""
         with self._lock:
             cached = self._urls.get(queue)
         if cached:
@@ -56,30 +76,33 @@ class SqsTransport:
         try:
             found = self.client.get_queue_url(QueueName=self.queue_name(queue))["QueueUrl"]
         except ClientError as exc:
+            if _code(exc) in MISSING_CODES:
+                raise QueueMissing(
+                    f"SQS queue {self.queue_name(queue)!r} for tock queue {queue!r} does not "
+                    "exist") from exc
             raise TransportError(
-                f"SQS queue {self.queue_name(queue)!r} for tock queue {queue!r} not found or not "
-                f"accessible: {_describe(exc)}"
-            ) from exc
+                f"SQS queue {self.queue_name(queue)!r} for tock queue {queue!r} is not "
+                f"accessible: {_describe(exc)}") from exc
         except BotoCoreError as exc:
             raise TransportError(f"SQS unreachable: {exc}") from exc
         with self._lock:
             self._urls[queue] = found
         return found
 
-    def create_queue(self, queue: str, *, visibility_timeout: int = 60,
+    def create_queue(self, queue: str, *, visibility_timeout: int | None = None,
                      dead_letter_after: int | None = None) -> str:
-        """Create the queue (idempotent); for local stacks and tests. Production queues come
-        from infra/ templates."""
-        attributes: dict[str, str] = {"VisibilityTimeout": str(visibility_timeout)}
+        """Create the queue, and a dead-letter queue `...-dlq` when `dead_letter_after`
+        (idempotent)."""
+        attributes: dict[str, str] = {
+            "VisibilityTimeout": str(visibility_timeout or self.visibility_timeout)}
         try:
             if dead_letter_after:
                 dlq = self.client.create_queue(QueueName=self.queue_name(queue) + "-dlq")
                 arn = self.client.get_queue_attributes(
                     QueueUrl=dlq["QueueUrl"], AttributeNames=["QueueArn"]
                 )["Attributes"]["QueueArn"]
-                attributes["RedrivePolicy"] = (
-                    f'{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{dead_letter_after}"}}'
-                )
+                attributes["RedrivePolicy"] = json.dumps(
+                    {"deadLetterTargetArn": arn, "maxReceiveCount": str(dead_letter_after)})
             url = self.client.create_queue(QueueName=self.queue_name(queue),
                                            Attributes=attributes)["QueueUrl"]  # type: ignore[arg-type]
         except (ClientError, BotoCoreError) as exc:
@@ -92,20 +115,18 @@ class SqsTransport:
         if not entries:
             return []
         resp = self._call(
-            "SendMessageBatch", self.client.send_message_batch, QueueUrl=self.url(queue),
-            Entries=[{"Id": i, "MessageBody": body} for i, body in entries],
-        )
+            "SendMessageBatch", queue, self.client.send_message_batch,
+            Entries=[{"Id": i, "MessageBody": body} for i, body in entries])
         return _failures(resp)
 
     def receive(self, queue: str, max_messages: int = MAX_BATCH, wait_seconds: int = 20,
                 visibility_timeout: int = 60) -> list[Received]:
         resp = self._call(
-            "ReceiveMessage", self.client.receive_message, QueueUrl=self.url(queue),
+            "ReceiveMessage", queue, self._poll.receive_message,
             MaxNumberOfMessages=min(max_messages, MAX_BATCH),
             WaitTimeSeconds=min(wait_seconds, MAX_WAIT_SECONDS),
             VisibilityTimeout=visibility_timeout,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"],
-        )
+            MessageSystemAttributeNames=["ApproximateReceiveCount"])
         return [
             Received(
                 message_id=m["MessageId"], receipt=m["ReceiptHandle"], body=m.get("Body", ""),
@@ -118,9 +139,8 @@ class SqsTransport:
         if not receipts:
             return []
         resp = self._call(
-            "DeleteMessageBatch", self.client.delete_message_batch, QueueUrl=self.url(queue),
-            Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)],
-        )
+            "DeleteMessageBatch", queue, self.client.delete_message_batch,
+            Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)])
         return _failures(resp)
 
     def change_visibility_batch(self, queue: str, receipts: list[str],
@@ -128,21 +148,49 @@ class SqsTransport:
         if not receipts:
             return []
         resp = self._call(
-            "ChangeMessageVisibilityBatch", self.client.change_message_visibility_batch,
-            QueueUrl=self.url(queue),
+            "ChangeMessageVisibilityBatch", queue, self.client.change_message_visibility_batch,
             Entries=[{"Id": str(i), "ReceiptHandle": r,
                       "VisibilityTimeout": min(timeout_seconds, MAX_VISIBILITY_SECONDS)}
-                     for i, r in enumerate(receipts)],
-        )
+                     for i, r in enumerate(receipts)])
         return _failures(resp)
 
-    def _call(self, name: str, method: Any, **kwargs: Any) -> Any:
+    def depth(self, queue: str) -> int:
+        """Messages in the queue: visible, in flight and delayed (SQS's approximations)."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                 "ApproximateNumberOfMessagesDelayed"]
+        resp = self._call("GetQueueAttributes", queue, self.client.get_queue_attributes,
+                          AttributeNames=names)
+        attrs = resp.get("Attributes", {})
+        return sum(int(attrs.get(n, "0")) for n in names)
+
+    def _call(self, name: str, queue: str, method: Callable[..., Any], **kwargs: Any) -> Any:
+        for attempt in (1, 2):
+            try:
+                return method(QueueUrl=self._url_or_create(queue), **kwargs)
+            except ClientError as exc:
+                if _code(exc) not in MISSING_CODES:
+                    raise TransportError(f"SQS {name} failed: {_describe(exc)}") from exc
+                with self._lock:  # the cached URL names a queue that is gone
+                    self._urls.pop(queue, None)
+                if not self.create_missing or attempt == 2:
+                    raise QueueMissing(
+                        f"SQS {name} failed: queue {self.queue_name(queue)!r} for tock queue "
+                        f"{queue!r} does not exist") from exc
+            except BotoCoreError as exc:
+                raise TransportError(f"SQS {name} failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _url_or_create(self, queue: str) -> str:
         try:
-            return method(**kwargs)
-        except ClientError as exc:
-            raise TransportError(f"SQS {name} failed: {_describe(exc)}") from exc
-        except BotoCoreError as exc:
-            raise TransportError(f"SQS {name} failed: {exc}") from exc
+            return self.url(queue)
+        except QueueMissing:
+            if not self.create_missing:
+                raise
+            return self.create_queue(queue, dead_letter_after=self.dead_letter_after)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 def _describe(exc: ClientError) -> str:

@@ -15,7 +15,7 @@ RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
 QUEUE_ARN = {"Fn::GetAtt": ["QueueStack", "Outputs.QueueArn"]}
 
 TASK_ROLES = {
-    "TimerTaskRole": {"sqs:SendMessage", "sqs:GetQueueUrl"},
+    "TimerTaskRole": {"sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"},
     "ConsumerTaskRole": {"sqs:ReceiveMessage", "sqs:DeleteMessage",
                          "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl"},
     "DashboardTaskRole": set(),

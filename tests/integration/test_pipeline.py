@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,21 +16,9 @@ from consumer.tasks import Registry
 from shared.core.errors import Permanent, TransportError
 from shared.core.messages import JobMessage
 from shared.core.states import AttemptOutcome, JobState
-from tests.support.drive import db_now, dispatch, make_consumer, receive, run_all
+from tests.support.drive import Clock, db_now, dispatch, make_consumer, receive, run_all
 from tests.support.wait import wait_for
 from timer_service.service import Timer
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> datetime:
-        self.now += timedelta(seconds=seconds)
-        return self.now
 
 
 def _metric(name: str, **labels: str) -> float:
@@ -130,7 +118,7 @@ def test_failures_retry_with_backoff_then_go_dead(client, db, timer, registry, c
         if attempt < 3:
             assert row.state is JobState.RETRYING
             delay = (row.run_at - clock.now).total_seconds()
-            assert 0 <= delay <= 1, "full jitter within the 1 s cap of this test's settings"
+            assert 0.5 <= delay <= 1, "equal jitter: at least half of the 1 s step (and cap)"
             clock.advance(2)
     final = client.get(job.id, with_attempts=True)
     assert calls == [1, 2, 3]
@@ -237,16 +225,38 @@ def test_cancelling_a_running_job_signals_the_handler_and_drops_its_result(
     assert final.state is JobState.CANCELLED and final.attempts == ()
 
 
-def test_unknown_kind_goes_dead_with_a_clear_reason(client, timer, registry, consumers, clock):
+def test_unknown_kind_is_retried_with_backoff_then_runs_where_a_handler_is(
+        client, timer, registry, consumers, clock):
+    # A rolling deploy: this consumer does not know the new kind yet; the next one does.
     registry.add("known", lambda payload, ctx: None)
-    job = client.schedule("mystery")
+    job = client.schedule("new.kind", max_attempts=3)
+    old = consumers(clock)
+    dispatch(timer, clock.now)
+    run_all(old, receive(old, 1))
+    waiting = client.get(job.id, with_attempts=True)
+    assert waiting.state is JobState.RETRYING
+    assert "no handler for kind 'new.kind'" in waiting.last_error and "known" in waiting.last_error
+    delay = (waiting.run_at - clock.now).total_seconds()
+    assert 15 <= delay <= 30, "unknown_kind_backoff_seconds (30) with its floor of half"
+    assert [a.outcome for a in waiting.attempts] == [AttemptOutcome.NO_HANDLER]
+    registry.add("new.kind", lambda payload, ctx: None)
+    new = consumers(Clock(clock.advance(31)))
+    dispatch(timer, clock.now)
+    run_all(new, receive(new, 1))
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.SUCCEEDED and final.attempt == 2
+
+
+def test_unknown_kind_goes_dead_after_its_last_attempt(client, timer, registry, consumers,
+                                                       clock):
+    job = client.schedule("mystery", max_attempts=1)
     consumer = consumers(clock)
     dispatch(timer, clock.now)
     run_all(consumer, receive(consumer, 1))
     final = client.get(job.id, with_attempts=True)
     assert final.state is JobState.DEAD
     assert "no handler for kind 'mystery'" in final.last_error
-    assert "known" in final.last_error
+    assert "giving up" in final.last_error
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.NO_HANDLER]
 
 

@@ -3,13 +3,27 @@ Postgres and SQS of the test session."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
 from shared.runtime.settings import ConsumerSettings
 from timer_service.service import Timer
+
+
+class Clock:
+    """A pinned database clock for the consumer (`clock=`) and the timer (`now=`)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
 
 
 def db_now(db: Any) -> datetime:
