@@ -102,6 +102,8 @@ def _enqueue(args: argparse.Namespace) -> int:
         payload = json.loads(args.payload) if args.payload is not None else None
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"--payload is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("--payload is nested too deeply to be read") from None
     with _client(args) as client:
         job = client.schedule(args.kind, payload, at=args.at, delay=args.delay, key=args.key,
                               priority=args.priority, queue=args.queue,

@@ -10,6 +10,7 @@ import sys
 from shared.core.errors import ConfigError
 from shared.runtime.logs import configure
 from shared.runtime.settings import ConsumerSettings
+from shared.runtime.startup import database_problem, report_missing_queues
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     if not registry.kinds():
         print(f"tock consumer: no @task handlers registered by {args.tasks}", file=sys.stderr)
         return 2
+    problem = database_problem(settings.database_url)
+    if problem:
+        print(f"tock consumer: {problem[1]}", file=sys.stderr)
+        return problem[0]
     consumer = Consumer(settings, registry)
+    report_missing_queues(consumer.pipe.transport, settings.queues)
     consumer.stop_flag.install_signal_handlers()
     if settings.health_port:
         from shared.runtime.health import HealthServer

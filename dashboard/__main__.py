@@ -8,6 +8,7 @@ import sys
 
 from shared.core.errors import ConfigError
 from shared.runtime.logs import configure
+from shared.runtime.startup import database_problem
 
 
 def _drop_color_message(record: logging.LogRecord) -> bool:
@@ -39,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tock dashboard: {exc}", file=sys.stderr)
         return 2
     configure(settings.log_format, settings.log_level, "dashboard")
+    problem = database_problem(settings.database_url)
+    if problem:
+        print(f"tock dashboard: {problem[1]}", file=sys.stderr)
+        return problem[0]
     logging.getLogger("uvicorn.error").addFilter(_drop_color_message)
     import uvicorn
 

@@ -9,6 +9,7 @@ import sys
 from shared.core.errors import ConfigError
 from shared.runtime.logs import configure
 from shared.runtime.settings import TimerSettings
+from shared.runtime.startup import database_problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tock timer: {exc}", file=sys.stderr)
         return 2
     configure(settings.log_format, settings.log_level, "timer")
+    problem = database_problem(settings.database_url)
+    if problem:
+        print(f"tock timer: {problem[1]}", file=sys.stderr)
+        return problem[0]
     from timer_service.service import Timer
 
     timer = Timer(settings)

@@ -45,13 +45,13 @@ def decode(body: object) -> JobMessage:
                              ) from None
     if not isinstance(data, dict):
         raise InvalidMessage("message body is not a JSON object")
-    if data.get("v") != VERSION:
+    if type(data.get("v")) is not int or data.get("v") != VERSION:  # True == 1 in Python
         raise InvalidMessage(f"unsupported message version {data.get('v')!r}")
     job_id, token, kind = data.get("job"), data.get("token"), data.get("kind")
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= MAX_JOB_ID:
         raise InvalidMessage(f"message job id must be an integer from 1 to {MAX_JOB_ID}, "
                              f"got {str(job_id)[:40]!r}")
-    if not isinstance(kind, str) or not KIND.match(kind):
+    if not isinstance(kind, str) or not KIND.fullmatch(kind):
         raise InvalidMessage(f"message kind is not a tock kind: {str(kind)[:80]!r}")
     if not isinstance(token, str):
         raise InvalidMessage(f"message token is not a UUID: {str(token)[:40]!r}")

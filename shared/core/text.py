@@ -24,11 +24,14 @@ def bounded(text: str, limit: int, suffix: str = "", *, keep: str = "head") -> s
     end of the text instead (tracebacks: the innermost frames matter)."""
     text, suffix = storable(text), storable(suffix)
     room = limit - len(suffix)
+    if room < 0:
+        return suffix[:limit]
     if len(text) <= room:
         return text + suffix
-    room = max(room - len(ELLIPSIS), 0)
-    cut = text[:room] + ELLIPSIS if keep == "head" else ELLIPSIS + text[len(text) - room:]
-    return (cut + suffix)[:limit]
+    mark = ELLIPSIS if room >= len(ELLIPSIS) else ""
+    room -= len(mark)
+    cut = text[:room] + mark if keep == "head" else mark + text[len(text) - room:]
+    return cut + suffix
 
 
 def describe(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from shared.core.errors import InvalidInput
@@ -19,12 +20,14 @@ MAX_TIMEOUT_SECONDS = 12 * 3600.0
 MAX_KEY_LENGTH = 255
 MAX_TENANT_LENGTH = 128
 MAX_DELAY_SECONDS = 10 * 365 * 86400.0
+MAX_PAYLOAD_DEPTH = 64
+MAX_PAYLOAD_INT = 10**1000
 
 
 def kind(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"kind must be a non-empty string, got {value!r}")
-    if not KIND.match(value):
+    if not KIND.fullmatch(value):
         raise InvalidInput(
             f"kind {value!r} is not a valid kind: use letters, digits and . _ : - "
             "(starting with a letter or _), at most 128 characters"
@@ -33,7 +36,7 @@ def kind(value: object) -> str:
 
 
 def queue(value: object) -> str:
-    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+    if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):
         raise InvalidInput(
             f"queue {value!r} is not a valid queue name: 1-64 letters, digits, - or _"
         )
@@ -41,17 +44,84 @@ def queue(value: object) -> str:
 
 
 def payload(value: object, max_bytes: int) -> str:
-    """The payload as JSON text. NaN and infinity are refused: they are not JSON."""
+    """The payload as JSON text, if Postgres will give back exactly this value: JSON types
+    only (dicts with string keys, lists, strings, finite numbers, booleans, None), no NUL
+    character or lone surrogate in any string, at most MAX_PAYLOAD_DEPTH levels deep, at
+    most `max_bytes` encoded. Anything that would come back different is refused."""
+    _check_json(value)
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:  # ValueError: an int of more than 4300 digits
         raise InvalidInput(f"payload is not JSON-serializable: {exc}") from None
     size = len(text.encode())
     if size > max_bytes:
         raise InvalidInput(f"payload is {size} bytes encoded, over the limit of {max_bytes}")
-    if "\\u0000" in text:
-        raise InvalidInput("payload contains a NUL character, which Postgres jsonb cannot store")
     return text
+
+
+def _check_json(value: object) -> None:
+    """Walk the payload without recursion (a deep one must not exhaust the stack)."""
+    stack: list[tuple[object, str, int]] = [(value, "$", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise InvalidInput(f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels "
+                               f"(at {path[:80]})")
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, str):
+            _check_text(item, path)
+        elif isinstance(item, int):
+            if abs(item) >= MAX_PAYLOAD_INT:
+                raise InvalidInput(f"payload integer at {path[:80]} has more than "
+                                   f"{len(str(MAX_PAYLOAD_INT)) - 1} digits")
+        elif isinstance(item, float):
+            _check_float(item, path)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInput(
+                        f"payload key {key!r} at {path[:80]} is a {type(key).__name__}: JSON "
+                        "object keys are strings, and it would come back as a string")
+                _check_text(key, f"{path}.{key[:20]}")
+                stack.append((inner, f"{path}.{key[:20]}", depth + 1))
+        elif isinstance(item, list):
+            stack.extend((inner, f"{path}[{i}]", depth + 1) for i, inner in enumerate(item))
+        elif isinstance(item, tuple):
+            raise InvalidInput(f"payload value at {path[:80]} is a tuple: use a list (it "
+                               "would come back as one)")
+        else:
+            raise InvalidInput(f"payload value at {path[:80]} is a {type(item).__name__}, "
+                               "which is not JSON (use str, int, float, bool, None, list, "
+                               "dict)")
+
+
+def _check_text(text: str, where: str) -> None:
+    if "\x00" in text:
+        raise InvalidInput(f"payload text at {where[:80]} contains a NUL character, which "
+                           "Postgres cannot store")
+    if not _encodable(text):
+        raise InvalidInput(f"payload text at {where[:80]} contains a lone surrogate "
+                           "(not valid Unicode)")
+
+
+def _check_float(number: float, where: str) -> None:
+    if not math.isfinite(number):
+        raise InvalidInput(f"payload number at {where[:80]} is {number}, which is not JSON")
+    # jsonb keeps numbers as exact decimals and prints integral ones as integers: 1e23
+    # would come back as the integer 100000000000000000000000, a different value.
+    if number.is_integer() and int(Decimal(repr(number))) != number:
+        raise InvalidInput(f"payload number {number!r} at {where[:80]} cannot be stored "
+                           "exactly (it would come back as a different integer); send it as "
+                           "an int or a string")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def aware(name: str, value: object) -> datetime:
@@ -141,6 +211,8 @@ def optional_text(name: str, value: object, max_length: int) -> str | None:
         raise InvalidInput(f"{name} must be at most {max_length} characters, got {len(value)}")
     if "\x00" in value:
         raise InvalidInput(f"{name} must not contain NUL characters")
+    if not _encodable(value):
+        raise InvalidInput(f"{name} contains a lone surrogate (not valid Unicode)")
     return value
 
 

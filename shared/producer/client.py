@@ -88,10 +88,22 @@ class Client:
             for job in store.jobs_by_key(missing):
                 by_key[job.unique_key] = job  # type: ignore[index]
         keyless = iter(j for j in inserted if not j.unique_key)
-        return [by_key[j.unique_key] if j.unique_key else next(keyless) for j in new]
+        out, seen = [], set()
+        for j in new:
+            if not j.unique_key:
+                out.append(next(keyless))
+                continue
+            found = by_key[j.unique_key]
+            # The same job twice in one call: made once, the repeat is "already there".
+            out.append(replace(found, created=False) if j.unique_key in seen else found)
+            seen.add(j.unique_key)
+        return out
 
     def _validated(self, jobs: Iterable[Mapping[str, Any]]) -> list[NewJob]:
+        if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
+            raise InvalidInput(f"jobs must be a list of job mappings, got {type(jobs).__name__}")
         out: list[NewJob] = []
+        by_key: dict[str, NewJob] = {}
         limit = self.settings.max_payload_bytes
         for index, item in enumerate(jobs):
             if not isinstance(item, Mapping):
@@ -99,9 +111,11 @@ class Client:
             try:
                 spec = validation.spec_fields(dict(item))
                 at, delay = validation.run_time(spec.get("at"), spec.get("delay"))
-                out.append(NewJob(
+                queue = spec.get("queue")
+                job = NewJob(
                     kind=validation.kind(spec["kind"]),
-                    queue=validation.queue(spec.get("queue") or self.settings.default_queue),
+                    queue=validation.queue(self.settings.default_queue if queue is None
+                                           else queue),
                     payload=validation.payload(spec.get("payload"), limit),
                     priority=validation.priority(spec.get("priority", 0)),
                     at=at, delay_seconds=delay,
@@ -110,11 +124,17 @@ class Client:
                     unique_key=validation.optional_text(
                         "key", spec.get("key"), validation.MAX_KEY_LENGTH),
                     tenant=validation.optional_text(
-                        "tenant", spec.get("tenant"), validation.MAX_TENANT_LENGTH)))
+                        "tenant", spec.get("tenant"), validation.MAX_TENANT_LENGTH))
+                if job.unique_key is not None:
+                    earlier = by_key.setdefault(job.unique_key, job)
+                    if earlier != job:
+                        raise InvalidInput(f"key {job.unique_key!r} is given twice with "
+                                           "different jobs in one call")
             except InvalidInput as exc:
                 if index == 0 and not out:
                     raise
                 raise InvalidInput(f"job #{index}: {exc}") from None
+            out.append(job)
         return out
 
     # --- look after jobs -----------------------------------------------------------------------

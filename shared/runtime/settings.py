@@ -8,13 +8,22 @@ so the same code runs against LocalStack and real SQS.
 
 from __future__ import annotations
 
-from typing import Literal, Self
+import json
+import re
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from shared.core.errors import ConfigError
 from shared.core.validation import QUEUE_NAME
+from shared.store.database import check_url
+
+
+def _message(error: ErrorDetails) -> str:
+    text = str(error["msg"])
+    return text.removeprefix("Value error, ")
 
 
 class CommonSettings(BaseSettings):
@@ -46,18 +55,31 @@ class CommonSettings(BaseSettings):
         description="Receives before SQS moves a message to the dead-letter queue (used "
                     "when tock creates the queue).")
 
+    @field_validator("database_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_url(value)
+
     @classmethod
     def load(cls, **overrides: object) -> Self:
-        """Read the environment, apply overrides, and turn validation errors into one
-        readable `ConfigError`."""
+        """Read the environment, apply overrides, and turn every validation error into one
+        readable `ConfigError` that names the variables."""
         try:
             return cls(**overrides)  # type: ignore[arg-type]
         except ValidationError as exc:
-            lines = [
-                f"  TOCK_{'_'.join(str(p) for p in e['loc']).upper() or '?'}: {e['msg']}"
-                for e in exc.errors()
-            ]
+            lines = [f"  {cls._names(e['loc'], e['msg'])}: {_message(e)}" for e in exc.errors()]
             raise ConfigError("invalid settings:\n" + "\n".join(lines)) from None
+        except SettingsError as exc:  # a value the environment parser could not read
+            raise ConfigError(f"invalid settings: {exc}") from None
+
+    @classmethod
+    def _names(cls, loc: tuple[int | str, ...], message: str) -> str:
+        """The variable(s) an error is about: its field, or for a check across fields,
+        every field its message names."""
+        if loc:
+            return f"TOCK_{str(loc[0]).upper()}"
+        named = [f for f in cls.model_fields if re.search(rf"\b{f}\b", message)]
+        return ", ".join(f"TOCK_{f.upper()}" for f in named) or "TOCK_* settings"
 
 
 class ClientSettings(CommonSettings):
@@ -122,7 +144,7 @@ class TimerSettings(CommonSettings):
 class ConsumerSettings(CommonSettings):
     """A consumer process."""
 
-    queues: list[str] = Field(default=["default"], min_length=1)
+    queues: Annotated[list[str], NoDecode] = Field(default=["default"], min_length=1)
     concurrency: int = Field(default=8, ge=1, le=1000, description="Handlers run at once.")
     lease_seconds: float = Field(default=30.0, ge=1, le=43200)
     heartbeat_seconds: float = Field(default=10.0, gt=0)
@@ -140,9 +162,23 @@ class ConsumerSettings(CommonSettings):
     worker_id: str | None = Field(default=None, max_length=200)
     health_port: int | None = Field(default=None, ge=1, le=65535)
 
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        """`a,b` or a JSON list, from the environment or --queues."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    raise ValueError(f"not a JSON list of queue names: {text!r}") from None
+            return [q.strip() for q in text.split(",") if q.strip()]
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> Self:
-        bad = [q for q in self.queues if not QUEUE_NAME.match(q)]
+        bad = [q for q in self.queues if not QUEUE_NAME.fullmatch(q)]
         if bad:
             raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
         if self.heartbeat_seconds * 2 > self.lease_seconds:

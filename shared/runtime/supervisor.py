@@ -169,8 +169,8 @@ class Loop:
         bound = self.pass_bound_seconds
         for beat in self._beats:
             if bound is not None and beat.started is not None and now - beat.started > bound:
-                return (f"loop {self.name}: a pass has run for {now - beat.started:.0f} s "
-                        f"(bound {bound:.0f} s)")
+                return (f"loop {self.name}: a pass has run for {now - beat.started:.1f} s "
+                        f"(bound {bound:g} s)")
         return None
 
     def unready(self, now: float) -> str | None:

@@ -74,7 +74,8 @@ class ScheduleApi:
             t = store.db_now(now)
             spec = make_spec(
                 name, kind, payload, every=every, cron=cron, tz=tz, start=start,
-                queue=queue or self.settings.default_queue, priority=priority,
+                queue=self.settings.default_queue if queue is None else queue,
+                priority=priority,
                 max_attempts=max_attempts, timeout=timeout, tenant=tenant, misfire=misfire,
                 misfire_grace=misfire_grace, backfill_max=backfill_max,
                 backfill_gap=backfill_gap, overlap=overlap, dst_gap=dst_gap, dst_fold=dst_fold,

@@ -45,7 +45,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def schedule_name(value: object) -> str:
     """Check a schedule name: it is half of every run key (`name:<slot>`), so no colons."""
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise InvalidSchedule(
             f"schedule name {value!r} is not valid: 1-100 letters, digits and . _ - "
             "(starting with a letter or digit)")
@@ -196,6 +196,10 @@ def interval_of(value: object) -> timedelta:
         interval = value
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = validation.finite_number("every", value)
+        if seconds <= 0:
+            raise InvalidSchedule(f"every must be positive, got {seconds:g} s")
+        if seconds > MAX_EVERY.total_seconds():  # before timedelta(), which overflows
+            raise InvalidSchedule(f"every must be at most 366 days, got {seconds:g} s")
         interval = timedelta(seconds=seconds)
     else:
         raise InvalidSchedule(f"every must be a timedelta or a number of seconds, got {value!r}")

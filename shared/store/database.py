@@ -5,6 +5,7 @@ Callers use the stores (`JobStore`, `ScheduleStore`, `OperatorStore`), not conne
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from shared.core.errors import DatabaseUnavailable, InvalidInput
@@ -145,6 +147,26 @@ class Listener:
         self._conn.close()
 
 
+def check_url(url: str) -> str:
+    """`url` if libpq can use it (a postgresql:// URL or key=value pairs), else ValueError
+    saying why, with any password left out."""
+    if "://" in url and not url.startswith(("postgresql://", "postgres://")):
+        scheme = url.split("://", 1)[0]
+        raise ValueError(f"must be a postgresql:// URL, not {scheme}://")
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not a libpq URL"
+        raise ValueError(f"is not a Postgres connection URL ({reason}); expected "
+                         "postgresql://user@host:port/database") from None
+    return url
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced by ***, for messages."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
 def probe(url: str, timeout: float = 2.0) -> str | None:
     """None if the database answers a query within `timeout`, else why not, in words
     (a pool would only say it timed out)."""
@@ -153,8 +175,9 @@ def probe(url: str, timeout: float = 2.0) -> str | None:
                              application_name="tock-probe") as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        lines = str(exc).strip().splitlines()
-        return lines[-1] if lines else type(exc).__name__
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()
+                 and not line.strip().startswith("Is the server running")]
+        return "; ".join(lines) or type(exc).__name__
     return None
 
 

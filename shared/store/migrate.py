@@ -13,6 +13,8 @@ from typing import Any
 
 import psycopg
 
+from shared.store.errors import translated
+
 log = logging.getLogger("tock.migrate")
 
 _LOCK_ID = 0x746F636B  # "tock"
@@ -35,6 +37,14 @@ def applied(conn: psycopg.Connection[Any]) -> list[str]:
     if not exists or not exists[0]:
         return []
     return [r[0] for r in conn.execute("SELECT name FROM tock_migrations ORDER BY name")]
+
+
+def missing_migrations(database_url: str) -> list[str]:
+    """Migrations this version ships that the database has not applied (translated
+    errors: `DatabaseUnavailable` if it cannot be reached)."""
+    with translated(), psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
+        done = set(applied(conn))
+    return [name for name, _ in available() if name not in done]
 
 
 def migrate(database_url: str) -> list[str]:

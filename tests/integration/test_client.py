@@ -142,10 +142,10 @@ def test_bad_kinds_are_refused(client, db, kind, message):
 
 
 @pytest.mark.parametrize(("payload", "message"), [
-    ({"x": math.nan}, "not JSON-serializable"),
-    ({"x": math.inf}, "not JSON-serializable"),
-    ({"x": object()}, "not JSON-serializable"),
-    ({1, 2}, "not JSON-serializable"),
+    ({"x": math.nan}, "not JSON"),
+    ({"x": math.inf}, "not JSON"),
+    ({"x": object()}, "not JSON"),
+    ({1, 2}, "not JSON"),
     ({"x": "a\x00b"}, "NUL"),
 ])
 def test_bad_payloads_are_refused(client, db, payload, message):

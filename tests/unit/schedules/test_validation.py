@@ -43,7 +43,7 @@ def spec(**kw):
     ({"every": 10, "name": "bad:name"}, "schedule name"),
     ({"every": 10, "name": ""}, "schedule name"),
     ({"every": 10, "kind": "no spaces"}, "not a valid kind"),
-    ({"every": 10, "payload": {1, 2}}, "JSON-serializable"),
+    ({"every": 10, "payload": {1, 2}}, "not JSON"),
     ({"every": 10, "priority": 10}, "priority"),
 ])
 def test_invalid_definitions_say_what_is_wrong(kwargs, message):

@@ -1,0 +1,168 @@
+"""Bad input to the producer API and the CLI: a clear `InvalidInput` (exit code 2 from the
+CLI) and nothing written, or the value stored exactly as given; never a raw exception,
+never a silent change. Property-based tests feed arbitrary text, numbers and nested JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cli.main import main as cli
+from shared.core.errors import InvalidInput
+from shared.core.validation import MAX_PAYLOAD_DEPTH
+
+
+def _count(db) -> int:
+    return db.execute("SELECT count(*) FROM tock_jobs").fetchone()[0]
+
+
+def _deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("call", [
+    {"key": "a\ud800b"}, {"tenant": "\udfff"}, {"payload": {"s": "\ud800"}},
+    {"payload": {"\ud800": 1}}, {"payload": _deep(5000)}, {"payload": _deep(MAX_PAYLOAD_DEPTH + 1)},
+    {"queue": ""}, {"payload": {1: "a", "1": "b"}}, {"payload": {1: "a"}}, {"payload": (1, 2)},
+    {"payload": {"big": 1e23}}, {"payload": {"s": "a\x00b"}}, {"key": "a\x00"},
+    {"payload": 10 ** 1200},
+], ids=["surrogate key", "surrogate tenant", "surrogate text", "surrogate dict key",
+        "5000 deep", "one level too deep", "empty queue", "colliding keys", "int key",
+        "tuple", "float jsonb changes", "NUL in text", "NUL in key", "huge int"])
+def test_bad_input_is_refused_and_nothing_is_written(client, db, call):
+    before = _count(db)
+    with pytest.raises(InvalidInput):
+        client.schedule("email", **call)
+    assert _count(db) == before
+
+
+def test_a_payload_at_the_depth_limit_and_escaped_text_are_stored_exactly(client):
+    for payload in (_deep(MAX_PAYLOAD_DEPTH - 1), {"text": "\\u0000 is six characters"},
+                    {"é": "ünïcödé ✓"}, {"n": 1e16, "small": 5e-324, "neg": -0.5}):
+        assert client.get(client.schedule("email", payload).id).payload == payload
+
+
+def test_schedule_many_needs_a_list_of_mappings(client, db):
+    for bad in (None, 5, "kind", {"kind": "email"}):
+        with pytest.raises(InvalidInput, match="list of job mappings"):
+            client.schedule_many(bad)  # type: ignore[arg-type]
+    assert _count(db) == 0
+
+
+def test_one_key_twice_in_one_call(client, db):
+    with pytest.raises(InvalidInput, match="given twice with different jobs"):
+        client.schedule_many([{"kind": "email", "key": "k", "payload": 1},
+                              {"kind": "email", "key": "k", "payload": 2}])
+    assert _count(db) == 0
+    first, again = client.schedule_many([{"kind": "email", "key": "k", "payload": 1},
+                                         {"kind": "email", "key": "k", "payload": 1}])
+    assert first.id == again.id and first.created and not again.created
+    assert _count(db) == 1
+
+
+def test_recurring_refuses_an_empty_queue(client, db):
+    with pytest.raises(InvalidInput):
+        client.recurring("r", "report", every=60, queue="")
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["enqueue", "email", "--queue", ""],
+    ["enqueue", "email", "--payload", "[" * 5000 + "]" * 5000],
+    ["enqueue", "email", "--key", "a\udcff"],
+], ids=["empty queue", "deep payload", "surrogate key"])
+def test_cli_bad_input_exits_2_with_a_message(database_url, db, capsys, argv):
+    assert cli([*argv, "--database-url", database_url]) == 2
+    assert "tock:" in capsys.readouterr().err
+    assert _count(db) == 0
+
+
+@pytest.mark.parametrize("url", ["not a url", "mysql://u@h/db"])
+def test_cli_bad_database_url_exits_2_naming_the_setting(capsys, url):
+    assert cli(["jobs", "--database-url", url]) == 2
+    err = capsys.readouterr().err
+    assert "TOCK_DATABASE_URL" in err and "Traceback" not in err
+
+
+# --- property: stored exactly as given, or InvalidInput with nothing written ----------------
+
+TEXT = st.text(st.characters(codec=None), max_size=40)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=20)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values (an integral float may come back as an int of equal value)."""
+    if isinstance(a, float) and isinstance(b, int | float) and not isinstance(b, bool):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+PROPERTY = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@PROPERTY
+@given(kind=TEXT, payload=JSON, key=st.none() | TEXT, tenant=st.none() | TEXT,
+       priority=st.integers(-3, 12), delay=st.none() | st.floats(allow_nan=True))
+def test_schedule_stores_exactly_or_refuses(client, db, kind, payload, key, tenant, priority,
+                                            delay):
+    before = _count(db)
+    try:
+        job = client.schedule(kind, payload, key=key, tenant=tenant, priority=priority,
+                              delay=delay)
+    except InvalidInput:
+        assert _count(db) == before
+        return
+    stored = client.get(job.id)
+    if not job.created:  # an earlier example took the key: the call is idempotent
+        assert stored.unique_key == key
+        return
+    assert _same(payload, stored.payload), (payload, stored.payload)
+    assert (stored.kind, stored.unique_key, stored.tenant, stored.priority) == (
+        kind, key, tenant, priority)
+
+
+@PROPERTY
+@given(items=st.lists(st.fixed_dictionaries({"kind": TEXT, "payload": JSON}), max_size=5))
+def test_schedule_many_stores_exactly_or_refuses(client, db, items):
+    before = _count(db)
+    try:
+        jobs = client.schedule_many(items)
+    except InvalidInput:
+        assert _count(db) == before
+        return
+    assert len(jobs) == len(items)
+    for item, job in zip(items, jobs, strict=True):
+        assert _same(item["payload"], client.get(job.id).payload)
+
+
+@PROPERTY
+@given(name=TEXT, kind=TEXT, payload=JSON, every=st.floats(allow_nan=True, allow_infinity=True))
+def test_recurring_stores_exactly_or_refuses(client, db, name, kind, payload, every):
+    before = db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0]
+    try:
+        made = client.recurring(name, kind, payload, every=every)
+    except InvalidInput:
+        assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == before
+        return
+    stored = client.get_schedule(made.name)
+    assert stored.name == name and stored.kind == kind
+    assert _same(payload, stored.payload)
+    json.dumps(stored.payload)  # round trips as JSON

@@ -1,0 +1,121 @@
+"""Text bound for a database column: storable (no NUL, no lone surrogates) and bounded
+including its suffix."""
+
+from __future__ import annotations
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from shared.core.text import ELLIPSIS, bounded, describe, storable
+
+# st.text() leaves out surrogates; mix in what handlers really put in exceptions.
+nasty = st.text(alphabet=st.one_of(st.characters(),
+                                   st.sampled_from(["\x00", "\ud800", "\udfff", "\udc80"])))
+
+
+def is_storable(text: str) -> bool:
+    text.encode("utf-8")  # raises for a lone surrogate
+    return "\x00" not in text
+
+
+def test_storable_escapes_nul_and_lone_surrogates():
+    assert storable("a\x00b") == "a\\x00b"
+    assert storable("\x00\x00") == "\\x00\\x00"
+    assert storable("x\ud800y") == "x\\ud800y"
+    assert storable("\udfff") == "\\udfff"
+    assert storable("nul \x00 and \udc80") == "nul \\x00 and \\udc80"
+
+
+def test_storable_leaves_normal_text_alone():
+    for text in ["", "plain", "héllo wörld", "日本語 ✓ 🎉", "tab\tnew\nline", "back\\slash"]:
+        assert storable(text) == text
+
+
+@given(nasty)
+def test_storable_is_always_storable(text):
+    assert is_storable(storable(text))
+
+
+@given(nasty, st.integers(min_value=10, max_value=300), st.text(max_size=50))
+def test_bounded_never_exceeds_the_limit(text, limit, suffix):
+    out = bounded(text, limit, suffix)
+    assert len(out) <= limit
+    assert is_storable(out)
+    tail = bounded(text, limit, suffix, keep="tail")
+    assert len(tail) <= limit
+    assert is_storable(tail)
+
+
+@given(st.text(), st.integers(min_value=10, max_value=300), st.text(max_size=50))
+@example("x" * 20, 10, "abcdefgh")  # room for the suffix but not for the ellipsis too
+@example("x" * 20, 10, "abcdefghij")  # the suffix alone fills the limit
+def test_bounded_keeps_the_whole_suffix_when_the_limit_allows(text, limit, suffix):
+    kept = storable(suffix)  # the suffix is made storable too
+    for keep in ("head", "tail"):
+        out = bounded(text, limit, suffix, keep=keep)
+        if len(kept) <= limit:
+            assert out.endswith(kept), (keep, out)
+
+
+@given(nasty, st.integers(min_value=10, max_value=300), st.text(max_size=50))
+def test_bounded_result_is_storable_even_with_a_nasty_suffix(text, limit, suffix):
+    assert is_storable(bounded(text, limit, suffix + "\x00\ud800"))
+
+
+@given(st.text(), st.integers(min_value=10, max_value=300), st.text(max_size=50))
+def test_bounded_text_that_fits_is_unchanged(text, limit, suffix):
+    whole = storable(text) + storable(suffix)
+    if len(whole) <= limit:
+        assert bounded(text, limit, suffix) == whole
+        assert bounded(text, limit, suffix, keep="tail") == whole
+
+
+def test_bounded_marks_a_cut_with_the_ellipsis():
+    text = "".join(str(i % 10) for i in range(1000))
+    out = bounded(text, 100)
+    assert len(out) == 100
+    assert out == text[:100 - len(ELLIPSIS)] + ELLIPSIS
+    with_suffix = bounded(text, 100, " [giving up]")
+    assert len(with_suffix) == 100
+    assert with_suffix.endswith(ELLIPSIS + " [giving up]")
+    assert with_suffix.startswith(text[:50])
+
+
+def test_bounded_keep_tail_keeps_the_end():
+    text = "start " + "x" * 1000 + " the innermost frame"
+    out = bounded(text, 100, keep="tail")
+    assert len(out) == 100
+    assert out.startswith(ELLIPSIS)
+    assert out.endswith(" the innermost frame")
+    assert "start" not in out
+    assert bounded(text, 100, "!", keep="tail").endswith(" the innermost frame!")
+
+
+def test_bounded_counts_escapes_against_the_limit():
+    out = bounded("\x00" * 100, 50)
+    assert len(out) <= 50
+    assert "\x00" not in out
+    assert out.startswith("\\x00")
+
+
+def test_bounded_keeps_a_long_suffix_that_just_fits():
+    suffix = " [attempt 3 of 3, giving up]"
+    out = bounded("e" * 100, len(suffix) + 2, suffix)
+    assert out.endswith(suffix)
+    assert len(out) <= len(suffix) + 2
+
+
+def test_describe_names_the_type_and_message():
+    assert describe(ValueError("bad value")) == "ValueError: bad value"
+    assert describe(KeyError()) == "KeyError"
+    assert describe(RuntimeError("")) == "RuntimeError"
+
+
+def test_describe_survives_a_broken_str():
+    class Broken(Exception):
+        def __str__(self):
+            raise ValueError("no text for you")
+
+    text = describe(Broken())
+    assert text.startswith("Broken")
+    assert "ValueError" in text
