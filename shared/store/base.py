@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql as pgsql
 
 from shared.store.database import Connection, Database
-from shared.store.errors import classify
+from shared.store.errors import classify, translated
 
 Query = LiteralString | pgsql.SQL | pgsql.Composed
 Row = tuple[Any, ...]
@@ -45,9 +45,12 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[Self]:
         """The same store, every statement in one transaction (commit at the end). On a
-        store already bound to a connection, the statements simply join its transaction."""
+        store bound to a connection: a transaction there (a savepoint if the connection is
+        already in one)."""
         if self._conn is not None:
-            yield self
+            # BEGIN on an autocommit connection, a savepoint inside a caller's transaction.
+            with translated(), self._conn.transaction():
+                yield self
             return
         assert self._db is not None
         with self._db.transaction() as conn:

@@ -2,7 +2,8 @@
 `shared.store` has been turned into one of tock's `DatabaseError`s (shared.core.errors):
 
     connection lost or refused, admin/crash shutdown,     -> DatabaseUnavailable (Retryable)
-      pool timeout (class 08, 57P01-57P03, no SQLSTATE)
+      idle timeouts, pool timeout (class 08, 57P01-05,
+      25P03, no SQLSTATE)
     lock_timeout (55P03)                                  -> LockTimeout (Retryable)
     deadlock (40P01), serialization failure (40001),      -> Retryable
       statement_timeout / cancel (57014), too many
@@ -32,7 +33,9 @@ from shared.core.errors import (
     Retryable,
 )
 
-_SHUTDOWN = ("57P01", "57P02", "57P03")  # admin_shutdown, crash_shutdown, cannot_connect_now
+_SHUTDOWN = ("57P01", "57P02", "57P03", "57P04", "57P05", "25P03")
+"""admin/crash shutdown, cannot connect now, database dropped, idle session timeout, idle
+in transaction timeout: the server has ended (or will not start) the connection."""
 _TRANSIENT = ("40001", "40P01", "57014")  # serialization, deadlock, query_canceled (timeouts)
 
 

@@ -1,0 +1,126 @@
+"""Arranging and inspecting rows with plain SQL on the `db` connection, so a test of one
+store method does not lean on the others."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID, uuid4
+
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from shared.store.rows import Lease
+from tests.support.wait import wait_for
+
+T = TypeVar("T")
+
+
+def secs(n: float) -> timedelta:
+    return timedelta(seconds=n)
+
+
+def insert_row(db: Any, table: str, **cols: Any) -> None:
+    """Insert one row with exactly these columns."""
+    db.execute(sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, cols)),
+        sql.SQL(", ").join(sql.Placeholder(c) for c in cols)), cols)
+
+
+def add_job(db: Any, *, run_at: datetime, kind: str = "k", state: str = "scheduled",
+            payload: Any = None, **cols: Any) -> int:
+    """A job row in any state, with the columns given (the rest take their defaults)."""
+    values = {"kind": kind, "state": state, "run_at": run_at,
+              "payload": Jsonb(payload if payload is not None else {}), **cols}
+    query = sql.SQL("INSERT INTO tock_jobs ({}) VALUES ({}) RETURNING id").format(
+        sql.SQL(", ").join(map(sql.Identifier, values)),
+        sql.SQL(", ").join(sql.Placeholder(c) for c in values))
+    job_id: int = db.execute(query, values).fetchone()[0]
+    return job_id
+
+
+def add_running(db: Any, now: datetime, *, worker: str = "w1", attempt: int = 1,
+                lease_until: datetime | None = None, token: UUID | None = None,
+                **cols: Any) -> Lease:
+    """A job `worker` runs under a lease (attempt, token); returns the lease."""
+    token = token or uuid4()
+    cols.setdefault("run_at", now - secs(60))
+    cols.setdefault("started_at", now - secs(30))
+    cols.setdefault("dispatched_at", now - secs(40))
+    job_id = add_job(db, state="running", attempt=attempt, lease_owner=worker,
+                     lease_expires_at=lease_until or now + secs(30), dispatch_token=token,
+                     **cols)
+    return Lease(job_id, attempt, token)
+
+
+def add_dispatched(db: Any, now: datetime, **cols: Any) -> tuple[int, UUID]:
+    token = cols.pop("dispatch_token", None) or uuid4()
+    cols.setdefault("run_at", now - secs(5))
+    cols.setdefault("dispatched_at", now - secs(1))
+    cols.setdefault("state", "dispatched")
+    return add_job(db, dispatch_token=token, **cols), token
+
+
+def job_row(db: Any, job_id: int) -> dict[str, Any]:
+    row: dict[str, Any] = db.cursor(row_factory=dict_row).execute(
+        "SELECT * FROM tock_jobs WHERE id = %s", (job_id,)).fetchone()
+    return row
+
+
+def attempt_rows(db: Any, job_id: int | None = None) -> list[dict[str, Any]]:
+    """Attempt rows (of one job, or all), oldest first, without their serial id."""
+    cur = db.cursor(row_factory=dict_row)
+    if job_id is None:
+        rows = cur.execute("SELECT * FROM tock_attempts ORDER BY id").fetchall()
+    else:
+        rows = cur.execute("SELECT * FROM tock_attempts WHERE job_id = %s ORDER BY id",
+                           (job_id,)).fetchall()
+    for r in rows:
+        del r["id"]
+    return rows
+
+
+def count(db: Any, table: str, where: str = "true", params: Any = None) -> int:
+    query = sql.SQL("SELECT count(*) FROM {} WHERE ").format(sql.Identifier(table)) \
+        + sql.SQL(where)
+    n: int = db.execute(query, params).fetchone()[0]
+    return n
+
+
+def wait_until_blocked_by(db: Any, blocker_pid: int) -> None:
+    """Wait (polling, no fixed sleep) until some backend waits for a lock `blocker_pid`
+    holds."""
+    wait_for(lambda: db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+        (blocker_pid,)).fetchone()[0] > 0, timeout=10, interval=0.005,
+        message=f"a backend blocked by {blocker_pid}")
+
+
+def run_blocked(db: Any, blocker: Any, call: Callable[[], T], release: Callable[[], object]
+                ) -> T:
+    """Run `call()` in a thread; once it waits for a lock the connection `blocker` holds,
+    `release()` (commit or roll back `blocker`); return what `call()` returned (or raise
+    what it raised)."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as exc:  # re-raised in the test's thread below
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_until_blocked_by(db, blocker.info.backend_pid)
+        release()
+    finally:
+        thread.join(timeout=15)
+    assert not thread.is_alive(), "the blocked call did not finish after the release"
+    if "error" in result:
+        raise result["error"]
+    value: T = result["value"]
+    return value
