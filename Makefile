@@ -9,12 +9,13 @@ CHECKOV_VENV := .checkov-venv
 PYTEST_ARGS ?=
 
 .PHONY: help install run test test-fast check lint typecheck bench bench-full clean system-deps \
-	checkov-venv infra-check
+	checkov-venv infra-check faults
 
 help:
 	@echo "make run        start Postgres, LocalStack SQS, a timer, two consumers, a demo producer"
 	@echo "make test       set up and run the whole test suite"
 	@echo "make check      ruff + mypy (strict) + the import contract (lint-imports)"
+	@echo "make faults     the fault suite at full size; writes docs/faults.md"
 	@echo "make bench      quick benchmark profile (see bench/)"
 	@echo "make infra-check  deployment checks: cfn-lint, checkov, kubernetes-validate, KEDA, deploy test"
 
@@ -61,6 +62,11 @@ lint: check
 # The deployment checks alone (`make test` runs them too: they are tests/infra).
 infra-check: install $(CHECKOV_VENV)/.installed
 	$(BIN)/python -m pytest tests/infra -q $(PYTEST_ARGS)
+
+# The fault suite at full size: >= 1,000 jobs per scenario (kill -9, Postgres restart and
+# stop, LocalStack restart, a partition, poison messages); writes docs/faults.md.
+faults: install
+	$(BIN)/python -m tests.faults --profile full --out docs/faults.md
 
 bench: install
 	$(BIN)/python -m bench --profile quick

@@ -38,7 +38,9 @@ class LeaseKeeper(Loop):
     def __init__(self, pipe: Pipeline) -> None:
         super().__init__()
         self.pipe = pipe
-        self.ready_within_seconds = 3 * pipe.settings.heartbeat_seconds
+        self.ready_within_seconds = max(3 * pipe.settings.heartbeat_seconds, 1.0)
+        # Sub-second leases need ticks well inside a heartbeat period.
+        self.idle_seconds = min(TICK_SECONDS, pipe.settings.heartbeat_seconds / 4)
         self._next_beat = time.monotonic() + pipe.settings.heartbeat_seconds
 
     def run_once(self, now: datetime | None = None) -> int:

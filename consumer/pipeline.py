@@ -88,5 +88,6 @@ class Pipeline:
     def announcement(self) -> Worker:
         return Worker(
             id=self.worker_id, host=socket.gethostname(), pid=os.getpid(),
-            queues=self.settings.queues, concurrency=self.settings.concurrency,
+            queues=self.settings.queues, kinds=self.registry.kinds(),
+            concurrency=self.settings.concurrency,
             in_flight=len(self.tracker))

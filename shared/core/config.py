@@ -13,3 +13,5 @@ class ProducerConfig(Protocol):
     max_payload_bytes: int
     default_queue: str
     pool_max_size: int
+    reject_unknown_kinds: bool
+    """Refuse a kind no consumer has announced a handler for (in the last 24 hours)."""

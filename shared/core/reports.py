@@ -59,6 +59,8 @@ class Worker:
     host: str
     pid: int
     queues: list[str]
+    kinds: list[str]
+    """The kinds it has handlers for."""
     concurrency: int
     in_flight: int
 

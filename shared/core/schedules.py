@@ -18,9 +18,10 @@ class Misfire(StrEnum):
     """What to do with slots the timers missed (all of them down, or paused by load)."""
 
     SKIP = "skip"
-    """Record missed slots as missed; the next slot runs (default)."""
+    """Record missed slots as missed; the next slot runs."""
     LATEST = "latest"
-    """Run once for the most recent missed slot; record the others."""
+    """Run once for the most recent missed slot; record the others (default: missed runs
+    coalesce into one)."""
     ALL = "all"
     """Run every missed slot (the newest `backfill_max`), spaced `backfill_gap_seconds` apart."""
 
@@ -91,7 +92,7 @@ class ScheduleSpec:
     max_attempts: int | None = None
     timeout_seconds: float | None = None
     tenant: str | None = None
-    misfire: Misfire = Misfire.SKIP
+    misfire: Misfire = Misfire.LATEST
     misfire_grace_seconds: float = 60.0
     backfill_max: int = 100
     backfill_gap_seconds: float = 1.0

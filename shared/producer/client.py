@@ -21,6 +21,7 @@ from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
 from shared.core.jobs import Job
 from shared.store.database import Database, adopt_connection
 from shared.store.job_store import JobStore
+from shared.store.known_kinds import KnownKinds
 from shared.store.rows import NewJob
 
 Seconds = float | int | timedelta
@@ -38,6 +39,7 @@ class Client:
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
                                  name="tock-client")
         self._jobs = JobStore(self.database)
+        self.known_kinds = KnownKinds(self._jobs)
 
     def close(self) -> None:
         self.database.close()
@@ -80,6 +82,8 @@ class Client:
         new = self._validated(jobs)
         if not new:
             return []
+        if self.settings.reject_unknown_kinds:
+            self.known_kinds.check(j.kind for j in new)
         store = self._store(connection)
         inserted = store.insert_jobs(new, self._now)
         by_key = {j.unique_key: j for j in inserted if j.unique_key}

@@ -88,6 +88,10 @@ class ClientSettings(CommonSettings):
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
     default_queue: str = Field(default="default", pattern=QUEUE_NAME.pattern)
     pool_max_size: int = Field(default=10, ge=1, le=200)
+    reject_unknown_kinds: bool = Field(
+        default=False,
+        description="Refuse to enqueue a kind no consumer has announced a handler for in the "
+                    "last 24 hours (off: producers may enqueue before workers deploy).")
 
 
 class TimerSettings(CommonSettings):
@@ -146,8 +150,11 @@ class ConsumerSettings(CommonSettings):
 
     queues: Annotated[list[str], NoDecode] = Field(default=["default"], min_length=1)
     concurrency: int = Field(default=8, ge=1, le=1000, description="Handlers run at once.")
-    lease_seconds: float = Field(default=30.0, ge=1, le=43200)
-    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    lease_seconds: float = Field(
+        default=30.0, ge=0.1, le=43200,
+        description="Lease per claim and heartbeat; sub-second leases are allowed (tests, "
+                    "latency-sensitive work) with a heartbeat under half of it.")
+    heartbeat_seconds: float = Field(default=10.0, ge=0.02)
     receive_wait_seconds: int = Field(default=2, ge=0, le=20)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
@@ -181,9 +188,9 @@ class ConsumerSettings(CommonSettings):
         bad = [q for q in self.queues if not QUEUE_NAME.fullmatch(q)]
         if bad:
             raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
-        if self.heartbeat_seconds * 2 > self.lease_seconds:
+        if self.heartbeat_seconds * 2 >= self.lease_seconds:
             raise ValueError(
-                f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most half of "
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be under half of "
                 f"lease_seconds ({self.lease_seconds}), so one missed beat does not lose the lease"
             )
         if self.visibility_timeout_seconds < self.lease_seconds:

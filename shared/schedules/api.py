@@ -31,6 +31,7 @@ from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, Schedule
 from shared.schedules.slots import FireTime, preview, slots_after, spread_offset
 from shared.schedules.spec import make_spec, schedule_name
 from shared.store.database import Database
+from shared.store.known_kinds import KnownKinds
 from shared.store.rows import AuditRecord, Cursor
 from shared.store.schedule_store import ScheduleStore, definition_of
 
@@ -47,13 +48,14 @@ class ScheduleApi:
 
     settings: ProducerConfig
     database: Database
+    known_kinds: KnownKinds
 
     def recurring(self, name: str, kind: str, payload: Any = None, *,
                   every: timedelta | float | None = None, cron: str | None = None,
                   tz: str = "UTC", start: datetime | None = None, queue: str | None = None,
                   priority: int = 0, max_attempts: int | None = None,
                   timeout: float | timedelta | None = None, tenant: str | None = None,
-                  misfire: str = "skip", misfire_grace: float | timedelta = 60.0,
+                  misfire: str = "latest", misfire_grace: float | timedelta = 60.0,
                   backfill_max: int = 100, backfill_gap: float | timedelta = 1.0,
                   overlap: str = "allow", dst_gap: str = "shift", dst_fold: str = "once",
                   spread: float | timedelta = 0.0, jitter: float | timedelta = 0.0,
@@ -62,7 +64,7 @@ class ScheduleApi:
 
         Timing: `every=` (timedelta or seconds, >= 1 s; slots are `start + k * every`,
         `start` defaulting to the Unix epoch) or `cron=` (5 fields, or 6 with seconds first)
-        read in `tz`. Policies: `misfire` skip|latest|all (missed = reached more than
+        read in `tz`. Policies: `misfire` latest|skip|all (missed = reached more than
         `misfire_grace` late; `all` runs at most `backfill_max`, `backfill_gap` seconds
         apart), `overlap` allow|skip|buffer_one, `dst_gap` shift|skip, `dst_fold`
         once|twice, `spread` (a stable per-name offset within that many seconds) and
@@ -81,6 +83,8 @@ class ScheduleApi:
                 backfill_gap=backfill_gap, overlap=overlap, dst_gap=dst_gap, dst_fold=dst_fold,
                 spread=spread, jitter=jitter, max_payload_bytes=self.settings.max_payload_bytes,
                 now=t)
+            if self.settings.reject_unknown_kinds:
+                self.known_kinds.check([spec.kind])
             return _save(store, spec, t)
 
     def update_schedule(self, /, name: str, *, now: datetime | None = None,

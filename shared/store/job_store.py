@@ -182,7 +182,12 @@ class JobStore(Store):
     def upsert_worker(self, worker: Worker, now: datetime | None = None) -> None:
         self._run(sql.UPSERT_WORKER, {
             "id": worker.id, "host": worker.host, "pid": worker.pid, "queues": worker.queues,
+            "kinds": worker.kinds,
             "concurrency": worker.concurrency, "in_flight": worker.in_flight, "now": now})
+
+    def known_kinds(self, now: datetime | None = None) -> list[str]:
+        """Kinds a consumer has announced handlers for in the last 24 hours."""
+        return [r[0] for r in self._rows(sql.KNOWN_KINDS, {"now": now})]
 
     def stop_worker(self, worker_id: str, now: datetime | None = None) -> None:
         self._run(sql.STOP_WORKER, {"id": worker_id, "now": now})

@@ -241,11 +241,20 @@ RETURNING j.id
 """
 
 UPSERT_WORKER = f"""
-INSERT INTO tock_workers (id, host, pid, queues, concurrency, in_flight, started_at,
+INSERT INTO tock_workers (id, host, pid, queues, kinds, concurrency, in_flight, started_at,
                           last_heartbeat)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, {NOW}, {NOW})
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(kinds)s, %(concurrency)s, %(in_flight)s,
+        {NOW}, {NOW})
 ON CONFLICT (id) DO UPDATE
-SET in_flight = EXCLUDED.in_flight, last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL
+SET in_flight = EXCLUDED.in_flight, last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL,
+    kinds = EXCLUDED.kinds
+"""
+
+# Kinds some consumer announced within the last day (TOCK_REJECT_UNKNOWN_KINDS).
+KNOWN_KINDS = f"""
+SELECT DISTINCT k FROM tock_workers, unnest(kinds) AS k
+WHERE last_heartbeat > {NOW} - interval '24 hours'
+ORDER BY k
 """
 
 STOP_WORKER = f"UPDATE tock_workers SET stopped_at = {NOW}, in_flight = 0 WHERE id = %(id)s"

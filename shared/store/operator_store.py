@@ -67,10 +67,11 @@ class OperatorStore(Store):
         """Consumers running or stopped within the last hour, live ones first."""
         out = []
         for r in self._rows(sql.WORKERS, {"now": now}):
-            status = "stopped" if r[8] else ("stale" if r[9] > stale_after_seconds else "alive")
-            out.append(WorkerInfo(id=r[0], host=r[1], pid=r[2], queues=r[3], concurrency=r[4],
-                                  in_flight=r[5], started_at=r[6], last_heartbeat=r[7],
-                                  stopped_at=r[8], heartbeat_age_seconds=r[9], status=status))
+            status = "stopped" if r[9] else ("stale" if r[10] > stale_after_seconds else "alive")
+            out.append(WorkerInfo(id=r[0], host=r[1], pid=r[2], queues=r[3], kinds=r[4],
+                                  concurrency=r[5], in_flight=r[6], started_at=r[7],
+                                  last_heartbeat=r[8], stopped_at=r[9],
+                                  heartbeat_age_seconds=r[10], status=status))
         return out
 
     def throughput(self, since: datetime, until: datetime, bucket_seconds: int

@@ -101,6 +101,7 @@ workers = Table(
     Column("started_at", TS, nullable=False),
     Column("last_heartbeat", TS, nullable=False),
     Column("stopped_at", TS),
+    Column("kinds", ARRAY(Text), nullable=False, server_default="{}"),  # 0005
 )
 
 schedules = Table(

@@ -4,6 +4,7 @@ heartbeat, visibility timeout, stop timeout vs shutdown grace)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ ROOT_T = load_template(TOCK_TEMPLATE)
 QUEUES_T = load_template(QUEUES_TEMPLATE)
 RES: dict[str, Any] = ROOT_T["Resources"]
 PARAMS: dict[str, Any] = ROOT_T["Parameters"]
+LB_DNS_NAME = "internal-tock-Dashb-1A2B3C.us-east-1.elb.amazonaws.com"
 PSEUDO = {"AWS::Region": "us-east-1", "AWS::StackName": "tock", "AWS::AccountId": "123456789012"}
 CONTAINERS = {"TimerTaskDefinition": "timer", "ConsumerTaskDefinition": "consumer",
               "DashboardTaskDefinition": "dashboard", "MigrateTaskDefinition": "migrate"}
@@ -37,7 +39,8 @@ def _default(value: Any) -> str:
         text = value["Fn::Sub"]
         for name, param in PARAMS.items():
             text = text.replace("${" + name + "}", str(param.get("Default", "")))
-        return text
+        # A load balancer's DNS name, as CloudFormation fills it in (mixed case).
+        return re.sub(r"\$\{\w+\.DNSName\}", LB_DNS_NAME, text)
     return str(value)
 
 
@@ -92,13 +95,34 @@ def test_each_container_gets_valid_settings_for_its_process(definition, process,
     load_settings(process, env, monkeypatch)
 
 
+def test_dashboard_answers_to_its_load_balancer_and_host_name(monkeypatch):
+    container = _container("DashboardTaskDefinition")
+    (allowed,) = [e["Value"] for e in container["Environment"]
+                  if e["Name"] == "TOCK_DASHBOARD_ALLOWED_HOSTS"]
+    assert allowed == {"Fn::Sub": "${DashboardHostName},${DashboardLoadBalancer.DNSName}"}
+    env = {e["Name"]: _default(e["Value"]) for e in container["Environment"]}
+    env.update(TOCK_DASHBOARD_OPERATOR_TOKEN="o" * 32, TOCK_DASHBOARD_VIEWER_TOKEN="v" * 32)
+    settings = load_settings("dashboard", env, monkeypatch)
+    assert settings.dashboard_allowed_hosts == [LB_DNS_NAME.lower()]  # no host name given
+    env["TOCK_DASHBOARD_ALLOWED_HOSTS"] = allowed["Fn::Sub"].replace(
+        "${DashboardHostName}", "tock.example.com").replace(
+        "${DashboardLoadBalancer.DNSName}", LB_DNS_NAME)
+    settings = load_settings("dashboard", env, monkeypatch)
+    assert settings.host_allowed("tock.example.com") and settings.host_allowed(LB_DNS_NAME)
+    pattern = re.compile(PARAMS["DashboardHostName"]["AllowedPattern"])
+    assert pattern.fullmatch("") and pattern.fullmatch("tock.example.com")
+    assert not pattern.fullmatch("https://tock.example.com")
+    # The load balancer checks /healthz by the task's IP: the guard lets probes through.
+    assert RES["DashboardTargetGroup"]["Properties"]["HealthCheckPath"] == "/healthz"
+
+
 def test_consumer_timing_settings_agree(monkeypatch):
     container = _container("ConsumerTaskDefinition")
     env = {e["Name"]: _default(e["Value"]) for e in container["Environment"]}
     settings = load_settings("consumer", env, monkeypatch)
     stop_timeout = int(_default(container["StopTimeout"]))
     assert stop_timeout > settings.shutdown_grace_seconds
-    assert settings.heartbeat_seconds * 2 <= settings.lease_seconds
+    assert settings.heartbeat_seconds * 2 < settings.lease_seconds
     # The queue the stack creates uses the same visibility timeout the consumer asks for.
     assert RES["QueueStack"]["Properties"]["Parameters"]["VisibilityTimeoutSeconds"] == \
         {"Ref": "VisibilityTimeoutSeconds"}

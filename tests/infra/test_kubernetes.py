@@ -5,6 +5,7 @@ probes on the right ports, secrets by reference, timing settings that agree."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import yaml
 from cloudcoil.models.keda import v1alpha1 as keda
 
+from dashboard.settings import DashboardSettings
 from shared.runtime.settings import ConsumerSettings
 from tests.infra.paths import K8S_DIR, load_k8s_documents
 from tests.infra.processes import load_settings, unknown_tock_variables
@@ -47,7 +49,8 @@ def _env(workload: dict[str, Any]) -> dict[str, str]:
     for source in container.get("envFrom", []):
         env.update(CONFIGMAPS[source["configMapRef"]["name"]])
     for var in container.get("env", []):
-        env[var["name"]] = var.get("value", "secret-value-from-a-secret-reference")
+        # Secrets get a stand-in of the right form (a Postgres URL for the database).
+        env[var["name"]] = var.get("value", "postgresql://stand-in-for-a-secret@db/tock")
     return env
 
 
@@ -190,7 +193,7 @@ def test_consumer_drains_before_the_kubelet_kills_it(monkeypatch):
     grace = WORKLOADS["tock-consumer"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     # Room for the release of unfinished jobs and the exit after the handler grace.
     assert grace >= settings.shutdown_grace_seconds + 10
-    assert settings.heartbeat_seconds * 2 <= settings.lease_seconds
+    assert settings.heartbeat_seconds * 2 < settings.lease_seconds
     assert settings.visibility_timeout_seconds >= settings.lease_seconds
 
 
@@ -203,10 +206,12 @@ def test_secrets_are_referenced_never_stored():
             if ref:
                 refs.add((ref["name"], ref["key"]))
             elif var["name"] in ("TOCK_DATABASE_URL", "TOCK_DASHBOARD_OPERATOR_TOKEN",
-                                 "TOCK_DASHBOARD_VIEWER_TOKEN", "TOCK_DASHBOARD_SECRET_KEY"):
+                                 "TOCK_DASHBOARD_VIEWER_TOKEN", "TOCK_DASHBOARD_SECRET_KEY",
+                                 "TOCK_DASHBOARD_METRICS_TOKEN"):
                 pytest.fail(f"{var['name']} must come from a Secret")
     assert refs == {("tock-database", "url"), ("tock-dashboard", "operator-token"),
-                    ("tock-dashboard", "viewer-token"), ("tock-dashboard", "secret-key")}
+                    ("tock-dashboard", "viewer-token"), ("tock-dashboard", "secret-key"),
+                    ("tock-dashboard", "metrics-token")}
 
 
 def test_timer_runs_two_replicas_and_every_deployment_has_a_pdb():
@@ -228,3 +233,18 @@ def test_network_policy_denies_by_default_every_tock_pod():
     selector = deny["spec"]["podSelector"]["matchLabels"]
     for workload in WORKLOADS.values():
         assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_dashboard_answers_its_ingress_host_and_prometheus_by_pod_ip(monkeypatch):
+    env = _env(WORKLOADS["tock-dashboard"])
+    env.update(TOCK_DATABASE_URL="postgresql://tock@db.example:5432/tock",
+               TOCK_DASHBOARD_OPERATOR_TOKEN="o" * 32, TOCK_DASHBOARD_VIEWER_TOKEN="v" * 32)
+    settings = load_settings("dashboard", env, monkeypatch)
+    assert isinstance(settings, DashboardSettings)
+    assert settings.host_allowed("tock.example.com") and settings.host_allowed("10.0.0.7")
+    assert not settings.host_allowed("localhost.evil.example")
+    # /metrics needs a token, which the plain prometheus.io/* annotations cannot send.
+    assert not settings.dashboard_metrics_public and settings.dashboard_metrics_token
+    annotations = WORKLOADS["tock-dashboard"]["spec"]["template"]["metadata"].get(
+        "annotations", {})
+    assert "prometheus.io/scrape" not in annotations

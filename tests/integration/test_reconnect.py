@@ -26,7 +26,7 @@ from timer_service.service import Timer
 
 @pytest.fixture
 def server() -> Iterator[PostgresServer]:
-    pg = start_postgres()
+    pg = start_postgres(durable=True)  # an immediate stop must not lose the migrations
     migrate(pg.url())
     yield pg
     pg.destroy()

@@ -17,7 +17,7 @@ def test_defaults_are_consistent():
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"heartbeat_seconds": 20, "lease_seconds": 30}, "at most half of lease_seconds"),
+    ({"heartbeat_seconds": 20, "lease_seconds": 30}, "under half of lease_seconds"),
     ({"visibility_timeout_seconds": 10, "lease_seconds": 30}, "must be >= lease_seconds"),
     ({"queues": ["ok", "not ok"]}, "queue names must match"),
     ({"concurrency": 0}, "TOCK_CONCURRENCY"),

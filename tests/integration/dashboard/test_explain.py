@@ -34,7 +34,7 @@ def attempt(n: int, outcome: AttemptOutcome, error: str | None = None,
 
 
 def worker(status: str = "alive", age: float = 1.0) -> WorkerInfo:
-    return WorkerInfo("w1", "host", 1, ["default"], 4, 1, NOW - timedelta(hours=1),
+    return WorkerInfo("w1", "host", 1, ["default"], ["email"], 4, 1, NOW - timedelta(hours=1),
                       NOW - timedelta(seconds=age), None, age, status)
 
 

@@ -62,7 +62,7 @@ def test_lookahead_makes_the_job_before_its_slot(client, db, transport, timer_se
 
 def test_outage_of_hours_skip_records_missed_slots_and_runs_the_next(client, db, transport,
                                                                       timer_settings):
-    client.recurring("tick", "report", every=60, now=T0)
+    client.recurring("tick", "report", every=60, misfire="skip", now=T0)
     timer = make_timer(timer_settings, transport)
     assert timer.run_once(now=T0 + 60 * S).fired == 1
     back = T0 + timedelta(hours=4, seconds=90)  # every timer down from 12:01 to 16:01:30

@@ -629,29 +629,31 @@ def _worker(db: Any, worker_id: str) -> dict[str, Any] | None:
 
 
 def test_upsert_worker_announces_then_refreshes_a_worker(job_store, db, now):
-    job_store.upsert_worker(Worker("w1", "host-a", 101, ["default", "mail"], 8, 0), now=now)
+    job_store.upsert_worker(Worker("w1", "host-a", 101, ["default", "mail"], ["email"], 8, 0),
+                            now=now)
     assert _worker(db, "w1") == {
         "id": "w1", "host": "host-a", "pid": 101, "queues": ["default", "mail"],
         "concurrency": 8, "in_flight": 0, "started_at": now, "last_heartbeat": now,
-        "stopped_at": None}
-    job_store.upsert_worker(Worker("w1", "host-a", 101, ["default", "mail"], 8, 5),
-                            now=now + secs(10))
+        "stopped_at": None, "kinds": ["email"]}
+    job_store.upsert_worker(
+        Worker("w1", "host-a", 101, ["default", "mail"], ["email", "sms"], 8, 5),
+        now=now + secs(10))
     row = _worker(db, "w1")
     assert row is not None
-    assert (row["in_flight"], row["last_heartbeat"], row["started_at"]) == (
-        5, now + secs(10), now)
+    assert (row["in_flight"], row["last_heartbeat"], row["started_at"], row["kinds"]) == (
+        5, now + secs(10), now, ["email", "sms"])
     assert count(db, "tock_workers") == 1
 
 
 def test_stop_worker_marks_it_stopped_and_an_upsert_revives_it(job_store, db, now):
-    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], 4, 3), now=now)
-    job_store.upsert_worker(Worker("w2", "h", 2, ["default"], 4, 1), now=now)
+    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], [], 4, 3), now=now)
+    job_store.upsert_worker(Worker("w2", "h", 2, ["default"], [], 4, 1), now=now)
     job_store.stop_worker("w1", now=now + secs(20))
     row = _worker(db, "w1")
     assert row is not None and (row["stopped_at"], row["in_flight"]) == (now + secs(20), 0)
     other_row = _worker(db, "w2")
     assert other_row is not None and other_row["stopped_at"] is None
-    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], 4, 2), now=now + secs(30))
+    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], [], 4, 2), now=now + secs(30))
     row = _worker(db, "w1")
     assert row is not None and (row["stopped_at"], row["in_flight"]) == (None, 2)
     job_store.stop_worker("nobody", now=now)

@@ -1,0 +1,12 @@
+"""Fault injection: real timers and consumers against a Postgres and a LocalStack that this
+suite starts (and kills, restarts, partitions) itself; an independent handler-run log; and
+an invariant checker that compares the two.
+
+    .venv/bin/python -m pytest -q -p no:randomly tests/faults       # small profile
+    .venv/bin/python -m tests.faults --profile full --out docs/faults.md
+
+Modules: `tasks` (the consumer's task module: writes the run log), `proxy` (a TCP proxy
+that partitions consumers from Postgres), `services` (the suite's own Postgres and
+LocalStack), `cluster` (the processes, restarted like an orchestrator would), `invariants`
+(the checker), `scenarios` (the faults and the profiles), `report` (the table).
+"""
