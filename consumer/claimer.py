@@ -199,15 +199,7 @@ class Claimer(Loop):
     def _retry_later(self, messages: list[Received],
                      seconds: int = RETRY_LATER_SECONDS) -> None:
         """Make the messages visible again after `seconds` (0: now)."""
-        receipts = [m.receipt for m in messages]
-        for i in range(0, len(receipts), MAX_BATCH):
-            try:
-                self.pipe.transport.change_visibility_batch(
-                    self.queue, receipts[i:i + MAX_BATCH], seconds)
-            except TransportError as exc:
-                metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
-                emit(log, "visibility_change_failed", logging.WARNING, queue=self.queue,
-                     error=str(exc))
+        self.pipe.make_visible(self.queue, [m.receipt for m in messages], seconds)
         emit(log, "claim_deferred", logging.DEBUG, queue=self.queue, messages=len(messages),
              retry_in_seconds=seconds)
 

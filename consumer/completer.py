@@ -80,15 +80,41 @@ class Completer(Loop):
                     f.item.completing = False
                 self._retrying = batch
                 raise
+        unclaimed = self._claims_lost([f for f in live if f.item.job_id not in written])
         by_queue: dict[str, list[str]] = defaultdict(list)
+        again: dict[str, list[str]] = defaultdict(list)
         for f in batch:
+            if f.item.job_id in unclaimed:
+                again[f.item.queue].append(f.item.receipt)
+                continue
             self._report(f, f.item.job_id in written)
             by_queue[f.item.queue].append(f.item.receipt)
         # Only now, after the commit: delete.
         for q, receipts in by_queue.items():
             pipe.delete(q, receipts)
+        for q, receipts in again.items():
+            pipe.make_visible(q, receipts)
         for f in batch:
             pipe.tracker.forget(f.item)
+
+    def _claims_lost(self, discarded: list[Finished]) -> set[int]:
+        """Jobs whose result matched no row because the claim itself was lost (a database
+        crash took its asynchronous commit): still `dispatched` with this very token. Their
+        message is made visible again, not deleted, so the job runs again at once instead
+        of waiting for the timer to notice a lost message."""
+        if not discarded:
+            return set()
+        try:
+            states = self.pipe.store.job_states([f.item.job_id for f in discarded])
+        except Retryable:
+            return set()  # cannot tell: delete as usual; the timer re-sends lost messages
+        lost = {f.item.job_id for f in discarded
+                if states.get(f.item.job_id) == (JobState.DISPATCHED, f.item.lease.token)}
+        for job_id in lost:
+            emit(log, "claim_lost", logging.WARNING, job_id=job_id, worker=self.pipe.worker_id,
+                 detail="the claim did not survive a database restart; the message is "
+                        "visible again and the job runs again")
+        return lost
 
     def _write(self, batch: list[Finished]) -> set[int]:
         pipe = self.pipe

@@ -85,6 +85,18 @@ class Pipeline:
             if failures:
                 metrics.SQS_ERRORS.labels("DeleteMessageBatch").inc(len(failures))
 
+    def make_visible(self, queue: str, receipts: list[str], after_seconds: int = 0) -> None:
+        """Let messages be received again after `after_seconds` (0: at once). A failure is
+        logged: they come back after their visibility timeout anyway."""
+        for i in range(0, len(receipts), MAX_BATCH):
+            try:
+                self.transport.change_visibility_batch(queue, receipts[i:i + MAX_BATCH],
+                                                       after_seconds)
+            except TransportError as exc:
+                metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
+                emit(log, "visibility_change_failed", logging.WARNING, queue=queue,
+                     error=str(exc))
+
     def announcement(self) -> Worker:
         return Worker(
             id=self.worker_id, host=socket.gethostname(), pid=os.getpid(),

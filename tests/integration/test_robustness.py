@@ -397,3 +397,27 @@ def test_transport_errors_are_waited_out_not_fatal(consumer_settings, registry, 
         assert consumer.supervisor.live()[0]
     finally:
         consumer.shutdown()
+
+
+def test_a_claim_lost_in_a_database_crash_runs_again_at_once(
+        client, db, timer, transport, registry, consumer_settings, clock_now):
+    """The claim commits asynchronously; a crash may lose it after the handler ran. Its
+    result then matches no row, and the job is still dispatched with the same token: the
+    message is made visible again instead of deleted, so the job runs again now."""
+    ran: list[int] = []
+    registry.add("work", lambda p, c: ran.append(c.attempt))
+    consumer = make_consumer(consumer_settings, registry, transport, Clock(clock_now))
+    try:
+        job = client.schedule("work")
+        dispatch(timer, clock_now)
+        entries = receive(consumer, 1)
+        # What a crash that lost the claim's commit leaves behind.
+        db.execute("UPDATE tock_jobs SET state = 'dispatched', attempt = 0, lease_owner = NULL,"
+                   " lease_expires_at = NULL WHERE id = %s", (job.id,))
+        run_all(consumer, entries)
+        assert client.get(job.id).state is JobState.DISPATCHED
+        run_all(consumer, receive(consumer, 1))
+        assert client.get(job.id).state is JobState.SUCCEEDED
+        assert ran == [1, 1]
+    finally:
+        consumer.close()
