@@ -20,23 +20,14 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.runtime.logs import emit
+from shared.runtime.settings import HealthSettings
 
 log = logging.getLogger("tock.health")
 
 Probe = Callable[[], tuple[bool, str]]
 """Returns (ok, reason in words)."""
-
-
-class HealthSettings(BaseSettings):
-    """Where the probe server listens; the port itself is the process's `health_port`."""
-
-    model_config = SettingsConfigDict(env_prefix="TOCK_HEALTH_", extra="ignore")
-
-    host: str = Field(default="0.0.0.0", min_length=1)  # probed from outside
 
 
 class HealthServer:

@@ -201,3 +201,12 @@ class ConsumerSettings(CommonSettings):
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
         return self
+
+
+class HealthSettings(BaseSettings):
+    """Where the probe server listens (TOCK_HEALTH_*); the port itself is the process's
+    `health_port`."""
+
+    model_config = SettingsConfigDict(env_prefix="TOCK_HEALTH_", extra="ignore")
+
+    host: str = Field(default="0.0.0.0", min_length=1)  # probed from outside the container

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from dashboard.settings import DashboardSettings
-from shared.runtime.health import HealthSettings
 from shared.runtime.settings import (
     ClientSettings,
     CommonSettings,
     ConsumerSettings,
+    HealthSettings,
     TimerSettings,
 )
 
