@@ -1,100 +1,20 @@
-"""`tock enqueue`, `tock jobs`, `tock show`, `tock retry`, `tock cancel`, `tock stats`,
-`tock workers` and `tock dashboard`: the operator commands. They talk to Postgres
-directly (TOCK_DATABASE_URL or --database-url), like the services do, so they work when
-the dashboard is down."""
+"""`tock enqueue`, `tock jobs` and `tock show`: put a job in, list jobs a page at a time, and
+show one job with its attempts and why it is (not) running."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import Any
 
+from cli import connect
+from cli.arguments import Sub, add_common, add_filters, filter_of, iso_time_type, job_id_type
 from cli.output import cell, print_json, print_table
-from shared.client import Client
-from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
-from shared.core.filters import (
-    CANCELLABLE_STATES,
-    DEFAULT_PAGE_SIZE,
-    MAX_PAGE_SIZE,
-    RETRYABLE_STATES,
-    JobFilter,
-)
-from shared.core.states import JobState
+from shared.core.errors import InvalidInput
+from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from shared.ops import explain
 from shared.ops import jobs as ops_jobs
-from shared.runtime.settings import ClientSettings
-from shared.store.database import Database
-from shared.store.operator_store import OperatorStore
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
-WORKER_STALE_SECONDS = 30.0
-
-Sub = Any  # argparse._SubParsersAction is private; its type adds nothing here
-
-
-def _settings(args: argparse.Namespace) -> ClientSettings:
-    return ClientSettings.load(**({"database_url": args.database_url}
-                                  if args.database_url else {}))
-
-
-def _client(args: argparse.Namespace) -> Client:
-    return Client(_settings(args))
-
-
-@contextmanager
-def _store(args: argparse.Namespace) -> Iterator[OperatorStore]:
-    """The operator statements on a small pool of their own."""
-    database = Database(_settings(args).database_url, max_size=2, name="tock-cli")
-    try:
-        yield OperatorStore(database)
-    finally:
-        database.close()
-
-
-def _iso(name: str) -> Callable[[str], datetime]:
-    def parse(text: str) -> datetime:
-        try:
-            value = datetime.fromisoformat(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name}: {text!r} is not an ISO 8601 time such as "
-                "2026-12-02T15:04:05+00:00") from None
-        if value.tzinfo is None:
-            raise argparse.ArgumentTypeError(
-                f"{name}: {text!r} has no timezone; add one, e.g. {text}+00:00 or {text}Z")
-        return value.astimezone(UTC)  # Postgres refuses offsets beyond 15:59
-    return parse
-
-
-def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
-    p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
-    if json_flag:
-        p.add_argument("--json", action="store_true", help="print JSON for scripts")
-
-
-def _filters(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("filter")
-    g.add_argument("--state", action="append", default=[], metavar="STATE",
-                   help=f"repeatable or comma-separated: {', '.join(s.value for s in JobState)}")
-    g.add_argument("--kind")
-    g.add_argument("--queue")
-    g.add_argument("--tenant")
-    g.add_argument("--key", help="idempotency key")
-    g.add_argument("--since", type=_iso("--since"), help="created at or after (ISO 8601)")
-    g.add_argument("--until", type=_iso("--until"), help="created before (ISO 8601)")
-
-
-def _filter_of(args: argparse.Namespace) -> JobFilter:
-    states = ",".join(args.state)
-    return JobFilter.of(states=states, kind=args.kind, queue=args.queue, tenant=args.tenant,
-                        key=args.key, created_after=args.since, created_before=args.until)
-
-
-# --- enqueue ---------------------------------------------------------------------------------
+EXIT_OK = 0
 
 
 def _enqueue(args: argparse.Namespace) -> int:
@@ -104,7 +24,7 @@ def _enqueue(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--payload is not JSON: {exc}") from None
     except RecursionError:
         raise InvalidInput("--payload is nested too deeply to be read") from None
-    with _client(args) as client:
+    with connect.client(args) as client:
         job = client.schedule(args.kind, payload, at=args.at, delay=args.delay, key=args.key,
                               priority=args.priority, queue=args.queue,
                               max_attempts=args.max_attempts, timeout=args.timeout,
@@ -120,12 +40,9 @@ def _enqueue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- list and show -----------------------------------------------------------------------------
-
-
 def _jobs(args: argparse.Namespace) -> int:
-    where = _filter_of(args)
-    with _store(args) as store:
+    where = filter_of(args)
+    with connect.operator_store(args) as store:
         page = ops_jobs.list_jobs(store, where, limit=args.limit, before_id=args.before_id)
     if args.json:
         print_json({"jobs": page.jobs, "next_cursor": page.next_cursor})
@@ -142,7 +59,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _client(args) as client, _store(args) as store:
+    with connect.client(args) as client, connect.operator_store(args) as store:
         job = client.get(args.job_id, with_attempts=True)
         with store.transaction() as tx:
             why = explain.explain(job, explain.gather(tx, job))
@@ -171,150 +88,15 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- retry and cancel ---------------------------------------------------------------------
-
-
-def _change(action: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        where = _filter_of(args)
-        if args.job_ids and not where.is_empty():
-            raise InvalidInput("give job ids or a filter, not both")
-        if not args.job_ids and where.is_empty() and not args.all:
-            raise InvalidInput(f"say which jobs to {action}: job ids, a filter such as "
-                               "--state dead --kind email, or --all")
-        if args.job_ids:
-            with _client(args) as client:
-                return _change_ids(client, action, args)
-        return _change_filter(action, where, args)
-    return run
-
-
-def _change_ids(client: Client, action: str, args: argparse.Namespace) -> int:
-    status, done = EXIT_OK, []
-    for job_id in args.job_ids:
-        if args.dry_run:
-            job = client.get(job_id)
-            allowed = RETRYABLE_STATES if action == "retry" else CANCELLABLE_STATES
-            ok = job.state in allowed
-            print(f"job {job_id}: would {action}" if ok else
-                  f"job {job_id}: cannot {action}, it is {job.state}")
-            status = status if ok else EXIT_REFUSED
-            continue
-        try:
-            job = client.retry(job_id) if action == "retry" else client.cancel(job_id)
-        except (JobNotFound, InvalidTransition) as exc:
-            print(f"tock: {exc}", file=sys.stderr)
-            status = EXIT_REFUSED
-            continue
-        done.append(job)
-        if not args.json:
-            print(f"job {job.id}: {job.state}")
-    if args.json and not args.dry_run:
-        print_json(done)
-    return status
-
-
-def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> int:
-    with _store(args) as store:
-        plan = ops_jobs.plan_bulk(store, action, where)
-    if args.dry_run:
-        if args.json:
-            print_json({"dry_run": True, **plan.__dict__})
-        else:
-            print(f"would {action} {plan.count} job(s) ({plan.description})")
-        return EXIT_OK
-    if plan.count == 0:
-        if args.json:
-            print_json({"dry_run": False, "action": action, "count": 0})
-        else:
-            print(f"no job to {action} ({plan.description})")
-        return EXIT_OK
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise InvalidInput(f"{plan.count} job(s) match; pass --yes to {action} them "
-                               "without a prompt (or --dry-run to only count)")
-        answer = input(f"{action} {plan.count} job(s) ({plan.description})? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing changed")
-            return EXIT_REFUSED
-
-    with _store(args) as store:
-        count = ops_jobs.run_bulk(store, action, where, up_to_id=plan.up_to_id)
-    if args.json:
-        print_json({"dry_run": False, "action": action, "count": count,
-                    "up_to_id": plan.up_to_id, "description": plan.description})
-    else:
-        print(f"{'retried' if action == 'retry' else 'cancelled'} {count} job(s)")
-    return EXIT_OK
-
-
-# --- cluster -------------------------------------------------------------------------------------
-
-
-def _stats(args: argparse.Namespace) -> int:
-    with _store(args) as store, store.transaction() as tx:
-        now = tx.database_now()
-        counts = tx.counts_by_state_kind(tuple(JobState))  # all states: one pass, once
-        queues = tx.queue_stats(now)
-    totals = {s.value: 0 for s in JobState}
-    for (state, _), n in counts.items():
-        totals[state] += n
-    if args.json:
-        print_json({"now": now, "totals": totals,
-                    "queues": [{**q.__dict__, "depth": q.depth} for q in queues]})
-        return EXIT_OK
-    print("  ".join(f"{state} {n}" for state, n in totals.items()))
-    print()
-    if not queues:
-        print("no unfinished work")
-        return EXIT_OK
-    print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
-        [q.queue, q.kind, q.due, q.dispatched, q.running, q.future,
-         round(q.oldest_due_age_seconds, 1)] for q in queues])
-    return EXIT_OK
-
-
-def _workers(args: argparse.Namespace) -> int:
-    with _store(args) as store:
-        found = store.workers(stale_after_seconds=args.stale_seconds)
-    if args.json:
-        print_json(found)
-        return EXIT_OK
-    if not found:
-        print("no consumer has reported in the last hour")
-        return EXIT_OK
-    print_table(["worker", "status", "queues", "busy", "heartbeat age s", "started"], [
-        [w.id, w.status, ",".join(w.queues), f"{w.in_flight}/{w.concurrency}",
-         round(w.heartbeat_age_seconds, 1), w.started_at] for w in found])
-    return EXIT_OK
-
-
-def _dashboard(args: argparse.Namespace) -> int:
-    from dashboard.__main__ import main as dashboard_main
-
-    argv = [*(["--host", args.host] if args.host else []),
-            *(["--port", str(args.port)] if args.port else [])]
-    return dashboard_main(argv)
-
-
-def _job_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"job ids are positive, got {value}")
-    return value
-
-
-def register(sub: Sub) -> None:
-    """Add the operator subcommands to the `tock` parser."""
+def add_parser(sub: Sub) -> None:
+    """Register `tock enqueue`, `tock jobs` and `tock show`."""
     p = sub.add_parser("enqueue", help="enqueue a job",
                        description="Enqueue one job now, at a time, or after a delay.")
     p.add_argument("kind")
     p.add_argument("--payload", help="JSON, e.g. '{\"to\": \"a@example.com\"}'")
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--at", type=_iso("--at"), help="run at (ISO 8601 with timezone)")
+    when.add_argument("--at", type=iso_time_type("--at"),
+                      help="run at (ISO 8601 with timezone)")
     when.add_argument("--delay", type=float, help="run after this many seconds")
     p.add_argument("--key", help="idempotency key: an existing job with it is returned")
     p.add_argument("--priority", type=int, default=0, help="0..9, higher first (default 0)")
@@ -322,56 +104,23 @@ def register(sub: Sub) -> None:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--timeout", type=float, help="seconds per attempt")
     p.add_argument("--tenant")
-    _common(p)
+    add_common(p)
     p.set_defaults(func=_enqueue)
 
     p = sub.add_parser("jobs", help="list jobs (newest first) with filters",
                        description="List jobs, newest first, a page at a time.")
-    _filters(p)
+    add_filters(p)
     p.add_argument("--limit", type=int, default=DEFAULT_PAGE_SIZE,
                    help=f"1..{MAX_PAGE_SIZE} (default "
                         f"{DEFAULT_PAGE_SIZE})")
-    p.add_argument("--before-id", type=_job_id, help="page cursor printed by the last page")
-    _common(p)
+    p.add_argument("--before-id", type=job_id_type,
+                   help="page cursor printed by the last page")
+    add_common(p)
     p.set_defaults(func=_jobs)
 
     p = sub.add_parser("show", help="a job, its attempts and why it is (not) running",
                        description="Show a job with its attempt history and the "
                                    "explanation of its current state.")
-    p.add_argument("job_id", type=_job_id, metavar="JOB")
-    _common(p)
+    p.add_argument("job_id", type=job_id_type, metavar="JOB")
+    add_common(p)
     p.set_defaults(func=_show)
-
-    for action, helptext in (("retry", "run dead or cancelled jobs again"),
-                             ("cancel", "cancel unfinished jobs")):
-        p = sub.add_parser(
-            action, help=f"{helptext}: by id, or by filter after a count",
-            description=f"{helptext[0].upper()}{helptext[1:]}. By id, or every job matching "
-                        "a filter: the matching jobs are counted first; --dry-run stops "
-                        "there, otherwise you confirm (or pass --yes).")
-        p.add_argument("job_ids", nargs="*", type=_job_id, metavar="JOB")
-        _filters(p)
-        p.add_argument("--all", action="store_true", help="with no filter: every job")
-        p.add_argument("--dry-run", action="store_true", help="only count / check")
-        p.add_argument("--yes", "-y", action="store_true", help="do not ask to confirm")
-        _common(p)
-        p.set_defaults(func=_change(action))
-
-    p = sub.add_parser("stats", help="jobs by state; queue depth and oldest due age",
-                       description="Jobs by state, and per queue and kind the due, "
-                                   "dispatched, running and later jobs with the age of "
-                                   "the oldest due one.")
-    _common(p)
-    p.set_defaults(func=_stats)
-
-    p = sub.add_parser("workers", help="consumers and their last heartbeat")
-    p.add_argument("--stale-seconds", type=float, default=WORKER_STALE_SECONDS,
-                   help="silent this long counts as stale (default 30)")
-    _common(p)
-    p.set_defaults(func=_workers)
-
-    p = sub.add_parser("dashboard", help="serve the dashboard and HTTP API "
-                                         "(python -m dashboard)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.set_defaults(func=_dashboard)

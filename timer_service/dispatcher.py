@@ -10,7 +10,7 @@ dispatched with a new token), send, then commit, all in one transaction.
 - SQS refusing some entries: those rows are put back in the same transaction.
 - SQS refusing some entries (or the whole call: the queue is missing, SQS is away): those
   rows are put back in the same transaction, due again after a backoff of their own
-  (0.5 s doubling to 10 s), so they never block other rows; `explain` says why.
+  (0.5 s doubling to 5 s), so they never block other rows; `explain` says why.
 A message lost after the commit is covered by the rescuer's re-dispatch of lost messages.
 """
 
@@ -39,7 +39,7 @@ DUE_CHANNEL = "tock_due"
 REFUSED_PAUSE_SECONDS = 0.5
 """After a pass in which SQS took nothing: a pause, so the loop does not spin."""
 REFUSED_BACKOFF_BASE_SECONDS = 0.5
-REFUSED_BACKOFF_CAP_SECONDS = 10.0
+REFUSED_BACKOFF_CAP_SECONDS = 5.0
 STUCK_AFTER_FAILURES = 5
 """A job refused this many times in a row is reported (log line, explain)."""
 REPORT_EVERY_SECONDS = 30.0

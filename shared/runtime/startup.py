@@ -35,7 +35,7 @@ def report_missing_queues(transport: Transport, queues: list[str]) -> None:
     creates them here instead."""
     for queue in queues:
         try:
-            transport.depth(queue)
+            transport.check(queue)
         except QueueMissing as exc:
             emit(log, "queue_missing", logging.ERROR, queue=queue, error=str(exc),
                  detail="create it (infra/ templates), or set TOCK_CREATE_QUEUES=1 for a "

@@ -51,6 +51,11 @@ class Transport(Protocol):
                                 timeout_seconds: int) -> list[EntryFailure]:
         ...
 
+    def check(self, queue: str) -> None:
+        """Raise `QueueMissing` if the queue does not exist (a transport that creates
+        missing queues creates it instead)."""
+        ...
+
     def depth(self, queue: str) -> int:
         """Messages in the queue (visible, in flight, delayed); approximate on SQS."""
         ...

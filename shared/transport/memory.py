@@ -136,6 +136,9 @@ class MemoryTransport:
         with self._cond:
             self._queue(queue)
 
+    def check(self, queue: str) -> None:
+        """Queues exist from their first use."""
+
     def depth(self, queue: str) -> int:
         """Messages in the queue, visible or in flight."""
         visible, in_flight = self.counts(queue)

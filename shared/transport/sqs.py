@@ -154,6 +154,11 @@ class SqsTransport:
                      for i, r in enumerate(receipts)])
         return _failures(resp)
 
+    def check(self, queue: str) -> None:
+        """GetQueueUrl (which every tock role may call), creating the queue if it is
+        missing and `create_missing` is on."""
+        self._url_or_create(queue)
+
     def depth(self, queue: str) -> int:
         """Messages in the queue: visible, in flight and delayed (SQS's approximations)."""
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",

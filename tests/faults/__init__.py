@@ -7,6 +7,8 @@ an invariant checker that compares the two.
 
 Modules: `tasks` (the consumer's task module: writes the run log), `proxy` (a TCP proxy
 that partitions consumers from Postgres), `services` (the suite's own Postgres and
-LocalStack), `cluster` (the processes, restarted like an orchestrator would), `invariants`
-(the checker), `scenarios` (the faults and the profiles), `report` (the table).
+LocalStack), `cluster` (the processes, restarted like an orchestrator would), `records`
+(what the checker reads: fault windows, the run log, tock's tables), `invariants` (the
+checker), `result` (its findings), `profiles` (the sizes and shared settings of a run),
+`scenarios` (the faults), `runner` (running one scenario), `report` (the table).
 """

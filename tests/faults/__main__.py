@@ -10,9 +10,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.faults.invariants import Result
+from tests.faults.profiles import PROFILES
 from tests.faults.report import markdown, text_table
-from tests.faults.scenarios import PROFILES, SCENARIOS, HarnessError, run_scenario
+from tests.faults.result import Result
+from tests.faults.runner import HarnessError, run_scenario
+from tests.faults.scenarios import SCENARIOS
 from tests.faults.services import Services
 
 

@@ -19,15 +19,21 @@ independent handler-run log written by `tests.faults.tasks`.
 from __future__ import annotations
 
 import itertools
-import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import psycopg
-
 from tests.faults.cluster import ProcRecord
+from tests.faults.records import (
+    AttemptRow,
+    FaultWindow,
+    JobRow,
+    Run,
+    Tables,
+    load_tables,
+    read_runs,
+)
+from tests.faults.result import Result, Violation
 
 OUTCOME_SLACK_SECONDS = 2.0
 """After a handler returns, its outcome is written within moments (the completer takes
@@ -35,182 +41,6 @@ batches every 0.2 s): a fault this soon after a run's end can still have cost it
 END_TOLERANCE_SECONDS = 0.5
 """Clock tolerance between a run's end in the run log and its attempt row's finished_at."""
 
-
-@dataclass(frozen=True)
-class FaultWindow:
-    name: str
-    start: float
-    end: float
-    explains_overlap: bool
-    """Whether a run overlapping this window may legitimately run again (its worker was cut
-    off from Postgres, or Postgres lost its state). A kill -9 window explains only the runs
-    of the processes killed; an SQS outage or poison messages explain nothing."""
-
-
-@dataclass
-class Run:
-    job: int
-    attempt: int
-    pid: int
-    proc: str | None
-    start: float
-    end: float | None = None
-
-
-@dataclass(frozen=True)
-class Violation:
-    invariant: str
-    """lost | slow_drain | double_success | stale_overwrite | unexplained_duplicate |
-    unexpected_exit | phantom_run | unfinished_run"""
-    job_id: int | None
-    detail: str
-
-    def __str__(self) -> str:
-        job = f" job {self.job_id}" if self.job_id is not None else ""
-        return f"[{self.invariant}]{job}: {self.detail}"
-
-
-@dataclass
-class Result:
-    scenario: str
-    jobs: int
-    succeeded: int = 0
-    states: dict[str, int] = field(default_factory=dict)
-    runs: int = 0
-    duplicate_runs: int = 0
-    duplicates_explained: int = 0
-    duplicates_unexplained: int = 0
-    lost: int = 0
-    double_successes: int = 0
-    stale_overwrites: int = 0
-    kills: int = 0
-    self_exits: int = 0
-    restarts: int = 0
-    attempt_outcomes: dict[str, int] = field(default_factory=dict)
-    drain_seconds: float | None = None
-    drain_bound: float = 0.0
-    fault_end: float = 0.0
-    run_log_bad_lines: int = 0
-    attempts_without_run: int = 0
-    notes: list[str] = field(default_factory=list)
-    violations: list[Violation] = field(default_factory=list)
-    log_dir: str = ""
-    logs: str = field(default="", repr=False)
-    """The process logs' report (`Cluster.log_report`), printed when a test fails."""
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def by_invariant(self) -> dict[str, int]:
-        return dict(Counter(v.invariant for v in self.violations))
-
-    def summary(self, limit: int = 25) -> str:
-        drain = "not drained" if self.drain_seconds is None else f"{self.drain_seconds:.1f} s"
-        lines = [
-            f"scenario {self.scenario}: {'OK' if self.ok else 'FAILED'}",
-            f"  jobs {self.jobs}, succeeded {self.succeeded}, states {self.states}",
-            f"  handler runs {self.runs}, duplicate runs {self.duplicate_runs} "
-            f"(explained {self.duplicates_explained}, unexplained "
-            f"{self.duplicates_unexplained})",
-            f"  lost {self.lost}, double successes {self.double_successes}, stale overwrites "
-            f"{self.stale_overwrites}",
-            f"  processes: killed by the suite {self.kills}, exited on their own "
-            f"{self.self_exits}, restarts {self.restarts}",
-            f"  drain after the fault: {drain} (bound {self.drain_bound:.0f} s)",
-            f"  attempt rows by outcome: {self.attempt_outcomes}",
-        ]
-        lines += [f"  note: {n}" for n in self.notes]
-        if self.violations:
-            lines.append(f"  violations by invariant: {self.by_invariant()}")
-            lines += [f"    {v}" for v in self.violations[:limit]]
-            if len(self.violations) > limit:
-                lines.append(f"    ... and {len(self.violations) - limit} more")
-        lines.append(f"  logs: {self.log_dir}")
-        return "\n".join(lines)
-
-
-def read_runs(path: Path) -> tuple[list[Run], int]:
-    """Pair each start with its end (same job, attempt and pid); returns the runs, in start
-    order, and how many lines could not be read."""
-    runs: list[Run] = []
-    open_runs: dict[tuple[int, int, int], list[Run]] = defaultdict(list)
-    bad = 0
-    text = path.read_text(errors="replace") if path.exists() else ""
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-            key = (int(rec["job"]), int(rec["attempt"]), int(rec["pid"]))
-            event, t = rec["event"], float(rec["t"])
-        except (ValueError, KeyError, TypeError):
-            bad += 1
-            continue
-        if event == "start":
-            run = Run(*key, proc=rec.get("proc"), start=t)
-            runs.append(run)
-            open_runs[key].append(run)
-        elif event == "end" and open_runs[key]:
-            open_runs[key].pop(0).end = t
-        else:
-            bad += 1
-    runs.sort(key=lambda r: r.start)
-    return runs, bad
-
-
-def _pid_of(worker: str | None) -> int | None:
-    """Consumer worker ids are `<host>-<pid>-<hex>`."""
-    if not worker:
-        return None
-    parts = worker.rsplit("-", 2)
-    try:
-        return int(parts[-2])
-    except (IndexError, ValueError):
-        return None
-
-
-@dataclass(frozen=True)
-class JobRow:
-    id: int
-    state: str
-    attempt: int
-    finished_at: float | None
-    last_error: str | None
-    lease_owner: str | None
-
-
-@dataclass(frozen=True)
-class AttemptRow:
-    job_id: int
-    id: int
-    attempt: int
-    worker: str | None
-    outcome: str
-    finished_at: float | None
-
-
-@dataclass
-class Tables:
-    """What tock's tables say about the suite's jobs."""
-
-    jobs: dict[int, JobRow]
-    attempts: dict[int, list[AttemptRow]]
-    """Per job, in insertion order."""
-
-
-def load_tables(database_url: str, job_ids: list[int]) -> Tables:
-    jobs: dict[int, JobRow] = {}
-    attempts: dict[int, list[AttemptRow]] = defaultdict(list)
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        for row in conn.execute(
-                "SELECT id, state::text, attempt, extract(epoch FROM finished_at)::float8, "
-                "last_error, lease_owner FROM tock_jobs WHERE id = ANY(%s)", (job_ids,)):
-            jobs[row[0]] = JobRow(*row)
-        for row in conn.execute(
-                "SELECT job_id, id, attempt, worker, outcome::text, "
-                "extract(epoch FROM finished_at)::float8 FROM tock_attempts "
-                "WHERE job_id = ANY(%s) ORDER BY job_id, id", (job_ids,)):
-            attempts[row[0]].append(AttemptRow(*row))
-    return Tables(jobs, dict(attempts))
 
 
 def check(*, scenario: str, database_url: str, job_ids: list[int], run_log: Path,
@@ -419,3 +249,14 @@ def _clock(t: float | None) -> str:
 def _span(run: Run) -> str:
     end = _clock(run.end) if run.end is not None else "never ended"
     return f"[{_clock(run.start)} - {end}]"
+
+
+def _pid_of(worker: str | None) -> int | None:
+    """Consumer worker ids are `<host>-<pid>-<hex>`."""
+    if not worker:
+        return None
+    parts = worker.rsplit("-", 2)
+    try:
+        return int(parts[-2])
+    except (IndexError, ValueError):
+        return None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from tests.faults.invariants import Result
-from tests.faults.scenarios import SCENARIOS, Profile
+from tests.faults.profiles import PROCESS_SETTINGS, Profile
+from tests.faults.result import Result
+from tests.faults.scenarios import SCENARIOS
 
 COLUMNS = ["scenario", "jobs", "handler runs", "duplicate runs (explained / unexplained)",
            "lost", "double successes", "stale overwrites",
@@ -46,6 +47,9 @@ def markdown(results: list[Result], profile: Profile, seconds: float) -> str:
         f"{profile.concurrency}), run {when} in {seconds:.0f} s with "
         "`python -m tests.faults --profile " + profile.name + "`. Drain bound: "
         f"{profile.drain_bound:.0f} s after the fault ends.",
+        "",
+        "Process settings: " + ", ".join(f"`TOCK_{k}={v}`" for k, v in PROCESS_SETTINGS.items())
+        + ".",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "|".join("---" for _ in COLUMNS) + "|",

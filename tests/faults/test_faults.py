@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.scenarios import PROFILES, SCENARIOS, run_scenario
+from tests.faults.profiles import PROFILES
+from tests.faults.runner import run_scenario
+from tests.faults.scenarios import SCENARIOS
 from tests.faults.services import Services
 
 pytestmark = pytest.mark.faults

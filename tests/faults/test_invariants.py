@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.faults.cluster import ProcRecord
-from tests.faults.invariants import (
-    AttemptRow,
-    FaultWindow,
-    JobRow,
-    Run,
-    Tables,
-    evaluate,
-    read_runs,
-)
+from tests.faults.invariants import evaluate
+from tests.faults.records import AttemptRow, FaultWindow, JobRow, Run, Tables, read_runs
 
 pytestmark = pytest.mark.faults
 

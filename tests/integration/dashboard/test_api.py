@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
-from tests.support.dashboard import OPERATOR, VIEWER, make_dead
+from tests.support.dashboard import METRICS, OPERATOR, TEST_HOSTS, VIEWER, make_dead
 
 
 def enqueue(client: TestClient, **body) -> dict:
@@ -177,7 +177,8 @@ def test_queue_stats_workers_and_metrics(operator, anon, db):
     assert overview["totals"]["scheduled"] == 2
     assert overview["by_kind"] == {"email": {"scheduled": 2}}
     assert len(overview["timeline"]) == 60
-    text = anon.get("/metrics").text
+    assert anon.get("/metrics").status_code == 401
+    text = anon.get("/metrics", headers={"Authorization": f"Bearer {METRICS}"}).text
     assert 'tock_jobs{kind="email",state="scheduled"} 2.0' in text
     assert 'tock_queue_depth{kind="email",queue="mail"} 1.0' in text
     age = next(line for line in text.splitlines()
@@ -205,14 +206,16 @@ def test_health_endpoints(anon, pg_server):
     assert anon.get("/healthz").text == "ok\n"
     assert anon.get("/readyz").status_code == 200
     broken = DashboardSettings(database_url=pg_server.url("no_such_database"),
-                               dashboard_operator_token=OPERATOR)
+                               dashboard_operator_token=OPERATOR,
+                               dashboard_allowed_hosts=TEST_HOSTS)
     with TestClient(create_app(broken)) as c:
         assert c.get("/healthz").status_code == 200
         res = c.get("/readyz")
         assert res.status_code == 503 and "no_such_database" in res.text
         res = c.get("/api/jobs", headers={"Authorization": f"Bearer {OPERATOR}"})
         assert res.status_code == 503
-        assert "tock_cluster_stats_up 0.0" in c.get("/metrics").text
+        res = c.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR}"})
+        assert "tock_cluster_stats_up 0.0" in res.text
 
 
 def test_openapi_served_and_no_cdn_docs(anon):

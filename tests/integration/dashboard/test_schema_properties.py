@@ -12,7 +12,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
-from tests.support.dashboard import OPERATOR
+from tests.support.dashboard import OPERATOR, TEST_HOSTS
 
 EXAMPLES_PER_OPERATION = 20
 """About 340 examples over the 17 operations: a minute on this machine. The examples are
@@ -23,7 +23,8 @@ that test_api.py now pins)."""
 # The schema does not depend on the database: read it from an app that never connects.
 # Each test then sends its cases to the `app` fixture, which runs on the test's database.
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(DashboardSettings(
-    database_url="postgresql://nobody@127.0.0.1:1/none", dashboard_operator_token=OPERATOR)))
+    database_url="postgresql://nobody@127.0.0.1:1/none", dashboard_operator_token=OPERATOR,
+    dashboard_allowed_hosts=TEST_HOSTS)))
 
 
 # schemathesis' own strategies draw from `random`; the warning is about its internals.

@@ -1,8 +1,9 @@
-"""The consumer and timer keep working through what used to kill a thread or hold it up:
-poison messages, handlers that raise anything, outcomes Postgres would refuse, statement
-timeouts, a hung SQS call, a missing queue, a heartbeat racing a commit. Real Postgres and
-real SQS; faults are injected for real (a held row lock with a statement timeout, a
-deleted queue) or at the transport seam (a call that hangs)."""
+"""The consumer keeps working through what used to kill a thread or hold it up: poison
+messages, handlers that raise anything, outcomes Postgres would refuse, statement timeouts,
+a heartbeat racing a commit, a claim lost in a database crash; and an error nobody
+anticipated stops the process instead of leaving it half alive. Real Postgres and real SQS;
+faults are injected for real (a held row lock with a statement timeout) or at the transport
+seam (a delete that waits, a receive that fails)."""
 
 from __future__ import annotations
 
@@ -13,52 +14,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY
 
 from consumer.outcomes import MAX_ERROR_CHARS, MAX_RETRY_AFTER_SECONDS
 from consumer.service import Consumer
-from consumer.tasks import Registry
 from shared.core.errors import RetryAfter, TransportError
 from shared.core.messages import JobMessage
 from shared.core.states import AttemptOutcome, JobState
 from shared.transport.sqs import SqsTransport
+from tests.integration.readings import metric
 from tests.support.drive import Clock, db_now, dispatch, make_consumer, receive, run_all
 from tests.support.wait import wait_for
-from timer_service.service import Timer
-
-
-def _metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-@pytest.fixture
-def timer(timer_settings, transport):
-    t = Timer(timer_settings, transport)
-    yield t
-    t.close()
-
-
-@pytest.fixture
-def registry():
-    return Registry()
-
-
-@pytest.fixture
-def running(consumer_settings, registry, transport):
-    """Start a real consumer (all its loops on their threads); shut it down at the end."""
-    made: list[Consumer] = []
-
-    def start(transport_: Any = None, **overrides: Any) -> Consumer:
-        settings = consumer_settings.model_copy(update=overrides)
-        c = Consumer(settings, registry, transport_ or transport)
-        c.start()
-        made.append(c)
-        return c
-
-    yield start
-    for c in made:
-        c.shutdown()
-
 
 # --- poison messages --------------------------------------------------------------------------
 
@@ -73,7 +38,7 @@ def test_poison_messages_of_every_shape_are_dropped_and_the_next_job_runs(
         f'{{"v": 1, "job": 5, "token": "{token}", "kind": "\\ud800"}}',
         JobMessage(987654321, uuid.uuid4(), "work").encode(),
     ]
-    before = _metric("tock_messages_dropped_total", reason="malformed")
+    before = metric("tock_messages_dropped_total", reason="malformed")
     for i in range(0, len(poison), 10):
         transport.send_batch("default", [(str(n), b) for n, b in enumerate(poison[i:i + 10])])
     consumer = running()
@@ -81,7 +46,7 @@ def test_poison_messages_of_every_shape_are_dropped_and_the_next_job_runs(
     dispatch(timer)
     wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
              message="the real job ran after the poison")
-    wait_for(lambda: _metric("tock_messages_dropped_total", reason="malformed") >= before + 8,
+    wait_for(lambda: metric("tock_messages_dropped_total", reason="malformed") >= before + 8,
              message="every malformed message dropped")
     assert consumer.supervisor.live()[0], consumer.supervisor.live()[1]
 
@@ -179,130 +144,6 @@ def test_a_statement_timeout_in_the_completer_is_retried_not_fatal(
     assert consumer.supervisor.live()[0]
 
 
-# --- SQS faults --------------------------------------------------------------------------------
-
-class HangingVisibility:
-    """ChangeMessageVisibilityBatch hangs until released; everything else is real."""
-
-    def __init__(self, inner: SqsTransport) -> None:
-        self.inner = inner
-        self.hanging = threading.Event()
-        self.release = threading.Event()
-
-    def change_visibility_batch(self, queue: str, receipts: list[str], timeout: int) -> Any:
-        if receipts:
-            self.hanging.set()
-            self.release.wait(60)
-        return self.inner.change_visibility_batch(queue, receipts, timeout)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def test_a_hung_visibility_call_never_holds_up_the_database_heartbeat(
-        client, db, timer, transport, registry, running):
-    started, done = threading.Event(), threading.Event()
-    registry.add("long", lambda p, c: (started.set(), done.wait(60)))
-    hanging = HangingVisibility(transport)
-    running(hanging, lease_seconds=2, heartbeat_seconds=0.5, visibility_timeout_seconds=30)
-    job = client.schedule("long")
-    dispatch(timer)
-    assert started.wait(30)
-    assert hanging.hanging.wait(30), "the visibility call is hanging"
-
-    def expiry() -> Any:
-        return db.execute("SELECT lease_expires_at FROM tock_jobs WHERE id = %s",
-                          (job.id,)).fetchone()[0]
-
-    first = expiry()
-    wait_for(lambda: expiry() > first + timedelta(seconds=1), timeout=20,
-             message="the database lease renewed while SQS hangs")
-    hanging.release.set()
-    done.set()
-    wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
-             message="the job finished on its single lease")
-    assert [a.outcome for a in client.get(job.id, with_attempts=True).attempts] == [
-        AttemptOutcome.SUCCEEDED]
-
-
-def test_a_deleted_queue_is_recreated_and_its_jobs_run(
-        client, timer_settings, consumer_settings, queue_prefix, registry):
-    """TOCK_CREATE_QUEUES=1: a queue deleted under a running system (a LocalStack restart
-    loses them all) is created again by the first call that finds it gone."""
-    registry.add("work", lambda p, c: None)
-    setup = SqsTransport(queue_prefix)
-    setup.create_queue("default")
-    timer = Timer(timer_settings.model_copy(update={"create_queues": True}))
-    consumer = Consumer(consumer_settings.model_copy(update={"create_queues": True}),
-                        registry)
-    consumer.start()
-    try:
-        first = client.schedule("work")
-        dispatch(timer)
-        wait_for(lambda: client.get(first.id).state is JobState.SUCCEEDED, timeout=30,
-                 message="a job before the queue goes")
-        setup.client.delete_queue(QueueUrl=setup.url("default"))
-        second = client.schedule("work")
-        wait_for(lambda: dispatch(timer) >= 0 and
-                 client.get(second.id).state is JobState.SUCCEEDED, timeout=60,
-                 message="a job after the queue was deleted")
-    finally:
-        consumer.shutdown()
-        timer.close()
-
-
-def test_a_job_sqs_refuses_backs_off_alone_and_explain_says_why(
-        client, db, timer_settings, transport, clock_now):
-    """A job for a queue with no SQS queue is put back with a backoff of its own: the jobs
-    behind it are dispatched, and explain names the reason."""
-    timer = Timer(timer_settings.model_copy(update={"batch_size": 1}), transport)
-    try:
-        lost = client.schedule("k", queue="nowhere", priority=9)
-        fine = [client.schedule("k") for _ in range(3)]
-        now = clock_now
-        first = timer.run_once(now)
-        assert (first.dispatched, first.refused) == (0, 1)
-        assert dispatch(timer, now) == 3, "the refused job does not head every claim"
-        refused = client.get(lost.id)
-        assert refused.state is JobState.SCHEDULED and refused.dispatch_failures == 1
-        assert refused.run_at > now
-        assert all(client.get(j.id).state is JobState.DISPATCHED for j in fine)
-        from shared.ops import explain
-        from shared.store import Database, OperatorStore
-
-        database = Database(timer_settings.database_url, max_size=1)
-        try:
-            why = explain.explain(refused, explain.gather(OperatorStore(database), refused))
-        finally:
-            database.close()
-        assert "SQS refused to take it 1 time(s)" in why.summary
-        assert "QueueMissing" in why.summary or "does not exist" in why.summary
-    finally:
-        timer.close()
-
-
-@pytest.fixture
-def clock_now(db):
-    return db_now(db) + timedelta(seconds=2)
-
-
-def test_a_backlog_older_than_the_dispatch_timeout_is_not_sent_again(
-        client, timer, transport, clock_now):
-    """Messages waiting in SQS are not lost, however old: nothing is re-sent until the
-    queue holds fewer messages than the database says it should."""
-    jobs = client.schedule_many([{"kind": "k"} for _ in range(12)])
-    dispatch(timer, clock_now)
-    tokens = {j.id: client.get(j.id).dispatch_token for j in jobs}
-    later = clock_now + timedelta(minutes=10)
-    assert timer.run_once(later).redispatched == 0
-    assert {j.id: client.get(j.id).dispatch_token for j in jobs} == tokens, "nothing resent"
-    transport.client.purge_queue(QueueUrl=transport.url("default"))
-    wait_for(lambda: transport.depth("default") == 0, timeout=30, message="queue purged")
-    again = timer.run_once(later)
-    assert (again.redispatched, again.dispatched) == (12, 12)
-    assert all(client.get(j.id).dispatch_token != tokens[j.id] for j in jobs)
-
-
 # --- heartbeats and commits ---------------------------------------------------------------------
 
 class DeleteWaits:
@@ -336,9 +177,9 @@ def test_a_heartbeat_after_the_outcome_commit_is_no_lost_lease(
         finishing = threading.Thread(target=consumer.complete_pending)
         finishing.start()
         assert slow.waiting.wait(30)
-        lost_before = _metric("tock_leases_lost_total")
+        lost_before = metric("tock_leases_lost_total")
         assert consumer.heartbeat_once()[1] == 0, "not lost: it is done"
-        assert _metric("tock_leases_lost_total") == lost_before
+        assert metric("tock_leases_lost_total") == lost_before
         slow.go.set()
         finishing.join(30)
         assert client.get(job.id).state is JobState.SUCCEEDED

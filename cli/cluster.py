@@ -1,0 +1,82 @@
+"""`tock stats`, `tock workers` and `tock dashboard`: the state of the whole system (jobs by
+state, queue depth, consumers and their heartbeats) and the dashboard that shows it."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli import connect
+from cli.arguments import Sub, add_common
+from cli.output import print_json, print_table
+from shared.core.states import JobState
+
+EXIT_OK = 0
+WORKER_STALE_SECONDS = 30.0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    with connect.operator_store(args) as store, store.transaction() as tx:
+        now = tx.database_now()
+        counts = tx.counts_by_state_kind(tuple(JobState))  # all states: one pass, once
+        queues = tx.queue_stats(now)
+    totals = {s.value: 0 for s in JobState}
+    for (state, _), n in counts.items():
+        totals[state] += n
+    if args.json:
+        print_json({"now": now, "totals": totals,
+                    "queues": [{**q.__dict__, "depth": q.depth} for q in queues]})
+        return EXIT_OK
+    print("  ".join(f"{state} {n}" for state, n in totals.items()))
+    print()
+    if not queues:
+        print("no unfinished work")
+        return EXIT_OK
+    print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
+        [q.queue, q.kind, q.due, q.dispatched, q.running, q.future,
+         round(q.oldest_due_age_seconds, 1)] for q in queues])
+    return EXIT_OK
+
+
+def _workers(args: argparse.Namespace) -> int:
+    with connect.operator_store(args) as store:
+        found = store.workers(stale_after_seconds=args.stale_seconds)
+    if args.json:
+        print_json(found)
+        return EXIT_OK
+    if not found:
+        print("no consumer has reported in the last hour")
+        return EXIT_OK
+    print_table(["worker", "status", "queues", "busy", "heartbeat age s", "started"], [
+        [w.id, w.status, ",".join(w.queues), f"{w.in_flight}/{w.concurrency}",
+         round(w.heartbeat_age_seconds, 1), w.started_at] for w in found])
+    return EXIT_OK
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from dashboard.__main__ import main as dashboard_main
+
+    argv = [*(["--host", args.host] if args.host else []),
+            *(["--port", str(args.port)] if args.port else [])]
+    return dashboard_main(argv)
+
+
+def add_parser(sub: Sub) -> None:
+    """Register `tock stats`, `tock workers` and `tock dashboard`."""
+    p = sub.add_parser("stats", help="jobs by state; queue depth and oldest due age",
+                       description="Jobs by state, and per queue and kind the due, "
+                                   "dispatched, running and later jobs with the age of "
+                                   "the oldest due one.")
+    add_common(p)
+    p.set_defaults(func=_stats)
+
+    p = sub.add_parser("workers", help="consumers and their last heartbeat")
+    p.add_argument("--stale-seconds", type=float, default=WORKER_STALE_SECONDS,
+                   help="silent this long counts as stale (default 30)")
+    add_common(p)
+    p.set_defaults(func=_workers)
+
+    p = sub.add_parser("dashboard", help="serve the dashboard and HTTP API "
+                                         "(python -m dashboard)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=_dashboard)

@@ -1,0 +1,290 @@
+"""Conformance of `JobStore` (shared.store.job_store / jobs_sql) against the real Postgres,
+the consumer's statements: claim_messages, job_states, heartbeat, upsert_worker,
+stop_worker and finish_attempts. One test (or a small parametrized group) per method, each
+guard of a guarded statement exercised on its own. Rows are arranged and inspected with
+plain SQL on `db`; time is pinned through `now=` (the database clock at the start of the
+test, plus offsets)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from shared.core.errors import LockTimeout
+from shared.core.reports import Worker
+from shared.core.states import AttemptOutcome, JobState
+from shared.store import JobStore
+from shared.store import job_store as job_store_module
+from shared.store.rows import AttemptResult, Claim, ClaimedJob, Lease
+from tests.integration.store.helpers import (
+    add_dispatched,
+    add_job,
+    add_running,
+    attempt_rows,
+    count,
+    job_row,
+    run_blocked,
+    secs,
+)
+
+# --- claim_messages / job_states --------------------------------------------------------------
+
+
+def test_claim_messages_claims_on_id_and_token_and_fills_task_defaults(job_store, db, now):
+    bare, bare_token = add_dispatched(db, now, kind="email", queue="mail", tenant="acme",
+                                      unique_key="welcome:1", payload={"n": 1},
+                                      run_at=now - secs(3), dispatch_failures=3)
+    set_, set_token = add_dispatched(db, now, max_attempts=2, timeout_seconds=10.0,
+                                     run_at=now - secs(1))
+    claimed = job_store.claim_messages([Claim(bare, bare_token, 5, 30.0),
+                                        Claim(set_, set_token, 5, 30.0)],
+                                       "w1", 60, now=now)
+    by_id = {c.id: c for c in claimed}
+    assert by_id[bare] == ClaimedJob(
+        id=bare, kind="email", payload={"n": 1}, attempt=1, max_attempts=5,
+        timeout_seconds=30.0, run_at=now - secs(3), token=bare_token, queue="mail",
+        tenant="acme", key="welcome:1", lag_seconds=3.0)
+    assert (by_id[set_].max_attempts, by_id[set_].timeout_seconds) == (2, 10.0), \
+        "the job's own values win over the task defaults"
+    for job_id, (max_attempts, timeout) in ((bare, (5, 30.0)), (set_, (2, 10.0))):
+        row = job_row(db, job_id)
+        assert (row["state"], row["attempt"], row["lease_owner"], row["lease_expires_at"],
+                row["started_at"], row["updated_at"]) == (
+            "running", 1, "w1", now + secs(60), now, now)
+        assert (row["max_attempts"], row["timeout_seconds"]) == (max_attempts, timeout)
+        assert row["dispatch_failures"] == 0, "a claimed send is no longer a refused one"
+
+
+@pytest.mark.parametrize("case", ["wrong token", "running", "cancelled", "scheduled",
+                                  "no such job"])
+def test_claim_messages_matches_nothing_without_id_token_and_dispatched(
+        job_store, db, now, case):
+    job, token = add_dispatched(db, now)
+    claim_id, claim_token = job, token
+    if case == "wrong token":
+        claim_token = uuid4()
+    elif case == "no such job":
+        claim_id = job + 1000
+    else:
+        db.execute("UPDATE tock_jobs SET state = %s WHERE id = %s", (case, job))
+    before = job_row(db, job)
+    assert job_store.claim_messages([Claim(claim_id, claim_token, 3, 30.0)], "w1", 60,
+                                    now=now) == []
+    assert job_row(db, job) == before
+
+
+def test_claim_messages_waiting_for_locks_claims_when_nothing_is_locked(job_store, db, now):
+    job, token = add_dispatched(db, now)
+    claimed = job_store.claim_messages([Claim(job, token, 3, 30.0)], "w1", 60, now=now,
+                                       wait_for_locks=True)
+    assert [c.id for c in claimed] == [job]
+    assert job_row(db, job)["state"] == "running"
+
+
+def test_claim_messages_waiting_for_a_locked_row_gives_up_with_lock_timeout(
+        job_store, db, other, now, monkeypatch):
+    monkeypatch.setattr(job_store_module, "LOCK_WAIT_MS", 100)
+    job, token = add_dispatched(db, now)
+    other.execute("SELECT id FROM tock_jobs WHERE id = %s FOR UPDATE", (job,))
+    before = job_row(db, job)
+    with pytest.raises(LockTimeout) as caught:
+        job_store.claim_messages([Claim(job, token, 3, 30.0)], "w1", 60, now=now,
+                                 wait_for_locks=True)
+    assert caught.value.sqlstate == "55P03"
+    assert not isinstance(caught.value, psycopg.Error)
+    other.rollback()
+    assert job_row(db, job) == before
+    # The lock timeout was local to the claim's transaction: the next claim goes through.
+    assert [c.id for c in job_store.claim_messages([Claim(job, token, 3, 30.0)], "w1", 60,
+                                                   now=now)] == [job]
+
+
+def test_claim_messages_waiting_for_locks_sees_the_dispatch_once_it_commits(
+        job_store, db, other, now, monkeypatch):
+    monkeypatch.setattr(job_store_module, "LOCK_WAIT_MS", 10_000)
+    job = add_job(db, run_at=now - secs(1))
+    (due,) = JobStore.on(other).claim_due(1, now=now)  # dispatched, not yet committed
+    claim = Claim(job, due.token, 3, 30.0)
+    assert job_store.claim_messages([claim], "w1", 60, now=now) == [], \
+        "without waiting, the uncommitted dispatch is invisible"
+    claimed = run_blocked(db, other, lambda: job_store.claim_messages(
+        [claim], "w1", 60, now=now, wait_for_locks=True), other.commit)
+    assert [c.id for c in claimed] == [job]
+    assert job_row(db, job)["state"] == "running"
+
+
+def test_job_states_reads_state_and_token_of_existing_jobs(job_store, db, now):
+    scheduled = add_job(db, run_at=now)
+    dispatched, token = add_dispatched(db, now)
+    assert job_store.job_states([scheduled, dispatched, dispatched + 1000]) == {
+        scheduled: (JobState.SCHEDULED, None), dispatched: (JobState.DISPATCHED, token)}
+    assert job_store.job_states([]) == {}
+
+
+# --- heartbeat --------------------------------------------------------------------------------
+
+
+def test_heartbeat_extends_every_lease_the_worker_holds(job_store, db, now):
+    a = add_running(db, now, worker="w1", lease_until=now + secs(10))
+    b = add_running(db, now, worker="w1", attempt=2, lease_until=now + secs(3))
+    assert job_store.heartbeat([a, b], "w1", 30, now=now + secs(5)) == {a.job_id, b.job_id}
+    for lease in (a, b):
+        assert job_row(db, lease.job_id)["lease_expires_at"] == now + secs(35)
+
+
+@pytest.mark.parametrize("case", ["owner", "attempt", "token", "state"])
+def test_heartbeat_is_fenced_on_owner_attempt_token_and_state(job_store, db, now, case):
+    good = add_running(db, now, worker="w1")
+    lost = add_running(db, now, worker="w1", attempt=2, lease_until=now + secs(10))
+    sent = lost
+    if case == "owner":
+        db.execute("UPDATE tock_jobs SET lease_owner = 'w2' WHERE id = %s", (lost.job_id,))
+    elif case == "attempt":
+        sent = Lease(lost.job_id, 1, lost.token)
+    elif case == "token":
+        sent = Lease(lost.job_id, lost.attempt, uuid4())
+    else:
+        db.execute("UPDATE tock_jobs SET state = 'cancelled' WHERE id = %s", (lost.job_id,))
+    before = job_row(db, lost.job_id)
+    assert job_store.heartbeat([good, sent], "w1", 30, now=now) == {good.job_id}
+    assert job_row(db, lost.job_id) == before
+
+
+def test_heartbeat_of_no_leases_runs_no_statement(database_url):
+    closed = psycopg.connect(database_url)
+    closed.close()
+    assert JobStore.on(closed).heartbeat([], "w1", 30) == set()
+
+
+# --- upsert_worker / stop_worker --------------------------------------------------------------
+
+
+def _worker(db: Any, worker_id: str) -> dict[str, Any] | None:
+    row: dict[str, Any] | None = db.cursor(row_factory=dict_row).execute(
+        "SELECT * FROM tock_workers WHERE id = %s", (worker_id,)).fetchone()
+    return row
+
+
+def test_upsert_worker_announces_then_refreshes_a_worker(job_store, db, now):
+    job_store.upsert_worker(Worker("w1", "host-a", 101, ["default", "mail"], ["email"], 8, 0),
+                            now=now)
+    assert _worker(db, "w1") == {
+        "id": "w1", "host": "host-a", "pid": 101, "queues": ["default", "mail"],
+        "concurrency": 8, "in_flight": 0, "started_at": now, "last_heartbeat": now,
+        "stopped_at": None, "kinds": ["email"]}
+    job_store.upsert_worker(
+        Worker("w1", "host-a", 101, ["default", "mail"], ["email", "sms"], 8, 5),
+        now=now + secs(10))
+    row = _worker(db, "w1")
+    assert row is not None
+    assert (row["in_flight"], row["last_heartbeat"], row["started_at"], row["kinds"]) == (
+        5, now + secs(10), now, ["email", "sms"])
+    assert count(db, "tock_workers") == 1
+
+
+def test_stop_worker_marks_it_stopped_and_an_upsert_revives_it(job_store, db, now):
+    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], [], 4, 3), now=now)
+    job_store.upsert_worker(Worker("w2", "h", 2, ["default"], [], 4, 1), now=now)
+    job_store.stop_worker("w1", now=now + secs(20))
+    row = _worker(db, "w1")
+    assert row is not None and (row["stopped_at"], row["in_flight"]) == (now + secs(20), 0)
+    other_row = _worker(db, "w2")
+    assert other_row is not None and other_row["stopped_at"] is None
+    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], [], 4, 2), now=now + secs(30))
+    row = _worker(db, "w1")
+    assert row is not None and (row["stopped_at"], row["in_flight"]) == (None, 2)
+    job_store.stop_worker("nobody", now=now)
+    assert count(db, "tock_workers") == 2
+
+
+# --- finish_attempts --------------------------------------------------------------------------
+
+
+def _result(lease: Lease, state: JobState, outcome: AttemptOutcome, **kw: Any) -> AttemptResult:
+    return AttemptResult(lease, state, outcome, **kw)
+
+
+def test_finish_attempts_writes_success_with_its_attempt_row(job_store, db, now):
+    lease = add_running(db, now, worker="w1", started_at=now - secs(4), run_at=now - secs(9),
+                        last_error="earlier failure")
+    written = job_store.finish_attempts(
+        [_result(lease, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)], "w1", now=now)
+    assert written == {lease.job_id}
+    row = job_row(db, lease.job_id)
+    assert (row["state"], row["attempt"], row["run_at"], row["finished_at"],
+            row["updated_at"]) == ("succeeded", 1, now - secs(9), now, now)
+    assert (row["lease_owner"], row["lease_expires_at"]) == (None, None)
+    assert row["last_error"] == "earlier failure", "no error: the last one is kept"
+    assert attempt_rows(db, lease.job_id) == [{
+        "job_id": lease.job_id, "attempt": 1, "worker": "w1", "started_at": now - secs(4),
+        "finished_at": now, "outcome": "succeeded", "error": None, "traceback": None}]
+
+
+def test_finish_attempts_retrying_runs_again_after_the_delay(job_store, db, now):
+    lease = add_running(db, now, worker="w1", attempt=2)
+    assert job_store.finish_attempts(
+        [_result(lease, JobState.RETRYING, AttemptOutcome.FAILED, delay_seconds=7.5,
+                 error="boom", traceback="Traceback ...")], "w1", now=now) == {lease.job_id}
+    row = job_row(db, lease.job_id)
+    assert (row["state"], row["attempt"], row["run_at"], row["finished_at"],
+            row["last_error"]) == ("retrying", 2, now + secs(7.5), None, "boom")
+    assert [(r["attempt"], r["outcome"], r["error"], r["traceback"])
+            for r in attempt_rows(db, lease.job_id)] == [
+        (2, "failed", "boom", "Traceback ...")]
+
+
+def test_finish_attempts_dead_is_finished(job_store, db, now):
+    lease = add_running(db, now, worker="w1", attempt=3)
+    job_store.finish_attempts([_result(lease, JobState.DEAD, AttemptOutcome.PERMANENT,
+                                       error="bad address")], "w1", now=now)
+    row = job_row(db, lease.job_id)
+    assert (row["state"], row["finished_at"], row["last_error"]) == ("dead", now, "bad address")
+    assert [r["outcome"] for r in attempt_rows(db, lease.job_id)] == ["permanent"]
+
+
+def test_finish_attempts_refund_gives_the_attempt_back(job_store, db, now):
+    lease = add_running(db, now, worker="w1", attempt=2)
+    assert job_store.finish_attempts(
+        [_result(lease, JobState.SCHEDULED, AttemptOutcome.RELEASED, refund=True,
+                 error="worker shutting down")], "w1", now=now) == {lease.job_id}
+    row = job_row(db, lease.job_id)
+    assert (row["state"], row["attempt"], row["run_at"], row["finished_at"]) == (
+        "scheduled", 1, now, None)
+    assert [(r["attempt"], r["outcome"]) for r in attempt_rows(db, lease.job_id)] == [
+        (2, "released")], "the attempt row still says which attempt was released"
+
+
+@pytest.mark.parametrize("case", ["worker", "attempt", "token", "state"])
+def test_finish_attempts_is_fenced_on_worker_attempt_token_and_state(job_store, db, now, case):
+    good = add_running(db, now, worker="w1")
+    lost = add_running(db, now, worker="w1", attempt=2)
+    sent, worker = lost, "w1"
+    if case == "worker":
+        db.execute("UPDATE tock_jobs SET lease_owner = 'w2' WHERE id = %s", (lost.job_id,))
+    elif case == "attempt":
+        sent = Lease(lost.job_id, 3, lost.token)
+    elif case == "token":
+        sent = Lease(lost.job_id, lost.attempt, uuid4())
+    else:
+        db.execute("UPDATE tock_jobs SET state = 'cancelled' WHERE id = %s", (lost.job_id,))
+    before = job_row(db, lost.job_id)
+    written = job_store.finish_attempts(
+        [_result(good, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED),
+         _result(sent, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)], worker, now=now)
+    assert written == {good.job_id}
+    assert job_row(db, lost.job_id) == before
+    assert attempt_rows(db, lost.job_id) == []
+    assert [r["job_id"] for r in attempt_rows(db)] == [good.job_id], \
+        "one attempt row per written job"
+
+
+def test_finish_attempts_of_another_worker_writes_nothing(job_store, db, now):
+    lease = add_running(db, now, worker="w1")
+    assert job_store.finish_attempts(
+        [_result(lease, JobState.SUCCEEDED, AttemptOutcome.SUCCEEDED)], "w2", now=now) == set()
+    assert job_row(db, lease.job_id)["state"] == "running"
+    assert attempt_rows(db) == []

@@ -1,0 +1,219 @@
+"""The core pipeline, one step at a time, through the attempts of a job: retries with
+backoff, permanent errors, unknown kinds and timeouts; leases that expire, heartbeats that
+keep them, the fencing of a stale worker, cancellation and the release on shutdown. Real
+timer and consumer code, real Postgres, real SQS (LocalStack). Time is pinned through
+`now=` (timer) and `clock` (consumer), so lease, backoff and due-time logic is tested
+without waiting."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from shared.core.errors import Permanent
+from shared.core.states import AttemptOutcome, JobState
+from tests.integration.readings import metric, queue_empty
+from tests.support.drive import Clock, dispatch, receive, run_all
+from tests.support.wait import wait_for
+
+
+def test_failures_retry_with_backoff_then_go_dead(client, db, timer, registry, consumers,
+                                                  clock):
+    calls = []
+
+    def always_fails(payload, ctx):
+        calls.append(ctx.attempt)
+        raise RuntimeError(f"boom {ctx.attempt}")
+
+    registry.add("fails", always_fails)
+    job = client.schedule("fails", max_attempts=3)
+    consumer = consumers(clock)
+    for attempt in (1, 2, 3):
+        assert dispatch(timer, clock.now) == 1
+        run_all(consumer, receive(consumer, 1))
+        row = client.get(job.id)
+        if attempt < 3:
+            assert row.state is JobState.RETRYING
+            delay = (row.run_at - clock.now).total_seconds()
+            assert 0.5 <= delay <= 1, "equal jitter: at least half of the 1 s step (and cap)"
+            clock.advance(2)
+    final = client.get(job.id, with_attempts=True)
+    assert calls == [1, 2, 3]
+    assert final.state is JobState.DEAD
+    assert "giving up" in (final.last_error or "")
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.FAILED] * 3
+    assert [a.attempt for a in final.attempts] == [1, 2, 3]
+    assert final.attempts[-1].traceback and "RuntimeError: boom 3" in final.attempts[-1].traceback
+
+
+def test_permanent_error_is_not_retried(client, timer, registry, consumers, clock):
+    def refuses(payload, ctx):
+        raise Permanent("bad address")
+
+    registry.add("perm", refuses)
+    job = client.schedule("perm", max_attempts=5)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    run_all(consumer, receive(consumer, 1))
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.DEAD and final.attempt == 1
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.PERMANENT]
+    assert "bad address" in (final.last_error or "")
+
+
+def test_expired_lease_is_reclaimed_and_stale_worker_cannot_overwrite(
+        client, db, timer, registry, consumers, clock):
+    results = []
+    registry.add("work", lambda payload, ctx: results.append(ctx.attempt))
+    job = client.schedule("work", max_attempts=3)
+    worker_a = consumers(clock)
+    dispatch(timer, clock.now)
+    stale_entries = receive(worker_a, 1)  # A claims, then stalls (no heartbeat)
+    assert client.get(job.id).lease_owner == worker_a.worker_id
+
+    assert timer.run_once(clock.now + timedelta(seconds=29)).rescued == 0, "lease still valid"
+    rescue_at = clock.now + timedelta(seconds=31)
+    assert timer.run_once(rescue_at).rescued == 1
+    rescued = client.get(job.id)
+    assert rescued.state is JobState.RETRYING and "stopped heartbeating" in rescued.last_error
+
+    clock_b = Clock(rescue_at + timedelta(seconds=5))
+    worker_b = consumers(clock_b)
+    assert dispatch(timer, clock_b.now) == 1
+    run_all(worker_b, receive(worker_b, 1))
+    assert client.get(job.id).state is JobState.SUCCEEDED
+
+    # A wakes up and finishes: its fenced completion matches nothing.
+    stale_before = metric("tock_stale_completions_total")
+    run_all(worker_a, stale_entries)
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.SUCCEEDED and final.attempt == 2
+    assert [(a.attempt, a.worker, a.outcome) for a in final.attempts] == [
+        (1, worker_a.worker_id, AttemptOutcome.LEASE_EXPIRED),
+        (2, worker_b.worker_id, AttemptOutcome.SUCCEEDED),
+    ]
+    assert results == [2, 1], "A ran too (at-least-once), but only B's result was written"
+    assert metric("tock_stale_completions_total") == stale_before + 1
+
+
+def test_lease_expiry_on_the_last_attempt_is_dead(client, timer, registry, consumers, clock):
+    registry.add("work", lambda payload, ctx: None)
+    job = client.schedule("work", max_attempts=1)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    receive(consumer, 1)
+    assert timer.run_once(clock.now + timedelta(seconds=31)).rescued == 1
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.DEAD
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.LEASE_EXPIRED]
+
+
+def test_heartbeats_keep_a_job_alive_past_its_lease(client, timer, registry, consumers, clock):
+    registry.add("long", lambda payload, ctx: None)
+    job = client.schedule("long")
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    entries = receive(consumer, 1)
+    started = clock.now
+    for _ in range(4):  # 4 beats, 20 s apart: 80 s in all on a 30 s lease
+        clock.advance(20)
+        assert consumer.heartbeat_once() == (1, 0)
+        assert timer.run_once(clock.now + timedelta(seconds=25)).rescued == 0
+    assert clock.now - started > timedelta(seconds=30)
+    run_all(consumer, entries)
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.SUCCEEDED
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.SUCCEEDED]
+
+
+def test_cancelling_a_running_job_signals_the_handler_and_drops_its_result(
+        client, timer, registry, consumers, clock):
+    registry.add("long", lambda payload, ctx: None)
+    job = client.schedule("long")
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    entries = receive(consumer, 1)
+    item = entries[0][0]
+    client.cancel(job.id)
+    assert consumer.heartbeat_once() == (0, 1)
+    assert item.context.cancelled.is_set() and item.lease_lost
+    run_all(consumer, entries)
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.CANCELLED and final.attempts == ()
+
+
+def test_unknown_kind_is_retried_with_backoff_then_runs_where_a_handler_is(
+        client, timer, registry, consumers, clock):
+    # A rolling deploy: this consumer does not know the new kind yet; the next one does.
+    registry.add("known", lambda payload, ctx: None)
+    job = client.schedule("new.kind", max_attempts=3)
+    old = consumers(clock)
+    dispatch(timer, clock.now)
+    run_all(old, receive(old, 1))
+    waiting = client.get(job.id, with_attempts=True)
+    assert waiting.state is JobState.RETRYING
+    assert "no handler for kind 'new.kind'" in waiting.last_error and "known" in waiting.last_error
+    delay = (waiting.run_at - clock.now).total_seconds()
+    assert 15 <= delay <= 30, "unknown_kind_backoff_seconds (30) with its floor of half"
+    assert [a.outcome for a in waiting.attempts] == [AttemptOutcome.NO_HANDLER]
+    registry.add("new.kind", lambda payload, ctx: None)
+    new = consumers(Clock(clock.advance(31)))
+    dispatch(timer, clock.now)
+    run_all(new, receive(new, 1))
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.SUCCEEDED and final.attempt == 2
+
+
+def test_unknown_kind_goes_dead_after_its_last_attempt(client, timer, registry, consumers,
+                                                       clock):
+    job = client.schedule("mystery", max_attempts=1)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    run_all(consumer, receive(consumer, 1))
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.DEAD
+    assert "no handler for kind 'mystery'" in final.last_error
+    assert "giving up" in final.last_error
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.NO_HANDLER]
+
+
+def test_handler_past_its_timeout_is_signalled_and_counts_as_failure(
+        client, timer, registry, consumers):
+    registry.add("hangs", lambda payload, ctx: ctx.cancelled.wait(30))
+    job = client.schedule("hangs", timeout=0.3, max_attempts=2)
+    consumer = consumers()
+    dispatch(timer)
+    consumer.start()
+    try:
+        wait_for(lambda: client.get(job.id).state is JobState.RETRYING, timeout=20)
+    finally:
+        consumer.stop_flag.set()
+        consumer.shutdown()
+    final = client.get(job.id, with_attempts=True)
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT]
+    assert "timed out after 0.3 s" in final.last_error
+
+
+def test_shutdown_releases_unfinished_jobs_for_others_at_once(
+        client, db, timer, transport, registry, consumers):
+    started = threading.Event()
+
+    def stubborn(payload, ctx):
+        started.set()
+        ctx.cancelled.wait(30)
+
+    registry.add("long", stubborn)
+    job = client.schedule("long")
+    consumer = consumers(shutdown_grace_seconds=0.5)
+    dispatch(timer)
+    consumer.start()
+    assert started.wait(20)
+    consumer.stop_flag.set()
+    consumer.shutdown()
+    released = client.get(job.id, with_attempts=True)
+    assert released.state is JobState.SCHEDULED
+    assert released.attempt == 0, "a release gives the attempt back"
+    assert released.lease_owner is None
+    assert [a.outcome for a in released.attempts] == [AttemptOutcome.RELEASED]
+    assert wait_for(lambda: queue_empty(transport), message="released message deleted")
+    assert dispatch(timer) == 1, "due again at once"

@@ -1,0 +1,137 @@
+"""The core pipeline, one step at a time, through what SQS carries and refuses: forged,
+stale and malformed messages, entries SQS refuses, a failed visibility extension and a
+message lost in the queue. Real timer and consumer code, real Postgres, real SQS
+(LocalStack). Time is pinned through `now=` (timer) and `clock` (consumer), so lease,
+backoff and due-time logic is tested without waiting."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from shared.core.errors import TransportError
+from shared.core.messages import JobMessage
+from shared.core.states import JobState
+from tests.integration.readings import metric, queue_empty
+from tests.support.drive import Clock, dispatch, make_consumer, receive, run_all
+from timer_service.service import Timer
+
+
+def test_forged_stale_and_malformed_messages_change_nothing(
+        client, db, timer, transport, registry, consumers, clock):
+    ran = []
+    registry.add("work", lambda payload, ctx: ran.append(ctx.job_id))
+    waiting = client.schedule("work", delay=3600)
+    dispatched = client.schedule("work")
+    dispatch(timer, clock.now)
+    current = client.get(dispatched.id)
+    import uuid
+    bodies = [
+        "not json at all",
+        '{"v": 99, "job": 1, "token": "x", "kind": "work"}',
+        '["a list"]',
+        JobMessage(987654, uuid.uuid4(), "work").encode(),            # unknown job
+        JobMessage(waiting.id, uuid.uuid4(), "work").encode(),        # forged: not dispatched
+        JobMessage(dispatched.id, uuid.uuid4(), "work").encode(),     # stale token
+    ]
+    transport.send_batch("default", [(str(i), b) for i, b in enumerate(bodies)])
+    before = {r: metric("tock_messages_dropped_total", reason=r)
+              for r in ("malformed", "unknown_job", "stale_token")}
+    consumer = consumers(clock)
+    entries: list[Any] = []
+    for _ in range(20):  # until every message was received and dealt with
+        got = receive(consumer, 7, rounds=1)
+        run_all(consumer, got)
+        entries += got
+        if queue_empty(transport):
+            break
+    assert [e[0].job_id for e in entries] == [dispatched.id], "only the real message claims"
+    assert ran == [dispatched.id]
+    assert client.get(waiting.id).state is JobState.SCHEDULED
+    after_claim = client.get(dispatched.id)
+    assert after_claim.state is JobState.SUCCEEDED and after_claim.attempt == 1
+    assert after_claim.dispatch_token == current.dispatch_token
+    assert metric("tock_messages_dropped_total", reason="malformed") == before["malformed"] + 3
+    assert metric("tock_messages_dropped_total", reason="unknown_job") == \
+        before["unknown_job"] + 1
+    assert metric("tock_messages_dropped_total", reason="stale_token") == \
+        before["stale_token"] + 2
+    assert queue_empty(transport), "dropped messages are deleted"
+
+
+class _RefuseSome:
+    def __init__(self, inner, refuse: set[str]) -> None:
+        self.inner, self.refuse = inner, refuse
+
+    def send_batch(self, queue, entries):
+        from shared.transport.base import EntryFailure
+        ok = [e for e in entries if e[0] not in self.refuse]
+        self.inner.send_batch(queue, ok)
+        return [EntryFailure(e[0], "Throttled", "slow down") for e in entries
+                if e[0] in self.refuse]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_entries_sqs_refuses_stay_due_with_the_error(client, timer_settings, transport, clock):
+    first, second = client.schedule("k"), client.schedule("k")
+    timer = Timer(timer_settings, _RefuseSome(transport, {str(second.id)}))
+    try:
+        result = timer.run_once(clock.now)
+    finally:
+        timer.close()
+    assert (result.dispatched, result.refused) == (1, 1)
+    assert client.get(first.id).state is JobState.DISPATCHED
+    refused = client.get(second.id)
+    assert refused.state is JobState.SCHEDULED and refused.dispatch_token is None
+    assert "Throttled" in refused.last_error
+
+
+class _VisibilityFails:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def change_visibility_batch(self, queue, receipts, timeout_seconds):
+        raise TransportError("SQS ChangeMessageVisibilityBatch failed: InvalidParameterValue")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_visibility_extension_failure_is_counted_and_db_lease_stays_authority(
+        client, timer, transport, registry, consumer_settings, clock):
+    registry.add("work", lambda payload, ctx: None)
+    job = client.schedule("work")
+    consumer = make_consumer(consumer_settings, registry, _VisibilityFails(transport), clock)
+    try:
+        dispatch(timer, clock.now)
+        entries = receive(consumer, 1)
+        before = metric("tock_sqs_errors_total", operation="ChangeMessageVisibilityBatch")
+        clock.advance(20)
+        assert consumer.heartbeat_once() == (1, 0)
+        assert metric("tock_sqs_errors_total", operation="ChangeMessageVisibilityBatch") == \
+            before + 1
+        assert timer.run_once(clock.now + timedelta(seconds=25)).rescued == 0
+        run_all(consumer, entries)
+        assert client.get(job.id).state is JobState.SUCCEEDED
+    finally:
+        consumer.close()
+
+
+def test_dispatched_job_nobody_claims_is_sent_again_with_a_new_token(
+        client, timer, transport, registry, consumers, clock):
+    registry.add("work", lambda payload, ctx: None)
+    job = client.schedule("work")
+    dispatch(timer, clock.now)
+    first_token = client.get(job.id).dispatch_token
+    # The message is lost (e.g. purged); the job sits in dispatched.
+    transport.client.purge_queue(QueueUrl=transport.url("default"))
+    later = clock.now + timedelta(seconds=timer.settings.dispatch_timeout_seconds + 1)
+    result = timer.run_once(later)
+    assert result.redispatched == 1 and result.dispatched == 1
+    again = client.get(job.id)
+    assert again.state is JobState.DISPATCHED and again.dispatch_token != first_token
+    consumer = consumers(Clock(later))
+    run_all(consumer, receive(consumer, 1))
+    assert client.get(job.id).state is JobState.SUCCEEDED

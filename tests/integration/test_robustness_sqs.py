@@ -1,0 +1,135 @@
+"""The consumer and timer keep working through SQS faults: a hung visibility call, a queue
+deleted under a running system, a job SQS refuses to take, and a backlog older than the
+dispatch timeout (not sent again unless messages are really gone). Real Postgres and real
+SQS; faults are injected for real (a deleted queue, a purged queue) or at the transport
+seam (a call that hangs)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+from consumer.service import Consumer
+from shared.core.states import AttemptOutcome, JobState
+from shared.transport.sqs import SqsTransport
+from tests.support.drive import dispatch
+from tests.support.wait import wait_for
+from timer_service.service import Timer
+
+
+class HangingVisibility:
+    """ChangeMessageVisibilityBatch hangs until released; everything else is real."""
+
+    def __init__(self, inner: SqsTransport) -> None:
+        self.inner = inner
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+
+    def change_visibility_batch(self, queue: str, receipts: list[str], timeout: int) -> Any:
+        if receipts:
+            self.hanging.set()
+            self.release.wait(60)
+        return self.inner.change_visibility_batch(queue, receipts, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_hung_visibility_call_never_holds_up_the_database_heartbeat(
+        client, db, timer, transport, registry, running):
+    started, done = threading.Event(), threading.Event()
+    registry.add("long", lambda p, c: (started.set(), done.wait(60)))
+    hanging = HangingVisibility(transport)
+    running(hanging, lease_seconds=2, heartbeat_seconds=0.5, visibility_timeout_seconds=30)
+    job = client.schedule("long")
+    dispatch(timer)
+    assert started.wait(30)
+    assert hanging.hanging.wait(30), "the visibility call is hanging"
+
+    def expiry() -> Any:
+        return db.execute("SELECT lease_expires_at FROM tock_jobs WHERE id = %s",
+                          (job.id,)).fetchone()[0]
+
+    first = expiry()
+    wait_for(lambda: expiry() > first + timedelta(seconds=1), timeout=20,
+             message="the database lease renewed while SQS hangs")
+    hanging.release.set()
+    done.set()
+    wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+             message="the job finished on its single lease")
+    assert [a.outcome for a in client.get(job.id, with_attempts=True).attempts] == [
+        AttemptOutcome.SUCCEEDED]
+
+
+def test_a_deleted_queue_is_recreated_and_its_jobs_run(
+        client, timer_settings, consumer_settings, queue_prefix, registry):
+    """TOCK_CREATE_QUEUES=1: a queue deleted under a running system (a LocalStack restart
+    loses them all) is created again by the first call that finds it gone."""
+    registry.add("work", lambda p, c: None)
+    setup = SqsTransport(queue_prefix)
+    setup.create_queue("default")
+    timer = Timer(timer_settings.model_copy(update={"create_queues": True}))
+    consumer = Consumer(consumer_settings.model_copy(update={"create_queues": True}),
+                        registry)
+    consumer.start()
+    try:
+        first = client.schedule("work")
+        dispatch(timer)
+        wait_for(lambda: client.get(first.id).state is JobState.SUCCEEDED, timeout=30,
+                 message="a job before the queue goes")
+        setup.client.delete_queue(QueueUrl=setup.url("default"))
+        second = client.schedule("work")
+        wait_for(lambda: dispatch(timer) >= 0 and
+                 client.get(second.id).state is JobState.SUCCEEDED, timeout=60,
+                 message="a job after the queue was deleted")
+    finally:
+        consumer.shutdown()
+        timer.close()
+
+
+def test_a_job_sqs_refuses_backs_off_alone_and_explain_says_why(
+        client, db, timer_settings, transport, clock_now):
+    """A job for a queue with no SQS queue is put back with a backoff of its own: the jobs
+    behind it are dispatched, and explain names the reason."""
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 1}), transport)
+    try:
+        lost = client.schedule("k", queue="nowhere", priority=9)
+        fine = [client.schedule("k") for _ in range(3)]
+        now = clock_now
+        first = timer.run_once(now)
+        assert (first.dispatched, first.refused) == (0, 1)
+        assert dispatch(timer, now) == 3, "the refused job does not head every claim"
+        refused = client.get(lost.id)
+        assert refused.state is JobState.SCHEDULED and refused.dispatch_failures == 1
+        assert refused.run_at > now
+        assert all(client.get(j.id).state is JobState.DISPATCHED for j in fine)
+        from shared.ops import explain
+        from shared.store import Database, OperatorStore
+
+        database = Database(timer_settings.database_url, max_size=1)
+        try:
+            why = explain.explain(refused, explain.gather(OperatorStore(database), refused))
+        finally:
+            database.close()
+        assert "SQS refused to take it 1 time(s)" in why.summary
+        assert "QueueMissing" in why.summary or "does not exist" in why.summary
+    finally:
+        timer.close()
+
+
+def test_a_backlog_older_than_the_dispatch_timeout_is_not_sent_again(
+        client, timer, transport, clock_now):
+    """Messages waiting in SQS are not lost, however old: nothing is re-sent until the
+    queue holds fewer messages than the database says it should."""
+    jobs = client.schedule_many([{"kind": "k"} for _ in range(12)])
+    dispatch(timer, clock_now)
+    tokens = {j.id: client.get(j.id).dispatch_token for j in jobs}
+    later = clock_now + timedelta(minutes=10)
+    assert timer.run_once(later).redispatched == 0
+    assert {j.id: client.get(j.id).dispatch_token for j in jobs} == tokens, "nothing resent"
+    transport.client.purge_queue(QueueUrl=transport.url("default"))
+    wait_for(lambda: transport.depth("default") == 0, timeout=30, message="queue purged")
+    again = timer.run_once(later)
+    assert (again.redispatched, again.dispatched) == (12, 12)
+    assert all(client.get(j.id).dispatch_token != tokens[j.id] for j in jobs)

@@ -1,0 +1,162 @@
+"""Loops under a Supervisor, the probes and stopping: liveness and readiness tell the truth
+(a pass past its bound, a thread that exited, the age of the last success), and a stop ends
+idle threads promptly. No services; time moves through an injected clock, never through
+fixed sleeps."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shared.runtime.supervisor import Loop, Supervisor
+from tests.support.wait import wait_for
+from tests.unit.fake_clock import FakeClock
+
+
+def test_liveness_fails_when_a_pass_runs_past_its_bound(stop_afterwards):
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(Loop):
+        name = "stuck"
+        pass_bound_seconds = 0.05
+
+        def run_once(self, now=None):
+            entered.set()
+            release.wait(30)
+            return 0
+
+    loop = Stuck()
+    # Start well in the past so the real time the test takes cannot exceed the bound.
+    clock = FakeClock(offset=-100.0)
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    stop_afterwards(sup)
+    sup.start()
+    assert entered.wait(10)
+    try:
+        assert sup.live()[0], sup.live()
+        clock.advance(101.0)  # the pass has now run for more than a second
+        ok, reason = sup.live()
+        assert not ok
+        assert reason.startswith("loop stuck: a pass has run for")
+        assert not sup.ready()[0]
+        assert sup.fatal is None  # not live, but not a crash
+    finally:
+        release.set()
+    loop.stop()
+    assert loop.join(5)
+
+
+def test_a_loop_without_a_pass_bound_is_never_too_slow(stop_afterwards):
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(Loop):
+        name = "slow"
+        pass_bound_seconds = None
+
+        def run_once(self, now=None):
+            entered.set()
+            release.wait(30)
+            return 0
+
+    clock = FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(Slow())
+    stop_afterwards(sup)
+    sup.start()
+    assert entered.wait(10)
+    try:
+        clock.advance(10**6)
+        assert sup.live()[0], sup.live()
+    finally:
+        release.set()
+
+
+class IdleLoop(Loop):
+    name = "idler"
+    idle_seconds = 3600.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes = 0
+        self.passed = threading.Event()
+        self._lock = threading.Lock()
+
+    def run_once(self, now=None):
+        with self._lock:
+            self.passes += 1
+        self.passed.set()
+        return 0
+
+
+def test_liveness_fails_when_a_thread_exited_without_a_stop():
+    loop = IdleLoop()
+    sup = Supervisor("test")
+    sup.watch(loop)
+    loop.start(sup)
+    assert loop.passed.wait(10)
+    assert loop.problem(time.monotonic()) is None
+    # Make the thread end as if it had died, then pretend nobody asked it to stop.
+    loop._stop.set()
+    assert loop.join(5)
+    loop._stop.clear()
+    problem = loop.problem(time.monotonic())
+    assert problem == "loop idler: thread tock-idler-0 has exited"
+    assert sup.live() == (False, problem)
+    loop._stop.set()  # once stopping, an ended thread is expected
+    assert loop.problem(time.monotonic()) is None
+
+
+def test_readiness_follows_the_last_success():
+    class Gate(Loop):
+        name = "gate"
+        ready_within_seconds = 5.0
+
+    loop = Gate()
+    clock = FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    assert sup.live()[0], sup.live()
+    assert sup.ready() == (False, "no successful gate pass yet")
+    loop.mark_ok()
+    ok, reason = sup.ready()
+    assert ok, reason
+    assert reason.startswith("last successful pass: gate ")
+    clock.advance(4.0)
+    assert sup.ready()[0], sup.ready()
+    clock.advance(2.0)
+    ok, reason = sup.ready()
+    assert not ok
+    assert reason.startswith("last successful gate pass ")
+    assert "(limit 5 s)" in reason
+    assert sup.live()[0]  # an old success makes the process unready, not dead
+    clock.offset = 0.0
+    loop.mark_ok()
+    assert sup.ready()[0], sup.ready()
+
+
+def test_loops_that_do_not_gate_readiness_are_ignored():
+    sup = Supervisor("test")
+    sup.watch(IdleLoop())
+    assert sup.ready() == (True, "ready")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_stop_ends_idle_threads_promptly(threads):
+    loop = IdleLoop()
+    loop.threads = threads
+    sup = Supervisor("test")
+    sup.watch(loop)
+    sup.start()
+    wait_for(lambda: loop.passes >= threads, timeout=10, message="a pass on every thread")
+    assert len(loop._threads) == threads
+    assert all(t.is_alive() for t in loop._threads)
+    began = time.monotonic()
+    sup.stop(timeout=5)
+    assert loop.join(0)
+    assert not any(t.is_alive() for t in loop._threads)
+    assert time.monotonic() - began < 5
+    assert loop.passes == threads  # idling, no extra passes after the stop
+    assert loop.problem(time.monotonic()) is None
