@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Serve tock's dashboard, HTTP API, /metrics, /healthz and /readyz. "
                     "Settings come from TOCK_* environment variables "
                     "(TOCK_DASHBOARD_HOST, _PORT, _OPERATOR_TOKEN, _VIEWER_TOKEN, "
-                    "_SECRET_KEY).")
+                    "_SECRET_KEY, _ALLOWED_HOSTS, _MAX_BODY_BYTES, _METRICS_TOKEN, "
+                    "_METRICS_PUBLIC).")
     parser.add_argument("--host", help="default TOCK_DASHBOARD_HOST or 127.0.0.1")
     parser.add_argument("--port", type=int, help="default TOCK_DASHBOARD_PORT or 8080")
     args = parser.parse_args(argv)
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     if not settings.loopback_only:
         print(f"tock dashboard: listening on {settings.dashboard_host}, not only loopback: "
-              "put TLS in front and set TOCK_DASHBOARD_SECURE_COOKIES=1", file=sys.stderr)
+              "put TLS in front and set TOCK_DASHBOARD_SECURE_COOKIES=1; answering to "
+              f"Host {', '.join(settings.dashboard_allowed_hosts or [])} "
+              "(TOCK_DASHBOARD_ALLOWED_HOSTS)", file=sys.stderr)
     uvicorn.run(app, host=settings.dashboard_host, port=settings.dashboard_port,
                 log_config=None, access_log=False)
     return 0

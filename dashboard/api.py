@@ -30,6 +30,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": models.ErrorOut, "description": "Invalid input"},
     401: {"model": models.ErrorOut, "description": "Not authenticated"},
     403: {"model": models.ErrorOut, "description": "Forbidden (role or CSRF)"},
+    413: {"model": models.ErrorOut,
+          "description": "Request body over TOCK_DASHBOARD_MAX_BODY_BYTES"},
     503: {"model": models.ErrorOut, "description": "Postgres unavailable"},
 }
 JOB_ERRORS = {**ERRORS, 404: {"model": models.ErrorOut, "description": "No such job"}}

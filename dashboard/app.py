@@ -3,16 +3,25 @@
     /                 the live page (login required)      /login, /logout
     /api/...          the HTTP API (see /openapi.json)     /static/...  assets, no CDN
     /healthz          liveness: the process answers        /readyz  Postgres answers
-    /metrics          cluster-wide gauges (Prometheus), computed once per TTL
+    /metrics          cluster-wide gauges (Prometheus), computed once per TTL; needs a
+                      bearer token unless TOCK_DASHBOARD_METRICS_PUBLIC=1
+
+Every request first passes `RequestGuard` (dashboard.guard): allowed Host, credentials
+for /api and /metrics, body size and JSON depth, before anything reads the body.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
@@ -21,6 +30,7 @@ from starlette.routing import Match
 
 from dashboard import api, pages, schedules_api
 from dashboard.auth import Authenticator
+from dashboard.guard import RequestGuard
 from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
 from shared.client import Client
@@ -48,6 +58,31 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
 }
+
+
+class ErrorResponse(JSONResponse):
+    """An error body, which may quote the input back: characters UTF-8 cannot carry (lone
+    surrogates) are escaped, and numbers JSON has no literal for (NaN, infinities) are
+    quoted as text, so the refusal itself can always be sent."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(_json_safe(content), ensure_ascii=True, allow_nan=False,
+                          separators=(",", ":")).encode()
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return ErrorResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
 
 def create_app(settings: DashboardSettings) -> FastAPI:
@@ -84,7 +119,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app.state.operator_store = store
     app.state.client = client
     app.state.stats = stats
-    app.state.auth = Authenticator(settings)
+    app.state.auth = auth = Authenticator(settings)
     app.include_router(api.router)
     app.include_router(schedules_api.router)
     app.include_router(pages.router)
@@ -92,8 +127,10 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
     def _error(status: int) -> Callable[[Request, Exception], Awaitable[Response]]:
         async def handler(request: Request, exc: Exception) -> Response:
-            return JSONResponse({"detail": str(exc)}, status_code=status)
+            return ErrorResponse({"detail": str(exc)}, status_code=status)
         return handler
+
+    app.add_exception_handler(RequestValidationError, _invalid_request)
 
     app.add_exception_handler(InvalidInput, _error(400))
     app.add_exception_handler(JobNotFound, _error(404))
@@ -102,6 +139,10 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app.add_exception_handler(Retryable, _error(503))
     app.add_exception_handler(DataRejected, _error(400))
     app.add_exception_handler(TransportError, _error(503))
+
+    # Added first, so it runs inside security_headers (its answers get the headers too)
+    # and before everything else: no route, dependency or body parser runs before it.
+    app.add_middleware(RequestGuard, settings=settings, auth=auth)
 
     @app.middleware("http")
     async def security_headers(request: Request,
@@ -132,5 +173,6 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
+        # RequestGuard has checked the token (or TOCK_DASHBOARD_METRICS_PUBLIC).
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
     return app

@@ -6,8 +6,13 @@ password and get a signed, HttpOnly, SameSite=Strict session cookie. Because a c
 sent by the browser on its own, every state-changing request authenticated by the cookie
 must also carry the session's CSRF token in the `X-CSRF-Token` header (the page's
 JavaScript reads it from /api/me) and, when the browser says where it comes from, an
-`Origin` of this very host. A form posted from another site has neither, so it is refused.
+`Origin` that names an allowed host (TOCK_DASHBOARD_ALLOWED_HOSTS) and the very host and
+port the request was sent to. A form posted from another site has neither, so it is
+refused; so is a page of a rebound DNS name, whose Origin is not on the allow-list.
 Bearer-token requests carry no ambient credential and need no CSRF token.
+
+`RequestGuard` (dashboard.guard) asks `Authenticator.authenticated` before a request body
+is read; the dependencies below then decide the role.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from urllib.parse import urlsplit
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from dashboard.settings import DashboardSettings
+from dashboard.settings import DashboardSettings, normalize_host, split_host
 
 Role = Literal["operator", "viewer"]
 SESSION_COOKIE = "tock_session"
@@ -107,24 +112,80 @@ class Authenticator:
     def login_csrf(self) -> str:
         return secrets.token_urlsafe(24)
 
+    def authenticated(self, authorization: str | None, cookie: str | None) -> bool:
+        """Whether a request carries valid credentials of either role: a bearer token, or
+        (without an Authorization header of the Bearer scheme) a valid session cookie.
+        The same choice `current_principal` makes, from the raw headers."""
+        token = bearer_token(authorization)
+        if token is not None:
+            return self.role_of(token) is not None
+        return cookie is not None and self.read_session(cookie) is not None
+
+    def may_read_metrics(self, authorization: str | None) -> bool:
+        """/metrics: either role's token or TOCK_DASHBOARD_METRICS_TOKEN, unless it is
+        public (TOCK_DASHBOARD_METRICS_PUBLIC=1)."""
+        if self.settings.dashboard_metrics_public:
+            return True
+        token = bearer_token(authorization)
+        if token is None:
+            return False
+        expected = self.settings.dashboard_metrics_token
+        metrics = bool(expected) and hmac.compare_digest(token.encode(),
+                                                         (expected or "").encode())
+        return self.role_of(token) is not None or metrics
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The credentials of an `Authorization: Bearer <token>` header, as HTTPBearer reads
+    them; None for no header or another scheme."""
+    if not authorization:
+        return None
+    scheme, _, credentials = authorization.partition(" ")
+    credentials = credentials.strip()
+    if scheme.lower() != "bearer" or not credentials:
+        return None
+    return credentials
+
 
 def authenticator(request: Request) -> Authenticator:
     auth: Authenticator = request.app.state.auth
     return auth
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def same_origin(request: Request) -> bool:
     """False when the browser says the request comes from another origin. Browsers send
     Origin on every cross-origin POST; a request without it (curl, old clients) is judged
-    by the CSRF token alone."""
+    by the CSRF token alone.
+
+    The Origin must name a host on the allow-list: a page served from a DNS name the
+    attacker rebound to this address sends its own name as both Origin and Host, so
+    comparing the two alone would let it through. It must also be the host and port the
+    request was sent to (another port of an allowed host is another site's page), and
+    https when cookies are Secure (they only exist on https pages then)."""
     origin = request.headers.get("origin")
     if origin is None:
         return request.headers.get("sec-fetch-site") not in ("cross-site", "same-site")
     if origin == "null":  # sandboxed frames and file:// pages
         return False
-    parts = urlsplit(origin)
-    host = request.headers.get("host", "")
-    return parts.netloc == host and parts.scheme in ("http", "https")
+    settings: DashboardSettings = request.app.state.settings
+    try:
+        parts = urlsplit(origin)
+        origin_port = parts.port
+    except ValueError:
+        return False
+    schemes = ("https",) if settings.dashboard_secure_cookies else ("http", "https")
+    if (parts.scheme not in schemes or not parts.hostname or parts.username is not None
+            or parts.path or parts.query or parts.fragment):
+        return False
+    origin_host = normalize_host(parts.hostname)
+    if not settings.host_allowed(origin_host):
+        return False
+    host, host_port = split_host(request.headers.get("host", ""))
+    default = DEFAULT_PORTS[parts.scheme]
+    return origin_host == host and (origin_port or default) == (host_port or default)
 
 
 def current_principal(

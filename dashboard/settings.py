@@ -2,16 +2,18 @@
 
 Outside dev mode an operator token is required and must be long enough to resist
 guessing; `TOCK_DASHBOARD_DEV=1` (used by `make run` only) fills in well-known tokens so the
-local stack can print them.
+local stack can print them, and is therefore refused unless the dashboard listens on
+loopback only.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import secrets
-from typing import Self
+from typing import Annotated, Self
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
+from pydantic_settings import NoDecode
 
 from shared.core.errors import ConfigError
 from shared.runtime.settings import CommonSettings
@@ -19,6 +21,48 @@ from shared.runtime.settings import CommonSettings
 DEV_OPERATOR_TOKEN = "dev-operator-token"
 DEV_VIEWER_TOKEN = "dev-viewer-token"
 MIN_TOKEN_LENGTH = 16
+LOOPBACK_NAMES = ("localhost", "127.0.0.1")
+ANY_HOST = "*"
+
+
+def normalize_host(host: str) -> str:
+    """A host name as the allow-list compares it: lower case, no IPv6 brackets, no
+    trailing dot."""
+    host = host.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host.removesuffix(".")
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """(host, port) of a Host header (`name`, `name:port`, `[v6]`, `[v6]:port`); the port is
+    None when absent or malformed, the host "" when the header is."""
+    value = value.strip()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return "", None
+        host, rest = value[1:end], value[end + 1:]
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            return "", None
+    else:
+        host, _, port_text = value.partition(":")
+        if ":" in port_text:  # an unbracketed IPv6 address is not a valid Host header
+            return "", None
+    port = int(port_text) if port_text.isdigit() and 0 < int(port_text) < 65536 else None
+    if port_text and port is None:
+        return "", None
+    return normalize_host(host), port
+
+
+def _host_list(value: object) -> object:
+    """TOCK_DASHBOARD_ALLOWED_HOSTS is comma-separated text (a list when set in code)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple):
+        return [str(part).strip() for part in value if str(part).strip()]
+    return value
 
 
 class DashboardSettings(CommonSettings):
@@ -37,6 +81,20 @@ class DashboardSettings(CommonSettings):
     dashboard_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
     dashboard_secure_cookies: bool = Field(
         default=False, description="Mark cookies Secure: set when TLS terminates in front.")
+    dashboard_allowed_hosts: Annotated[list[str] | None, NoDecode,
+                                       BeforeValidator(_host_list)] = Field(
+        default=None, description="Host names (no scheme, no port) the dashboard answers "
+        "to, comma-separated; `*` allows any. Default: the bind address, localhost and "
+        "127.0.0.1 (only the last two when binding 0.0.0.0 or ::).")
+    dashboard_max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1024, le=1024 * 1024 * 1024,
+        description="Larger request bodies are refused (413) before they are parsed.")
+    dashboard_metrics_token: str | None = Field(
+        default=None, description="A bearer token that may read /metrics and nothing else "
+        "(the operator and viewer tokens may too).")
+    dashboard_metrics_public: bool = Field(
+        default=False, description="Serve /metrics without a token (it names kinds and "
+        "queues).")
     dashboard_stats_ttl_seconds: float = Field(
         default=2.0, ge=0, le=300,
         description="Cluster statistics are computed at most once per TTL, however many "
@@ -54,6 +112,12 @@ class DashboardSettings(CommonSettings):
         # ConfigError, not ValueError: pydantic passes it through, so the message names
         # the variable instead of a field location.
         if self.dashboard_dev:
+            if not self.loopback_only:
+                raise ConfigError(
+                    f"TOCK_DASHBOARD_DEV=1 uses public development tokens, so it needs a "
+                    f"loopback TOCK_DASHBOARD_HOST (127.0.0.1, ::1 or localhost), not "
+                    f"{self.dashboard_host!r}: set real tokens instead of "
+                    "TOCK_DASHBOARD_DEV to listen elsewhere")
             self.dashboard_operator_token = self.dashboard_operator_token or DEV_OPERATOR_TOKEN
             self.dashboard_viewer_token = self.dashboard_viewer_token or DEV_VIEWER_TOKEN
         elif not self.dashboard_operator_token:
@@ -61,7 +125,8 @@ class DashboardSettings(CommonSettings):
                 "TOCK_DASHBOARD_OPERATOR_TOKEN is required (TOCK_DASHBOARD_DEV=1 fills in "
                 "a development token for make run)")
         else:
-            for name in ("dashboard_operator_token", "dashboard_viewer_token"):
+            for name in ("dashboard_operator_token", "dashboard_viewer_token",
+                         "dashboard_metrics_token"):
                 token = getattr(self, name)
                 if token is not None and len(token) < MIN_TOKEN_LENGTH:
                     raise ConfigError(f"TOCK_{name.upper()} must be at least "
@@ -69,13 +134,53 @@ class DashboardSettings(CommonSettings):
         if self.dashboard_operator_token == self.dashboard_viewer_token:
             raise ConfigError("TOCK_DASHBOARD_OPERATOR_TOKEN and TOCK_DASHBOARD_VIEWER_TOKEN "
                               "must differ")
+        if self.dashboard_metrics_token is not None and self.dashboard_metrics_token in (
+                self.dashboard_operator_token, self.dashboard_viewer_token):
+            raise ConfigError("TOCK_DASHBOARD_METRICS_TOKEN must differ from the operator "
+                              "and viewer tokens (which may read /metrics anyway)")
+        self.dashboard_allowed_hosts = self._allowed_hosts()
         if not self.dashboard_secret_key:
             self.dashboard_secret_key = secrets.token_hex(32)
         return self
 
+    def _allowed_hosts(self) -> list[str]:
+        if self.dashboard_allowed_hosts is None:
+            bind = normalize_host(self.dashboard_host)
+            unspecified = bind in ("0.0.0.0", "::")
+            names = [*([] if unspecified else [bind]), *LOOPBACK_NAMES]
+            return list(dict.fromkeys(names))
+        if not self.dashboard_allowed_hosts:
+            raise ConfigError("TOCK_DASHBOARD_ALLOWED_HOSTS is empty: name the host(s) the "
+                              "dashboard is reached at, or `*` for any")
+        hosts = []
+        for entry in self.dashboard_allowed_hosts:
+            host = normalize_host(entry)
+            if host != ANY_HOST and (not host or any(c in host for c in "/@?# \t")
+                                     or (":" in host and not _is_ip(host))):
+                raise ConfigError(
+                    f"TOCK_DASHBOARD_ALLOWED_HOSTS entry {entry!r} is not a host name: give "
+                    "names or addresses without scheme, path or port (e.g. "
+                    "tock.example.com,10.0.0.5), comma-separated")
+            hosts.append(host)
+        return list(dict.fromkeys(hosts))
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether a host name (from a Host header or an Origin, without port) is one the
+        dashboard answers to."""
+        allowed = self.dashboard_allowed_hosts or []
+        return ANY_HOST in allowed or (bool(host) and normalize_host(host) in allowed)
+
     @property
     def loopback_only(self) -> bool:
         try:
-            return ipaddress.ip_address(self.dashboard_host).is_loopback
+            return ipaddress.ip_address(normalize_host(self.dashboard_host)).is_loopback
         except ValueError:
-            return self.dashboard_host == "localhost"
+            return normalize_host(self.dashboard_host) == "localhost"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True

@@ -60,9 +60,13 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
         "TOCK_HEARTBEAT_SECONDS": "1",
         "TOCK_VISIBILITY_TIMEOUT_SECONDS": "10",
         "TOCK_SHUTDOWN_GRACE_SECONDS": "8",
+        # A LocalStack restart loses its queues: the processes create them again.
+        "TOCK_CREATE_QUEUES": "1",
         "PYTHONUNBUFFERED": "1",
-        # Development tokens (printed below); the dashboard still binds 127.0.0.1 only.
+        # Development tokens (printed below), so the dashboard binds 127.0.0.1 only (it
+        # refuses TOCK_DASHBOARD_DEV on any other address: the tokens are public).
         "TOCK_DASHBOARD_DEV": "1",
+        "TOCK_DASHBOARD_HOST": "127.0.0.1",
     }
 
 
@@ -104,6 +108,8 @@ def main() -> int:
         port = os.environ.get("TOCK_DASHBOARD_PORT", "8080")
         _say(f"dashboard at http://127.0.0.1:{port}/  log in with operator token "
              f"{DEV_OPERATOR_TOKEN} (or viewer token {DEV_VIEWER_TOKEN}, read only)")
+        _say(f"metrics: curl -H 'Authorization: Bearer {DEV_VIEWER_TOKEN}' "
+             f"http://127.0.0.1:{port}/metrics")
         _say("running; press Ctrl-C to stop everything")
         while all(p.poll() is None for _, p in stack.processes):
             time.sleep(0.5)

@@ -7,7 +7,6 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 from shared.core.errors import InvalidInput
@@ -108,9 +107,10 @@ def _check_text(text: str, where: str) -> None:
 def _check_float(number: float, where: str) -> None:
     if not math.isfinite(number):
         raise InvalidInput(f"payload number at {where[:80]} is {number}, which is not JSON")
-    # jsonb keeps numbers as exact decimals and prints integral ones as integers: 1e23
-    # would come back as the integer 100000000000000000000000, a different value.
-    if number.is_integer() and int(Decimal(repr(number))) != number:
+    # jsonb keeps numbers as exact decimals and prints integral ones written with an
+    # exponent as integers: 1e16 would come back as the int 10000000000000000, 1e23 as a
+    # different value altogether.
+    if number.is_integer() and "e" in repr(number):
         raise InvalidInput(f"payload number {number!r} at {where[:80]} cannot be stored "
                            "exactly (it would come back as a different integer); send it as "
                            "an int or a string")

@@ -49,8 +49,15 @@ def _env(workload: dict[str, Any]) -> dict[str, str]:
     for source in container.get("envFrom", []):
         env.update(CONFIGMAPS[source["configMapRef"]["name"]])
     for var in container.get("env", []):
-        # Secrets get a stand-in of the right form (a Postgres URL for the database).
-        env[var["name"]] = var.get("value", "postgresql://stand-in-for-a-secret@db/tock")
+        if "value" in var:
+            # $(NAME) is a variable defined before, as the kubelet expands it.
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]),
+                                      var["value"])
+        elif "fieldRef" in var.get("valueFrom", {}):
+            env[var["name"]] = "10.0.0.7"  # the pod's IP, say
+        else:
+            # Secrets get a stand-in of the right form (a Postgres URL for the database).
+            env[var["name"]] = "postgresql://stand-in-for-a-secret@db/tock"
     return env
 
 

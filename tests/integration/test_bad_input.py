@@ -32,11 +32,12 @@ def _deep(levels: int) -> Any:
     {"key": "a\ud800b"}, {"tenant": "\udfff"}, {"payload": {"s": "\ud800"}},
     {"payload": {"\ud800": 1}}, {"payload": _deep(5000)}, {"payload": _deep(MAX_PAYLOAD_DEPTH + 1)},
     {"queue": ""}, {"payload": {1: "a", "1": "b"}}, {"payload": {1: "a"}}, {"payload": (1, 2)},
-    {"payload": {"big": 1e23}}, {"payload": {"s": "a\x00b"}}, {"key": "a\x00"},
+    {"payload": {"big": 1e23}}, {"payload": [1e16]}, {"payload": {"s": "a\x00b"}}, {"key": "a\x00"},
     {"payload": 10 ** 1200},
 ], ids=["surrogate key", "surrogate tenant", "surrogate text", "surrogate dict key",
         "5000 deep", "one level too deep", "empty queue", "colliding keys", "int key",
-        "tuple", "float jsonb changes", "NUL in text", "NUL in key", "huge int"])
+        "tuple", "float jsonb changes", "float jsonb makes an int", "NUL in text", "NUL in key",
+        "huge int"])
 def test_bad_input_is_refused_and_nothing_is_written(client, db, call):
     before = _count(db)
     with pytest.raises(InvalidInput):
@@ -46,7 +47,7 @@ def test_bad_input_is_refused_and_nothing_is_written(client, db, call):
 
 def test_a_payload_at_the_depth_limit_and_escaped_text_are_stored_exactly(client):
     for payload in (_deep(MAX_PAYLOAD_DEPTH - 1), {"text": "\\u0000 is six characters"},
-                    {"é": "ünïcödé ✓"}, {"n": 1e16, "small": 5e-324, "neg": -0.5}):
+                    {"é": "ünïcödé ✓"}, {"n": 1e15, "small": 5e-324, "neg": -0.5, "one": 1.0}):
         assert client.get(client.schedule("email", payload).id).payload == payload
 
 

@@ -19,6 +19,9 @@ from tests.support.wait import wait_for
 
 OPERATOR = "operator-token-for-tests-0001"
 VIEWER = "viewer-token-for-tests-00001"
+METRICS = "metrics-token-for-tests-0001"
+TEST_HOSTS = ["testserver", "127.0.0.1", "localhost"]
+"""TestClient sends `Host: testserver`; the live server is reached at 127.0.0.1."""
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +36,9 @@ def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[s
 @pytest.fixture
 def dashboard_settings(database_url: str) -> DashboardSettings:
     return DashboardSettings(database_url=database_url, dashboard_operator_token=OPERATOR,
-                             dashboard_viewer_token=VIEWER, dashboard_stats_ttl_seconds=0,
-                             dashboard_finished_ttl_seconds=0)
+                             dashboard_viewer_token=VIEWER, dashboard_metrics_token=METRICS,
+                             dashboard_allowed_hosts=TEST_HOSTS,
+                             dashboard_stats_ttl_seconds=0, dashboard_finished_ttl_seconds=0)
 
 
 @pytest.fixture

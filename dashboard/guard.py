@@ -1,0 +1,171 @@
+"""`RequestGuard`: the checks every request passes before FastAPI sees it (pure ASGI, so
+nothing has read the body yet), in this order:
+
+1. Host: the Host header (without port) must be on TOCK_DASHBOARD_ALLOWED_HOSTS, or the
+   answer is 400 "host not allowed". This stops DNS rebinding: a page on a name the
+   attacker points at this address sends that name as Host. The probes (/healthz,
+   /readyz) are exempt: kubelets and load balancers address them by the pod's IP, and
+   they change nothing and show no data.
+2. Credentials: /api/* needs a valid bearer token or session cookie, /metrics a token
+   (unless TOCK_DASHBOARD_METRICS_PUBLIC=1); 401 otherwise, before a byte of the body is
+   read. Roles (viewer, operator) and CSRF are checked later, by the route's dependencies.
+3. Body size: over TOCK_DASHBOARD_MAX_BODY_BYTES is 413, by Content-Length before reading
+   and by counting while a chunked body streams in. The body is then handed on whole.
+4. JSON depth: a JSON body nested deeper than MAX_JSON_DEPTH levels is 400. Parsing and
+   error reporting recurse per level; very deep input would exhaust the stack (FastAPI
+   answers "There was an error parsing the body", or worse, 500 when serializing).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dashboard.auth import SESSION_COOKIE, Authenticator, bearer_token
+from dashboard.settings import DashboardSettings, split_host
+
+PROBES = frozenset({"/healthz", "/readyz"})
+MAX_JSON_DEPTH = 100
+"""Levels of [ and { in a request body. An enqueued payload may nest
+shared.core.validation's limit (64) deep, inside the body's own object."""
+
+# A string (to its closing quote, or to the end if it has none: every match that starts
+# at a quote succeeds, so the scan is linear) or a bracket.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
+_OPEN = frozenset(b"[{")
+_QUOTE = ord('"')
+
+
+def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON text nests more than `limit` arrays/objects deep (brackets inside
+    strings do not count). Linear in the size of the body; malformed text may be
+    over-counted, and is refused anyway."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    depth = 0
+    for match in _TOKEN.finditer(body):
+        char = body[match.start()]
+        if char == _QUOTE:
+            continue
+        if char in _OPEN:
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI parses a body as JSON when it has no content type, or a JSON one."""
+    if not content_type:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                            and media.endswith("+json"))
+
+
+def _session_cookie(header: str | None) -> str | None:
+    """The session cookie, parsed as `request.cookies` parses it."""
+    return cookie_parser(header).get(SESSION_COOKIE) if header else None
+
+
+class RequestGuard:
+    """The ASGI middleware described in the module docstring."""
+
+    def __init__(self, app: ASGIApp, settings: DashboardSettings,
+                 auth: Authenticator) -> None:
+        self.app = app
+        self.settings = settings
+        self.auth = auth
+        self.max_body = settings.dashboard_max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        headers = Headers(scope=scope)
+        if path not in PROBES:
+            host, _ = split_host(headers.get("host", ""))
+            if not self.settings.host_allowed(host):
+                await _reply(send, 400, "host not allowed: add it to "
+                             "TOCK_DASHBOARD_ALLOWED_HOSTS if the dashboard is reached "
+                             "by that name")
+                return
+        authorization = headers.get("authorization")
+        if path == "/api" or path.startswith("/api/"):
+            if not self.auth.authenticated(authorization,
+                                           _session_cookie(headers.get("cookie"))):
+                detail = ("invalid token" if bearer_token(authorization) is not None else
+                          "authentication required: send Authorization: Bearer <token>, "
+                          "or log in at /login")
+                await _reply(send, 401, detail, bearer=True)
+                return
+        elif path == "/metrics" and not self.auth.may_read_metrics(authorization):
+            await _reply(send, 401, "/metrics needs a token: send Authorization: Bearer "
+                         "<token> (TOCK_DASHBOARD_METRICS_TOKEN, or the operator or viewer "
+                         "token), or set TOCK_DASHBOARD_METRICS_PUBLIC=1", bearer=True)
+            return
+        if "content-length" not in headers and "transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body
+            return
+        length = headers.get("content-length")
+        if length is not None and length.strip().isdigit() and int(length) > self.max_body:
+            await self._too_large(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client has gone: nobody to answer
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if body and _is_json(headers.get("content-type")) and json_depth_exceeds(body):
+            await _reply(send, 400, f"request body is JSON nested deeper than "
+                         f"{MAX_JSON_DEPTH} levels")
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _too_large(self, send: Send) -> None:
+        await _reply(send, 413, f"request body is larger than {self.max_body} bytes "
+                     "(TOCK_DASHBOARD_MAX_BODY_BYTES)", close=True)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The buffered body as one message, then the client's own messages (disconnect)."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _reply(send: Send, status: int, detail: str, *, bearer: bool = False,
+                 close: bool = False) -> None:
+    content = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(content)).encode())]
+    if bearer:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if close:  # the rest of an unread body is not worth reading
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
