@@ -79,18 +79,13 @@ class Claimer(Loop):
             # Outcomes are waiting to be written (database slow?): do not take more.
             self.wait(0.05)
             return 0
-        reserved = pipe.slots.reserve(MAX_BATCH, timeout=0.5)
+        reserved = pipe.slots.reserve(pipe.settings.claim_batch_size, timeout=0.5)
         if not reserved:
             return 0
         claimed: list[Work] = []
         try:
             wait = pipe.settings.receive_wait_seconds if wait_seconds is None else wait_seconds
-            try:
-                messages = pipe.transport.receive(self.queue, reserved, wait,
-                                                  pipe.settings.visibility_timeout_seconds)
-            except TransportError:
-                metrics.SQS_ERRORS.labels("ReceiveMessage").inc()
-                raise
+            messages = self._receive(reserved, wait)
             if messages:
                 try:
                     claimed = self.claim(messages)
@@ -104,6 +99,26 @@ class Claimer(Loop):
         for entry in claimed:
             pipe.work.put(entry)
         return len(claimed)
+
+    def _receive(self, room: int, wait: int) -> list[Received]:
+        """Long-poll once; while SQS hands out full batches (a backlog) and handler slots
+        are free, receive again at once, so one claim statement covers several receives."""
+        pipe, visibility = self.pipe, self.pipe.settings.visibility_timeout_seconds
+        try:
+            got = pipe.transport.receive(self.queue, min(room, MAX_BATCH), wait, visibility)
+        except TransportError:
+            metrics.SQS_ERRORS.labels("ReceiveMessage").inc()
+            raise
+        messages = list(got)
+        while len(got) == MAX_BATCH and len(messages) < room:
+            try:
+                got = pipe.transport.receive(self.queue, min(room - len(messages), MAX_BATCH),
+                                             0, visibility)
+            except TransportError:  # claim what came; the next pass meets the error again
+                metrics.SQS_ERRORS.labels("ReceiveMessage").inc()
+                break
+            messages += got
+        return messages
 
     def claim(self, messages: list[Received]) -> list[Work]:
         """Claim what the messages point at; drop (delete) the rest."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue as queues
+import time
 from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime
@@ -36,6 +37,7 @@ class Completer(Loop):
     def __init__(self, pipe: Pipeline) -> None:
         super().__init__()
         self.pipe = pipe
+        self.group_commit_seconds = pipe.settings.group_commit_ms / 1000
         self._retrying: list[Finished] = []
 
     def run_once(self, now: datetime | None = None, wait_seconds: float = TAKE_WAIT_SECONDS
@@ -48,14 +50,23 @@ class Completer(Loop):
         return len(batch)
 
     def _take(self, wait_seconds: float) -> list[Finished]:
+        """The outcomes waiting, up to completion_batch_size. After the first one comes,
+        wait up to `group_commit_seconds` for more while handlers are still running: one
+        commit then covers several outcomes (group commit), for a few milliseconds of
+        latency."""
         batch, self._retrying = self._retrying, []
         limit = self.pipe.settings.completion_batch_size
         try:
             if not batch:
                 batch.append(self.pipe.done.get(timeout=wait_seconds) if wait_seconds
                              else self.pipe.done.get_nowait())
+            deadline = time.monotonic() + self.group_commit_seconds
             while len(batch) < limit:
-                batch.append(self.pipe.done.get_nowait())
+                left = deadline - time.monotonic()
+                if left > 0 and wait_seconds and self.pipe.slots.used:
+                    batch.append(self.pipe.done.get(timeout=left))
+                else:
+                    batch.append(self.pipe.done.get_nowait())
         except queues.Empty:
             pass
         return batch

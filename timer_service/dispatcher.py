@@ -17,6 +17,7 @@ A message lost after the commit is covered by the rescuer's re-dispatch of lost 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,8 @@ class Dispatcher(Loop):
     never longer than `max_idle_seconds`."""
 
     name = "dispatch"
+    threads = 2
+    """Two passes in flight: one claims the next batch while the other's sends are out."""
 
     def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
                  send_concurrency: int, max_idle_seconds: float) -> None:
@@ -61,38 +64,46 @@ class Dispatcher(Loop):
         self.max_idle_seconds = max_idle_seconds
         self.ready_within_seconds = max(10.0, 5 * max_idle_seconds)
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")
-        self._listener: Listener | None = None
-        self._refused_last_pass = False
+        self._local = threading.local()  # each dispatch thread: its listener, its last pass
+        self._listeners: list[Listener] = []
+        self._lock = threading.Lock()
         self._reported: dict[str, float] = {}
         self._refusals: dict[str, int] = {}
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        with self._lock:
+            for listener in self._listeners:
+                listener.close()
+            self._listeners.clear()
 
     def run_once(self, now: datetime | None = None) -> int:
         """One batch; returns how many were sent. A full batch returns at once for more."""
         sent, refused = self.dispatch_due(now)
-        self._refused_last_pass = bool(refused) and not sent
+        self._local.refused = bool(refused) and not sent
         return sent if sent >= self.batch_size else 0
 
     def idle(self) -> None:
-        if self._refused_last_pass:
+        if getattr(self._local, "refused", False):
             self.wait(REFUSED_PAUSE_SECONDS)  # SQS is refusing sends: do not spin on them
             return
+        listener: Listener | None = getattr(self._local, "listener", None)
         try:
-            if self._listener is None:
+            if listener is None:
                 assert self.store.database is not None
-                self._listener = self.store.database.listener(DUE_CHANNEL)
+                listener = self._local.listener = self.store.database.listener(DUE_CHANNEL)
+                with self._lock:
+                    self._listeners.append(listener)
             wait = self.seconds_until_next_due()
             if wait > 0:
-                self._listener.wait(min(wait, self.max_idle_seconds))
+                listener.wait(min(wait, self.max_idle_seconds))
         except BaseException:
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
+            if listener is not None:
+                listener.close()
+                self._local.listener = None
+                with self._lock:
+                    if listener in self._listeners:
+                        self._listeners.remove(listener)
             raise
 
     def seconds_until_next_due(self) -> float:

@@ -58,7 +58,7 @@ class Timer:
         # Every write of the timer is recoverable if a database crash loses it after commit
         # (a lost dispatch leaves a token no job carries: stale; a lost rescue or slot fire
         # is simply done again), so its commits need not wait for the WAL flush.
-        self.database = Database.for_service(settings.database_url, max_size=4,
+        self.database = Database.for_service(settings.database_url, max_size=6,
                                              name="tock-timer", synchronous_commit=False)
         self.transport = transport or SqsTransport(
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,

@@ -165,7 +165,15 @@ class ConsumerSettings(CommonSettings):
         default=30.0, gt=0, le=86400,
         description="First retry delay of a job whose kind this consumer has no handler "
                     "for (doubling per attempt); it goes dead only after its max attempts.")
+    claim_batch_size: int = Field(
+        default=50, ge=1, le=1000,
+        description="Messages one receiver claims in one statement: while SQS hands out "
+                    "full batches and handler slots are free, it receives again first.")
     completion_batch_size: int = Field(default=100, ge=1, le=1000)
+    group_commit_ms: float = Field(
+        default=2.0, ge=0, le=1000,
+        description="After an outcome is ready, wait up to this long for more while "
+                    "handlers run, so one commit covers several (0: write at once).")
     worker_id: str | None = Field(default=None, max_length=200)
     health_port: int | None = Field(default=None, ge=1, le=65535)
 
