@@ -1,8 +1,9 @@
 """Keep leases alive, on two timers that never wait for each other:
 
-    LeaseKeeper        every heartbeat_seconds: one fenced UPDATE extends every database
-                       lease this worker holds (the authority), plus the worker row; every
-                       tick it signals handlers past their deadline
+    LeaseKeeper        every heartbeat_seconds: one statement refreshes this worker's row
+                       and its lease, which every job it holds hangs off (the authority),
+                       and says which leases it still holds; every tick it signals
+                       handlers past their deadline
     VisibilityKeeper   every heartbeat_seconds: ChangeMessageVisibilityBatch for the
                        messages of the jobs whose lease holds, so SQS does not redeliver them
 
@@ -18,8 +19,9 @@ import time
 from collections import defaultdict
 from datetime import datetime
 
+from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline
-from shared.core.errors import TransportError
+from shared.core.errors import Retryable, TransportError
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
@@ -56,10 +58,8 @@ class LeaseKeeper(Loop):
         pipe = self.pipe
         items = pipe.tracker.heartbeating()
         when = now if now is not None else pipe.clock()
-        with pipe.store.transaction() as tx:
-            kept = tx.heartbeat([i.lease for i in items], pipe.worker_id,
-                                pipe.settings.lease_seconds, when)
-            tx.upsert_worker(pipe.announcement(), when)
+        kept = pipe.store.heartbeat(pipe.announcement(), [i.lease for i in items],
+                                    pipe.settings.lease_seconds, when)
         self.mark_ok()
         # A job whose outcome is being written in the meantime is not lost: it is done.
         lost = [i for i in items if i.job_id not in kept and not i.completing]
@@ -83,10 +83,21 @@ class LeaseKeeper(Loop):
                 emit(log, "job_timeout", logging.WARNING, job_id=item.job_id,
                      attempt=item.attempt, timeout_s=item.timeout_seconds)
             if over > self.pipe.settings.lease_seconds and not item.abandoned:
-                item.abandoned = True
-                emit(log, "handler_stuck", logging.ERROR, job_id=item.job_id,
-                     attempt=item.attempt, worker=self.pipe.worker_id,
-                     detail="handler ignored its deadline; lease left to expire")
+                self._detach(item)
+
+    def _detach(self, item: InFlight) -> None:
+        """A handler ignoring its deadline by more than a lease: its job stops following
+        this worker's lease and expires one lease from now, so the timer recovers it as if
+        this worker had died (the thread cannot be killed)."""
+        pipe = self.pipe
+        try:
+            pipe.store.detach_lease(item.lease, pipe.worker_id, pipe.settings.lease_seconds,
+                                    pipe.clock())
+        except Retryable:
+            return  # tried again on the next tick
+        item.abandoned = True
+        emit(log, "handler_stuck", logging.ERROR, job_id=item.job_id, attempt=item.attempt,
+             worker=pipe.worker_id, detail="handler ignored its deadline; lease left to expire")
 
 
 class VisibilityKeeper(Loop):

@@ -90,7 +90,8 @@ class Consumer:
     def start(self) -> None:
         """Announce this worker, start every loop; returns at once."""
         self.open()
-        self.pipe.store.upsert_worker(self.pipe.announcement(), self.pipe.clock())
+        self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
+                                  self.pipe.clock())
         self.lease_keeper.mark_ok()  # ready from the start
         self.supervisor.start()
         emit(log, "consumer_started", worker=self.worker_id, queues=self.settings.queues,

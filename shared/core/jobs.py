@@ -58,6 +58,8 @@ class Job:
     finished_at: datetime | None
     dispatch_failures: int = 0
     """Sends SQS refused in a row (the timer retries them with a backoff of their own)."""
+    lease_detached: bool = False
+    """A running job whose handler got stuck: its lease no longer follows its worker's."""
     created: bool = True
     attempts: tuple[Attempt, ...] = field(default=())
 

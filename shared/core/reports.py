@@ -73,6 +73,8 @@ class WorkerInfo(Worker):
     last_heartbeat: datetime
     stopped_at: datetime | None
     heartbeat_age_seconds: float
+    lease_expires_at: datetime | None = None
+    """The lease every job it holds hangs off."""
     status: str = field(default="alive")
     """alive, stale (no heartbeat for `stale_after_seconds`) or stopped."""
 

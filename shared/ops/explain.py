@@ -185,6 +185,11 @@ def _running(job: Job, ctx: Context) -> Explanation:
         details.append(f"Worker {w.id} is {w.status}: last heartbeat "
                        f"{duration(w.heartbeat_age_seconds)} ago.")
     expires = job.lease_expires_at
+    if job.lease_detached:
+        details.append("Its handler ignored its deadline: the job no longer follows its "
+                       "worker's lease.")
+    elif w is not None and w.lease_expires_at is not None:
+        expires = max(expires, w.lease_expires_at) if expires else w.lease_expires_at
     if expires is not None and expires < now:
         return Explanation(
             job.id, job.state,

@@ -121,10 +121,13 @@ class JobStore(Store):
 
     def expired_leases(self, limit: int, default_max_attempts: int,
                        now: datetime | None = None) -> list[ExpiredLease]:
-        """Running jobs whose lease expired, locked (SKIP LOCKED) until the transaction
-        ends: call `rescue_expired` in the same transaction."""
-        rows = self._rows(sql.SELECT_EXPIRED_LEASES, {
-            "limit": limit, "default_max_attempts": default_max_attempts, "now": now})
+        """Running jobs whose lease expired (their own and their worker's, or their own for
+        a detached job), locked (SKIP LOCKED) until the transaction ends: call
+        `rescue_expired` in the same transaction."""
+        params = {"limit": limit, "default_max_attempts": default_max_attempts, "now": now}
+        rows = self._rows(sql.SELECT_EXPIRED_LEASES, params)
+        if len(rows) < limit:
+            rows += self._rows(sql.SELECT_EXPIRED_DETACHED, {**params, "limit": limit - len(rows)})
         return [ExpiredLease(*r) for r in rows]
 
     def rescue_expired(self, rescues: Sequence[Rescue], now: datetime | None = None
@@ -168,22 +171,26 @@ class JobStore(Store):
         return {r[0]: (JobState(r[1]), r[2])
                 for r in self._rows(sql.EXPLAIN_UNCLAIMED, {"ids": list(job_ids)})}
 
-    def heartbeat(self, leases: Sequence[Lease], worker: str, lease_seconds: float,
+    def heartbeat(self, worker: Worker, leases: Sequence[Lease], lease_seconds: float,
                   now: datetime | None = None) -> set[int]:
-        """Extend every lease `worker` still holds; returns the job ids extended (the rest
-        are lost: cancelled, or expired and taken over)."""
-        if not leases:
-            return set()
-        return {r[0] for r in self._rows(sql.HEARTBEAT, {
-            "ids": [x.job_id for x in leases], "attempts": [x.attempt for x in leases],
-            "tokens": [x.token for x in leases], "worker": worker,
-            "lease_seconds": lease_seconds, "now": now})}
-
-    def upsert_worker(self, worker: Worker, now: datetime | None = None) -> None:
-        self._run(sql.UPSERT_WORKER, {
+        """The worker's heartbeat, one statement: refresh its row and its lease (which
+        every job it holds hangs off), and return which of `leases` it still holds (the
+        rest are lost: cancelled, expired and taken over, or detached)."""
+        return {r[0] for r in self._rows(sql.WORKER_BEAT, {
             "id": worker.id, "host": worker.host, "pid": worker.pid, "queues": worker.queues,
-            "kinds": worker.kinds,
-            "concurrency": worker.concurrency, "in_flight": worker.in_flight, "now": now})
+            "kinds": worker.kinds, "concurrency": worker.concurrency,
+            "in_flight": worker.in_flight, "lease_seconds": lease_seconds,
+            "ids": [x.job_id for x in leases], "attempts": [x.attempt for x in leases],
+            "tokens": [x.token for x in leases], "now": now})}
+
+    def detach_lease(self, lease: Lease, worker: str, lease_seconds: float,
+                     now: datetime | None = None) -> bool:
+        """Stop the worker's lease covering this job (its handler is stuck): it expires
+        `lease_seconds` from now unless its outcome is written first. False if the worker
+        no longer holds it."""
+        return self._one(sql.DETACH_LEASE, {
+            "id": lease.job_id, "attempt": lease.attempt, "token": lease.token,
+            "worker": worker, "lease_seconds": lease_seconds, "now": now}) is not None
 
     def known_kinds(self, now: datetime | None = None) -> list[str]:
         """Kinds a consumer has announced handlers for in the last 24 hours."""

@@ -18,7 +18,7 @@ JOB_COLUMNS = (
     "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
     "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "
     "dispatched_at, last_error, created_at, updated_at, started_at, finished_at, "
-    "dispatch_failures"
+    "dispatch_failures, lease_detached"
 )
 
 # --- producer -------------------------------------------------------------------------------
@@ -161,18 +161,46 @@ WHERE j.id = stuck.id
 RETURNING j.id
 """
 
+# Running jobs whose lease ran out: both their own (from the claim) and their worker's.
+# The owners are found with a loose index scan over the running jobs' owners (one probe
+# per distinct worker), so the cost follows the number of workers, not of running jobs.
 SELECT_EXPIRED_LEASES = f"""
+WITH RECURSIVE owners(owner) AS (
+    (SELECT lease_owner FROM tock_jobs WHERE state = 'running' AND lease_owner IS NOT NULL
+     ORDER BY lease_owner LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.lease_owner FROM tock_jobs j
+            WHERE j.state = 'running' AND j.lease_owner > o.owner
+            ORDER BY j.lease_owner LIMIT 1)
+    FROM owners o WHERE o.owner IS NOT NULL
+), stale AS (
+    SELECT o.owner FROM owners o LEFT JOIN tock_workers w ON w.id = o.owner
+    WHERE o.owner IS NOT NULL AND (w.lease_expires_at IS NULL OR w.lease_expires_at < {NOW})
+)
+SELECT j.id, j.attempt, coalesce(j.max_attempts, %(default_max_attempts)s), j.lease_owner,
+       j.started_at, greatest(j.lease_expires_at, w.lease_expires_at)
+FROM tock_jobs j LEFT JOIN tock_workers w ON w.id = j.lease_owner
+WHERE j.state = 'running' AND j.lease_owner IN (SELECT owner FROM stale)
+  AND j.lease_expires_at < {NOW}
+ORDER BY j.lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED
+"""
+
+# Running jobs detached from their worker (a handler stuck past its deadline) whose own
+# lease ran out.
+SELECT_EXPIRED_DETACHED = f"""
 SELECT id, attempt, coalesce(max_attempts, %(default_max_attempts)s), lease_owner, started_at,
        lease_expires_at
 FROM tock_jobs
-WHERE state = 'running' AND lease_expires_at < {NOW}
+WHERE state = 'running' AND lease_detached AND lease_expires_at < {NOW}
 ORDER BY lease_expires_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """
 
-# The rows are locked by SELECT_EXPIRED_LEASES in the same transaction; the guard repeats
-# the expiry test so a heartbeat that won the race keeps its job.
+# The rows are locked by the selects above in the same transaction; the guard repeats the
+# expiry test (the job's and its worker's), so a heartbeat that won the race keeps its job.
 RESCUE_EXPIRED = f"""
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::tock_job_state[],
@@ -184,10 +212,14 @@ WITH r AS (
         run_at = CASE WHEN r.state = 'retrying' THEN {NOW} + make_interval(secs => r.delay)
                       ELSE j.run_at END,
         last_error = r.error, lease_owner = NULL, lease_expires_at = NULL,
+        lease_detached = false,
         finished_at = CASE WHEN r.state = 'dead' THEN {NOW} END, updated_at = {NOW}
     FROM r
     WHERE j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
       AND j.attempt = r.attempt AND j.lease_expires_at < {NOW}
+      AND (j.lease_detached OR NOT EXISTS (
+          SELECT 1 FROM tock_workers w
+          WHERE w.id = j.lease_owner AND w.lease_expires_at >= {NOW}))
     RETURNING j.id, r.attempt, r.error, j.started_at, r.worker
 )
 INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
@@ -203,7 +235,7 @@ CLAIM_MESSAGES = f"""
 UPDATE tock_jobs j
 SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
     lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s),
-    started_at = {NOW}, updated_at = {NOW}, dispatch_failures = 0,
+    started_at = {NOW}, updated_at = {NOW}, dispatch_failures = 0, lease_detached = false,
     max_attempts = coalesce(j.max_attempts, m.default_max_attempts),
     timeout_seconds = coalesce(j.timeout_seconds, m.default_timeout_seconds)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],
@@ -230,24 +262,35 @@ EXPLAIN_UNCLAIMED = """
 SELECT id, state, dispatch_token FROM tock_jobs WHERE id = ANY(%(ids)s)
 """
 
-# One statement extends every lease this worker holds; rows not returned are lost leases.
-HEARTBEAT = f"""
-UPDATE tock_jobs j
-SET lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(id, attempt, token)
-WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
-  AND j.lease_owner = %(worker)s AND j.attempt = m.attempt AND j.dispatch_token = m.token
-RETURNING j.id
+# A worker's heartbeat: one row, however many jobs it runs. It refreshes the worker's
+# lease (which every job it holds hangs off) and reports which of the leases it believes
+# it holds it still holds; the rest were lost (cancelled, or expired and taken over).
+WORKER_BEAT = f"""
+WITH beat AS (
+    INSERT INTO tock_workers (id, host, pid, queues, kinds, concurrency, in_flight, started_at,
+                              last_heartbeat, lease_expires_at)
+    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(kinds)s, %(concurrency)s, %(in_flight)s,
+            {NOW}, {NOW}, {NOW} + make_interval(secs => %(lease_seconds)s))
+    ON CONFLICT (id) DO UPDATE
+    SET in_flight = EXCLUDED.in_flight, last_heartbeat = EXCLUDED.last_heartbeat,
+        lease_expires_at = EXCLUDED.lease_expires_at, kinds = EXCLUDED.kinds, stopped_at = NULL
+)
+SELECT j.id
+FROM tock_jobs j
+JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(id, attempt, token)
+  ON j.id = m.id
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running' AND j.lease_owner = %(id)s
+  AND j.attempt = m.attempt AND j.dispatch_token = m.token AND NOT j.lease_detached
 """
 
-UPSERT_WORKER = f"""
-INSERT INTO tock_workers (id, host, pid, queues, kinds, concurrency, in_flight, started_at,
-                          last_heartbeat)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(kinds)s, %(concurrency)s, %(in_flight)s,
-        {NOW}, {NOW})
-ON CONFLICT (id) DO UPDATE
-SET in_flight = EXCLUDED.in_flight, last_heartbeat = EXCLUDED.last_heartbeat, stopped_at = NULL,
-    kinds = EXCLUDED.kinds
+# A handler stuck past its deadline: its job no longer hangs off the worker's lease, and
+# expires one lease from now unless its outcome is written first.
+DETACH_LEASE = f"""
+UPDATE tock_jobs
+SET lease_detached = true, lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s)
+WHERE id = %(id)s AND state = 'running' AND lease_owner = %(worker)s AND attempt = %(attempt)s
+  AND dispatch_token = %(token)s
+RETURNING id
 """
 
 # Kinds some consumer announced within the last day (TOCK_REJECT_UNKNOWN_KINDS).
@@ -257,7 +300,12 @@ WHERE last_heartbeat > {NOW} - interval '24 hours'
 ORDER BY k
 """
 
-STOP_WORKER = f"UPDATE tock_workers SET stopped_at = {NOW}, in_flight = 0 WHERE id = %(id)s"
+# A worker that stops gives up its lease: anything it still holds (a stuck handler) is
+# rescued at its own expiry.
+STOP_WORKER = f"""
+UPDATE tock_workers SET stopped_at = {NOW}, in_flight = 0, lease_expires_at = {NOW}
+WHERE id = %(id)s
+"""
 
 # Outcomes of many attempts in one statement, each fenced on (state, owner, attempt, token):
 # a worker whose lease expired and was taken over matches nothing and writes nothing.
@@ -276,7 +324,7 @@ WITH r AS (
         run_at = CASE WHEN r.state IN ('retrying', 'scheduled')
                       THEN {NOW} + make_interval(secs => r.delay) ELSE j.run_at END,
         last_error = coalesce(r.error, j.last_error),
-        lease_owner = NULL, lease_expires_at = NULL,
+        lease_owner = NULL, lease_expires_at = NULL, lease_detached = false,
         finished_at = CASE WHEN r.state IN ('succeeded', 'dead') THEN {NOW} END,
         updated_at = {NOW}
     FROM r

@@ -108,7 +108,7 @@ WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
 
 WORKERS = """
 SELECT id, host, pid, queues, kinds, concurrency, in_flight, started_at, last_heartbeat,
-       stopped_at,
+       stopped_at, lease_expires_at,
        extract(epoch FROM n.now - last_heartbeat)::float8
 FROM tock_workers, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
 WHERE stopped_at IS NULL OR stopped_at > n.now - interval '1 hour'

@@ -67,11 +67,11 @@ class OperatorStore(Store):
         """Consumers running or stopped within the last hour, live ones first."""
         out = []
         for r in self._rows(sql.WORKERS, {"now": now}):
-            status = "stopped" if r[9] else ("stale" if r[10] > stale_after_seconds else "alive")
+            status = "stopped" if r[9] else ("stale" if r[11] > stale_after_seconds else "alive")
             out.append(WorkerInfo(id=r[0], host=r[1], pid=r[2], queues=r[3], kinds=r[4],
                                   concurrency=r[5], in_flight=r[6], started_at=r[7],
-                                  last_heartbeat=r[8], stopped_at=r[9],
-                                  heartbeat_age_seconds=r[10], status=status))
+                                  last_heartbeat=r[8], stopped_at=r[9], lease_expires_at=r[10],
+                                  heartbeat_age_seconds=r[11], status=status))
         return out
 
     def throughput(self, since: datetime, until: datetime, bucket_seconds: int

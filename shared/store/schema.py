@@ -55,10 +55,13 @@ jobs = Table(
     Column("finished_at", TS),
     Column("schedule_name", Text),  # 0002: which recurring schedule made the job
     Column("dispatch_failures", Integer, nullable=False, server_default="0"),  # 0004
+    Column("lease_detached", Boolean, nullable=False, server_default="false"),  # 0006
     CheckConstraint("priority BETWEEN 0 AND 9"),
     Index("tock_jobs_due_idx", "priority", "run_at", "id",
           postgresql_where=text("state IN ('scheduled', 'retrying')")),
-    Index("tock_jobs_lease_idx", "lease_expires_at", postgresql_where=text("state = 'running'")),
+    Index("tock_jobs_owner_idx", "lease_owner", postgresql_where=text("state = 'running'")),
+    Index("tock_jobs_detached_idx", "lease_expires_at",
+          postgresql_where=text("state = 'running' AND lease_detached")),
     Index("tock_jobs_dispatched_idx", "dispatched_at",
           postgresql_where=text("state = 'dispatched'")),
     Index("tock_jobs_unique_key_idx", "unique_key", unique=True,
@@ -102,6 +105,7 @@ workers = Table(
     Column("last_heartbeat", TS, nullable=False),
     Column("stopped_at", TS),
     Column("kinds", ARRAY(Text), nullable=False, server_default="{}"),  # 0005
+    Column("lease_expires_at", TS),  # 0006: the lease every job of the worker hangs off
 )
 
 schedules = Table(

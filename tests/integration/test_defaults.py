@@ -84,7 +84,7 @@ def test_reject_unknown_kinds_refuses_a_kind_no_consumer_has(database_url, db, t
     registry = Registry()
     registry.add("known", lambda payload, ctx: None)
     consumer = make_consumer(consumer_settings, registry, transport)
-    consumer.pipe.store.upsert_worker(consumer.pipe.announcement())  # its heartbeat
+    consumer.pipe.store.heartbeat(consumer.pipe.announcement(), [], 30)  # its heartbeat
     strict = Client(ClientSettings(database_url=database_url, reject_unknown_kinds=True))
     lenient = Client(ClientSettings(database_url=database_url))
     try:

@@ -33,9 +33,10 @@ def attempt(n: int, outcome: AttemptOutcome, error: str | None = None,
                    error, None)
 
 
-def worker(status: str = "alive", age: float = 1.0) -> WorkerInfo:
+def worker(status: str = "alive", age: float = 1.0,
+           lease_until: datetime | None = None) -> WorkerInfo:
     return WorkerInfo("w1", "host", 1, ["default"], ["email"], 4, 1, NOW - timedelta(hours=1),
-                      NOW - timedelta(seconds=age), None, age, status)
+                      NOW - timedelta(seconds=age), None, age, lease_until, status)
 
 
 def test_durations_read_like_people_write_them():
@@ -80,11 +81,15 @@ def test_running_leased_and_lease_expired():
     e = explain.explain(j, Context(NOW, lease_worker=worker()))
     assert e.summary == ("Running: leased by worker w1 until 2026-12-02 15:00:27 UTC "
                          "(in 27 s) (attempt 2 of 3).")
-    expired = replace(j, lease_expires_at=NOW - timedelta(seconds=5))
-    e = explain.explain(expired, Context(NOW, lease_worker=worker("stale", 45)))
-    assert "the lease expired 2026-12-02 14:59:55 UTC (5 s ago)" in e.summary
+    expired = replace(j, lease_expires_at=NOW - timedelta(seconds=50))
+    e = explain.explain(expired, Context(NOW, lease_worker=worker(
+        "stale", 45, lease_until=NOW - timedelta(seconds=5))))
+    assert "the lease expired 2026-12-02 14:59:55 UTC (5 s ago)" in e.summary, e.summary
     assert "Worker w1 is stale: last heartbeat 45 s ago." in e.details
     assert "A timer rescues it" in e.next_step
+    covered = explain.explain(expired, Context(NOW, lease_worker=worker(
+        lease_until=NOW + timedelta(seconds=20))))
+    assert "until 2026-12-02 15:00:20 UTC (in 20 s)" in covered.summary, "the worker's lease"
 
 
 @pytest.mark.parametrize(("outcome", "words"), [

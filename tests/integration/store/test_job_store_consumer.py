@@ -1,5 +1,5 @@
 """Conformance of `JobStore` (shared.store.job_store / jobs_sql) against the real Postgres,
-the consumer's statements: claim_messages, job_states, heartbeat, upsert_worker,
+the consumer's statements: claim_messages, job_states, heartbeat, detach_lease,
 stop_worker and finish_attempts. One test (or a small parametrized group) per method, each
 guard of a guarded statement exercised on its own. Rows are arranged and inspected with
 plain SQL on `db`; time is pinned through `now=` (the database clock at the start of the
@@ -125,19 +125,25 @@ def test_job_states_reads_state_and_token_of_existing_jobs(job_store, db, now):
     assert job_store.job_states([]) == {}
 
 
-# --- heartbeat --------------------------------------------------------------------------------
+# --- heartbeat ----------------------------------------------------------------------------------
 
 
-def test_heartbeat_extends_every_lease_the_worker_holds(job_store, db, now):
+def _w(worker_id: str = "w1", *, in_flight: int = 0, kinds: list[str] | None = None) -> Worker:
+    return Worker(worker_id, "host-a", 101, ["default", "mail"], kinds or ["email"], 8,
+                  in_flight)
+
+
+def test_heartbeat_renews_the_worker_lease_and_writes_no_job_row(job_store, db, now):
     a = add_running(db, now, worker="w1", lease_until=now + secs(10))
     b = add_running(db, now, worker="w1", attempt=2, lease_until=now + secs(3))
-    assert job_store.heartbeat([a, b], "w1", 30, now=now + secs(5)) == {a.job_id, b.job_id}
-    for lease in (a, b):
-        assert job_row(db, lease.job_id)["lease_expires_at"] == now + secs(35)
+    before = {x.job_id: job_row(db, x.job_id) for x in (a, b)}
+    assert job_store.heartbeat(_w(), [a, b], 30, now=now + secs(5)) == {a.job_id, b.job_id}
+    assert _worker(db, "w1")["lease_expires_at"] == now + secs(35)
+    assert {x.job_id: job_row(db, x.job_id) for x in (a, b)} == before, "one row, the worker's"
 
 
-@pytest.mark.parametrize("case", ["owner", "attempt", "token", "state"])
-def test_heartbeat_is_fenced_on_owner_attempt_token_and_state(job_store, db, now, case):
+@pytest.mark.parametrize("case", ["owner", "attempt", "token", "state", "detached"])
+def test_heartbeat_reports_only_the_leases_still_held(job_store, db, now, case):
     good = add_running(db, now, worker="w1")
     lost = add_running(db, now, worker="w1", attempt=2, lease_until=now + secs(10))
     sent = lost
@@ -147,56 +153,60 @@ def test_heartbeat_is_fenced_on_owner_attempt_token_and_state(job_store, db, now
         sent = Lease(lost.job_id, 1, lost.token)
     elif case == "token":
         sent = Lease(lost.job_id, lost.attempt, uuid4())
-    else:
+    elif case == "state":
         db.execute("UPDATE tock_jobs SET state = 'cancelled' WHERE id = %s", (lost.job_id,))
+    else:
+        assert job_store.detach_lease(lost, "w1", 30, now=now)
     before = job_row(db, lost.job_id)
-    assert job_store.heartbeat([good, sent], "w1", 30, now=now) == {good.job_id}
+    assert job_store.heartbeat(_w(), [good, sent], 30, now=now) == {good.job_id}
     assert job_row(db, lost.job_id) == before
 
 
-def test_heartbeat_of_no_leases_runs_no_statement(database_url):
-    closed = psycopg.connect(database_url)
-    closed.close()
-    assert JobStore.on(closed).heartbeat([], "w1", 30) == set()
+def test_detach_lease_is_fenced_and_sets_the_jobs_own_expiry(job_store, db, now):
+    lease = add_running(db, now, worker="w1", lease_until=now + secs(1))
+    assert not job_store.detach_lease(lease, "w2", 30, now=now), "not w2's"
+    assert not job_store.detach_lease(Lease(lease.job_id, 9, lease.token), "w1", 30, now=now)
+    assert job_store.detach_lease(lease, "w1", 30, now=now)
+    row = job_row(db, lease.job_id)
+    assert (row["lease_detached"], row["lease_expires_at"]) == (True, now + secs(30))
 
 
-# --- upsert_worker / stop_worker --------------------------------------------------------------
+# --- the worker row: heartbeat with no leases, stop_worker -------------------------------------
 
 
-def _worker(db: Any, worker_id: str) -> dict[str, Any] | None:
+def _worker(db: Any, worker_id: str) -> dict[str, Any]:
     row: dict[str, Any] | None = db.cursor(row_factory=dict_row).execute(
         "SELECT * FROM tock_workers WHERE id = %s", (worker_id,)).fetchone()
+    assert row is not None
     return row
 
 
-def test_upsert_worker_announces_then_refreshes_a_worker(job_store, db, now):
-    job_store.upsert_worker(Worker("w1", "host-a", 101, ["default", "mail"], ["email"], 8, 0),
-                            now=now)
+def test_a_heartbeat_announces_then_refreshes_a_worker(job_store, db, now):
+    assert job_store.heartbeat(_w(), [], 30, now=now) == set()
     assert _worker(db, "w1") == {
         "id": "w1", "host": "host-a", "pid": 101, "queues": ["default", "mail"],
         "concurrency": 8, "in_flight": 0, "started_at": now, "last_heartbeat": now,
-        "stopped_at": None, "kinds": ["email"]}
-    job_store.upsert_worker(
-        Worker("w1", "host-a", 101, ["default", "mail"], ["email", "sms"], 8, 5),
-        now=now + secs(10))
+        "stopped_at": None, "kinds": ["email"], "lease_expires_at": now + secs(30)}
+    job_store.heartbeat(_w(in_flight=5, kinds=["email", "sms"]), [], 30, now=now + secs(10))
     row = _worker(db, "w1")
-    assert row is not None
-    assert (row["in_flight"], row["last_heartbeat"], row["started_at"], row["kinds"]) == (
-        5, now + secs(10), now, ["email", "sms"])
+    assert (row["in_flight"], row["last_heartbeat"], row["started_at"], row["kinds"],
+            row["lease_expires_at"]) == (5, now + secs(10), now, ["email", "sms"],
+                                         now + secs(40))
     assert count(db, "tock_workers") == 1
 
 
-def test_stop_worker_marks_it_stopped_and_an_upsert_revives_it(job_store, db, now):
-    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], [], 4, 3), now=now)
-    job_store.upsert_worker(Worker("w2", "h", 2, ["default"], [], 4, 1), now=now)
+def test_stop_worker_marks_it_stopped_ends_its_lease_and_a_heartbeat_revives_it(
+        job_store, db, now):
+    job_store.heartbeat(_w("w1", in_flight=3), [], 30, now=now)
+    job_store.heartbeat(_w("w2", in_flight=1), [], 30, now=now)
     job_store.stop_worker("w1", now=now + secs(20))
     row = _worker(db, "w1")
-    assert row is not None and (row["stopped_at"], row["in_flight"]) == (now + secs(20), 0)
-    other_row = _worker(db, "w2")
-    assert other_row is not None and other_row["stopped_at"] is None
-    job_store.upsert_worker(Worker("w1", "h", 1, ["default"], [], 4, 2), now=now + secs(30))
+    assert (row["stopped_at"], row["in_flight"], row["lease_expires_at"]) == (
+        now + secs(20), 0, now + secs(20))
+    assert _worker(db, "w2")["stopped_at"] is None
+    job_store.heartbeat(_w("w1", in_flight=2), [], 30, now=now + secs(30))
     row = _worker(db, "w1")
-    assert row is not None and (row["stopped_at"], row["in_flight"]) == (None, 2)
+    assert (row["stopped_at"], row["in_flight"]) == (None, 2)
     job_store.stop_worker("nobody", now=now)
     assert count(db, "tock_workers") == 2
 

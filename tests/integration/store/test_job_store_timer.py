@@ -11,6 +11,7 @@ from uuid import uuid4
 
 import pytest
 
+from shared.core.reports import Worker
 from shared.core.states import JobState
 from shared.store import JobStore
 from shared.store.rows import DueJob, ExpiredLease, Refused, Rescue
@@ -284,14 +285,35 @@ def test_rescue_expired_moves_jobs_on_and_records_the_lost_attempts(job_store, d
 def test_rescue_expired_leaves_a_lease_renewed_since_the_select(job_store, db, now):
     lease = add_running(db, now, worker="w1", lease_until=now - secs(1))
     assert [e.job_id for e in job_store.expired_leases(10, 3, now=now)] == [lease.job_id]
-    assert job_store.heartbeat([lease], "w1", 30, now=now) == {lease.job_id}
+    worker = Worker("w1", "h", 1, ["default"], [], 4, 1)
+    assert job_store.heartbeat(worker, [lease], 30, now=now) == {lease.job_id}
     rescued = job_store.rescue_expired(
         [Rescue(lease.job_id, 1, JobState.RETRYING, 0.0, "lease expired", "w1")], now=now)
     assert rescued == set()
     row = job_row(db, lease.job_id)
-    assert (row["state"], row["lease_owner"], row["lease_expires_at"]) == (
-        "running", "w1", now + secs(30))
+    assert (row["state"], row["lease_owner"]) == ("running", "w1")
     assert attempt_rows(db) == []
+
+
+def test_a_live_workers_lease_covers_its_jobs_past_their_own(job_store, db, now):
+    held = add_running(db, now, worker="w1", lease_until=now - secs(50))
+    job_store.heartbeat(Worker("w1", "h", 1, ["default"], [], 4, 1), [held], 30,
+                        now=now - secs(10))
+    assert job_store.expired_leases(10, 3, now=now) == [], "w1's lease runs to now + 20"
+    assert [e.job_id for e in job_store.expired_leases(10, 3, now=now + secs(21))] == [
+        held.job_id]
+
+
+def test_a_detached_job_expires_on_its_own_lease_whatever_its_worker(job_store, db, now):
+    stuck = add_running(db, now, worker="w1", lease_until=now + secs(60))
+    job_store.heartbeat(Worker("w1", "h", 1, ["default"], [], 4, 1), [stuck], 300, now=now)
+    assert job_store.detach_lease(stuck, "w1", 5, now=now)
+    assert job_store.expired_leases(10, 3, now=now + secs(4)) == []
+    (found,) = job_store.expired_leases(10, 3, now=now + secs(6))
+    assert found.job_id == stuck.job_id
+    assert job_store.rescue_expired(
+        [Rescue(stuck.job_id, 1, JobState.RETRYING, 0.0, "stuck", "w1")],
+        now=now + secs(6)) == {stuck.job_id}
 
 
 @pytest.mark.parametrize("change", [
