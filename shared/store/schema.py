@@ -1,6 +1,7 @@
 """The declared schema, as SQLAlchemy metadata. The migrations in shared/store/migrations are
-what creates it; tests/test_schema.py checks that a database migrated from zero matches
-this declaration, table by table, column by column, index by index."""
+what creates it; tests/integration/test_schema.py checks that a database migrated from zero
+matches this declaration, table by table, column by column, index by index, and the
+partitioning of the history tables (`PARTITIONED`) and the views (`VIEWS`)."""
 
 from sqlalchemy import (
     ARRAY,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     SmallInteger,
     Table,
     Text,
@@ -22,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, INTERVAL, JSONB, UUID
 
-from shared.core.states import AttemptOutcome, JobState
+from shared.core.states import FINAL_STATES, AttemptOutcome, JobState
 
 metadata = MetaData()
 
@@ -157,7 +159,62 @@ schedule_audit = Table(
     Column("detail", Text),
     Column("recorded_at", TS, nullable=False),
     Index("tock_schedule_audit_schedule_idx", "schedule", "id"),
+    Index("tock_schedule_audit_recorded_idx", "recorded_at"),  # 0007: pruned by age
 )
+
+# --- 0007: the history, and the keys that span it ----------------------------------------
+
+keys = Table(
+    "tock_keys", metadata,
+    Column("unique_key", Text, primary_key=True),
+    Column("job_id", BigInteger, nullable=False),
+)
+
+history_jobs = Table(
+    "tock_history_jobs", metadata,
+    *[Column(c.name, c.type, nullable=c.nullable and c.name != "finished_at")
+      for c in jobs.columns],
+    PrimaryKeyConstraint("id", "state", "finished_at"),
+    Index("tock_history_jobs_kind_idx", "kind", "id"),
+    Index("tock_history_jobs_queue_idx", "queue", "id"),
+    Index("tock_history_jobs_tenant_idx", "tenant", "id",
+          postgresql_where=text("tenant IS NOT NULL")),
+    Index("tock_history_jobs_key_idx", "unique_key",
+          postgresql_where=text("unique_key IS NOT NULL")),
+    Index("tock_history_jobs_schedule_idx", "schedule_name", "run_at", "id",
+          postgresql_where=text("schedule_name IS NOT NULL")),
+    Index("tock_history_jobs_finished_idx", "finished_at", postgresql_using="brin"),
+    postgresql_partition_by="LIST (state)",
+)
+
+history_attempts = Table(
+    "tock_history_attempts", metadata,
+    *[Column(c.name, c.type, nullable=c.nullable) for c in attempts.columns],
+    Column("job_state", job_state, nullable=False),
+    Column("job_finished_at", TS, nullable=False),
+    Index("tock_history_attempts_job_idx", "job_id", "id"),
+    Index("tock_history_attempts_finished_idx", "job_finished_at", postgresql_using="brin"),
+    postgresql_partition_by="LIST (job_state)",
+)
+
+HISTORY_STATES = tuple(s.value for s in FINAL_STATES)
+"""The LIST partitions of each history table, one per final state."""
+
+PARTITIONED = {
+    "tock_history_jobs": ("LIST (state)", "RANGE (finished_at)"),
+    "tock_history_attempts": ("LIST (job_state)", "RANGE (job_finished_at)"),
+}
+"""Each history table: its partition key, and that of its per-state partitions (which hold
+a DEFAULT partition and one partition per UTC day, `<table>_<state>_pYYYYMMDD`)."""
+
+PARTITIONS_AHEAD_DAYS = 2
+"""Day partitions exist from today to today + this (the migration, then the retention loop)."""
+
+VIEWS = {
+    "tock_jobs_all": [c.name for c in jobs.columns],
+    "tock_attempts_all": [c.name for c in attempts.columns],
+}
+"""Both sides of each table, for psql and scripts."""
 
 migrations = Table(
     "tock_migrations", metadata,
@@ -165,5 +222,6 @@ migrations = Table(
     Column("applied_at", TS, nullable=False),
 )
 
-__all__ = ["attempts", "jobs", "metadata", "migrations", "schedule_audit", "schedules",
-           "workers"]
+__all__ = ["PARTITIONED", "PARTITIONS_AHEAD_DAYS", "VIEWS", "attempts", "history_attempts",
+           "history_jobs", "jobs", "keys", "metadata", "migrations", "schedule_audit",
+           "schedules", "workers"]
