@@ -19,16 +19,16 @@ from shared.runtime.settings import ClientSettings
 LAGS = """
 SELECT extract(epoch FROM started_at - run_at)::float8,
        extract(epoch FROM dispatched_at - run_at)::float8
-FROM tock_jobs WHERE id > %(after)s AND state = 'succeeded' ORDER BY run_at
+FROM tock_jobs_all WHERE id > %(after)s AND state = 'succeeded' ORDER BY run_at
 """
 
-MAX_ID = "SELECT coalesce(max(id), 0) FROM tock_jobs"
+MAX_ID = "SELECT coalesce(max(id), 0) FROM tock_jobs_all"
 
 DRAIN = """
 SELECT extract(epoch FROM finished_at - %(t0)s::timestamptz)::float8,
        extract(epoch FROM dispatched_at - %(t0)s::timestamptz)::float8,
        extract(epoch FROM started_at - run_at)::float8
-FROM tock_jobs WHERE id > %(after)s
+FROM tock_jobs_all WHERE id > %(after)s
 """
 
 TARGET_P99_MS = 100.0
@@ -67,7 +67,7 @@ def _run_batch(url: str, n: int, fleet: Any, *, lead_seconds: float,
         t0 = conn.execute("SELECT date_trunc('second', now()) + make_interval(secs => "
                           "ceil(%(lead)s))", {"lead": lead_seconds}).fetchone()[0]  # type: ignore[index]
     insert_due(url, n, at=t0 if lead_seconds else None, spread_seconds=spread_seconds)
-    total = waiting.scalar(url, "SELECT count(*) FROM tock_jobs")
+    total = waiting.scalar(url, "SELECT count(*) FROM tock_jobs_all")
     waiting.until(url, COUNT_STATE, lambda v: v == total, params={"state": "succeeded"},
                   timeout=_timeout(n) + lead_seconds, what=f"{n} jobs succeeded", fleet=fleet)
     return after, t0
@@ -132,7 +132,7 @@ def steady(ctx: Context, url: str, fleet: Any, consumers: int) -> None:
                 time.sleep(delay)  # pacing the producer, not waiting for a result
             client.schedule(noop_tasks.KIND, {"n": i})
         achieved = count / (time.perf_counter() - start)
-    total = waiting.scalar(url, "SELECT count(*) FROM tock_jobs")
+    total = waiting.scalar(url, "SELECT count(*) FROM tock_jobs_all")
     waiting.until(url, COUNT_STATE, lambda v: v == total, params={"state": "succeeded"},
                   timeout=_timeout(count), what="steady jobs succeeded", fleet=fleet)
     start_lags, dispatch_lags = _lags(url, after)

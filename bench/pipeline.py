@@ -37,7 +37,7 @@ SELECT %(kind)s, 'default', jsonb_build_object('n', g),
 FROM generate_series(1, %(n)s) AS g
 """
 
-COUNT_STATE = "SELECT count(*) FROM tock_jobs WHERE state = %(state)s"
+COUNT_STATE = "SELECT count(*) FROM tock_jobs_all WHERE state = %(state)s"
 LIVE_WORKERS = "SELECT count(*) FROM tock_workers WHERE stopped_at IS NULL"
 
 
@@ -106,7 +106,7 @@ def enqueue(ctx: Context) -> None:
 DISPATCH_RATE = """
 SELECT count(*) FILTER (WHERE dispatched_at < m.last),
        extract(epoch FROM m.last - m.first)
-FROM tock_jobs, (SELECT min(dispatched_at) AS first, max(dispatched_at) AS last
+FROM tock_jobs_all, (SELECT min(dispatched_at) AS first, max(dispatched_at) AS last
                  FROM tock_jobs) m
 GROUP BY m.first, m.last
 """
@@ -116,13 +116,13 @@ GROUP BY m.first, m.last
 CONSUME_RATE = """
 SELECT count(*) FILTER (WHERE finished_at >= w.ready),
        extract(epoch FROM max(finished_at) - w.ready)
-FROM tock_jobs, (SELECT max(started_at) AS ready FROM tock_workers) w
+FROM tock_jobs_all, (SELECT max(started_at) AS ready FROM tock_workers) w
 GROUP BY w.ready
 """
 
 END_TO_END = """
 SELECT count(*), extract(epoch FROM max(finished_at) - min(run_at))
-FROM tock_jobs WHERE state = 'succeeded'
+FROM tock_jobs_all WHERE state = 'succeeded'
 """
 
 
@@ -206,7 +206,7 @@ def database_work(ctx: Context) -> None:
     insert_due(url, n)
     run_in_memory(url, ctx.profile.consumer_concurrency, n, ctx.log_dir / "memory.log")
     rows = _row(url, """SELECT count(*), extract(epoch FROM max(finished_at) - min(dispatched_at))
-                        FROM tock_jobs WHERE state = 'succeeded'""")
+                        FROM tock_jobs_all WHERE state = 'succeeded'""")
     jobs = rate(rows[0], float(rows[1]))
     ctx.results.ratio("dbwork.memory", "end-to-end",
                       "database work per job: timer + consumer over the in-memory transport",

@@ -17,8 +17,9 @@ from typing import Any
 
 from shared.core import validation
 from shared.core.config import ProducerConfig
-from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound, Retryable
 from shared.core.jobs import Job
+from shared.core.states import JobState
 from shared.store.database import Database, adopt_connection
 from shared.store.job_store import JobStore
 from shared.store.known_kinds import KnownKinds
@@ -87,10 +88,7 @@ class Client:
         store = self._store(connection)
         inserted = store.insert_jobs(new, self._now)
         by_key = {j.unique_key: j for j in inserted if j.unique_key}
-        missing = [j.unique_key for j in new if j.unique_key and j.unique_key not in by_key]
-        if missing:
-            for job in store.jobs_by_key(missing):
-                by_key[job.unique_key] = job  # type: ignore[index]
+        self._existing(store, new, by_key)
         keyless = iter(j for j in inserted if not j.unique_key)
         out, seen = [], set()
         for j in new:
@@ -102,6 +100,30 @@ class Client:
             out.append(replace(found, created=False) if j.unique_key in seen else found)
             seen.add(j.unique_key)
         return out
+
+    def _existing(self, store: JobStore, new: list[NewJob], by_key: dict[str, Job]) -> None:
+        """Fill `by_key` with the jobs that hold the keys not inserted. A key can be held
+        by no job for a moment: its job's day passed its retention and the timer has not
+        yet freed its keys. Such a key is freed here (only if no job holds it, in one
+        statement) and the job inserted again; at most a few rounds, since a competing
+        producer that wins the key leaves a job to read."""
+        for _ in range(3):
+            missing = list(dict.fromkeys(
+                j.unique_key for j in new if j.unique_key and j.unique_key not in by_key))
+            if not missing:
+                return
+            for job in store.jobs_by_key(missing):
+                by_key[job.unique_key] = job  # type: ignore[index]
+            orphaned = [k for k in missing if k not in by_key]
+            if not orphaned or not store.reclaim_keys(orphaned):
+                continue
+            again = {j.unique_key: j for j in new if j.unique_key in orphaned}
+            for job in store.insert_jobs(list(again.values()), self._now):
+                by_key[job.unique_key] = job  # type: ignore[index]
+        missing = [j.unique_key for j in new if j.unique_key and j.unique_key not in by_key]
+        if missing:
+            raise Retryable(f"key(s) {missing[:5]} are taken but no job holds "
+                                      "them; try again")
 
     def _validated(self, jobs: Iterable[Mapping[str, Any]]) -> list[NewJob]:
         if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
@@ -169,6 +191,12 @@ class Client:
         validation.job_id(job_id)
         store = self._store(connection)
         job = store.retry_job(job_id, self._now)
+        if job is None:
+            # The timer's retention loop may have been moving this (pre-0007) job to the
+            # history at that instant: the statement saw it in neither place it could act.
+            current = store.get_job(job_id)
+            if current is not None and current.state in (JobState.DEAD, JobState.CANCELLED):
+                job = store.retry_job(job_id, self._now)
         if job is None:
             return self._refused(store, job_id, "retry", "dead or cancelled")
         store.notify_due()

@@ -13,6 +13,7 @@ from shared.core.jobs import Attempt, Job
 from shared.core.reports import Worker
 from shared.core.states import JobState
 from shared.store import jobs_sql as sql
+from shared.store import producer_sql
 from shared.store.base import Store
 from shared.store.rows import (
     AttemptResult,
@@ -36,9 +37,10 @@ class JobStore(Store):
     # --- producer -------------------------------------------------------------------------
 
     def insert_jobs(self, jobs: Sequence[NewJob], now: datetime | None = None) -> list[Job]:
-        """Insert the jobs; those whose unique key is taken are not inserted (and not
-        returned): read them with `jobs_by_key`."""
-        rows = self._rows(sql.INSERT_JOBS, {
+        """Insert the jobs; those whose unique key is taken (by a job in the hot table or
+        in the history) are not inserted (and not returned): read them with
+        `jobs_by_key`."""
+        rows = self._rows(producer_sql.INSERT_JOBS, {
             "kind": [j.kind for j in jobs], "queue": [j.queue for j in jobs],
             "payload": [j.payload for j in jobs], "priority": [j.priority for j in jobs],
             "at": [j.at for j in jobs], "delay": [j.delay_seconds for j in jobs],
@@ -50,30 +52,40 @@ class JobStore(Store):
         return [Job.from_row(r) for r in rows]
 
     def jobs_by_key(self, keys: Sequence[str]) -> list[Job]:
+        """The jobs holding these keys, unfinished or in the history."""
         return [Job.from_row(r, created=False)
-                for r in self._rows(sql.SELECT_JOBS_BY_KEY, {"keys": list(keys)})]
+                for r in self._rows(producer_sql.SELECT_JOBS_BY_KEY, {"keys": list(keys)})]
+
+    def reclaim_keys(self, keys: Sequence[str]) -> list[str]:
+        """Free those of `keys` no job holds any more (their job's day expired and its
+        keys are not pruned yet); returns the keys freed."""
+        return [r[0] for r in self._rows(producer_sql.RECLAIM_KEYS, {"keys": list(keys)})]
 
     def get_job(self, job_id: int) -> Job | None:
-        row = self._one(sql.SELECT_JOB, {"id": job_id})
+        """The job, unfinished or in the history; None if there is none."""
+        row = self._one(producer_sql.SELECT_JOB, {"id": job_id})
         return Job.from_row(row) if row else None
 
     def attempts(self, job_id: int) -> list[Attempt]:
-        """Finished attempts of a job, oldest first."""
-        return [Attempt.from_row(r) for r in self._rows(sql.SELECT_ATTEMPTS, {"id": job_id})]
+        """Finished attempts of a job, oldest first (wherever the job is)."""
+        return [Attempt.from_row(r)
+                for r in self._rows(producer_sql.SELECT_ATTEMPTS, {"id": job_id})]
 
     def cancel_job(self, job_id: int, now: datetime | None = None) -> Job | None:
-        """Cancel an unfinished job; None if it is finished or does not exist."""
-        row = self._one(sql.CANCEL_JOB, {"id": job_id, "now": now})
+        """Cancel an unfinished job (it moves to the history); None if it is finished or
+        does not exist."""
+        row = self._one(producer_sql.CANCEL_JOB, {"id": job_id, "now": now})
         return Job.from_row(row) if row else None
 
     def retry_job(self, job_id: int, now: datetime | None = None) -> Job | None:
-        """Make a dead or cancelled job due now with a fresh attempt count; None otherwise."""
-        row = self._one(sql.RETRY_JOB, {"id": job_id, "now": now})
+        """Make a dead or cancelled job due now with a fresh attempt count (back from the
+        history with its attempts); None otherwise."""
+        row = self._one(producer_sql.RETRY_JOB, {"id": job_id, "now": now})
         return Job.from_row(row) if row else None
 
     def notify_due(self) -> None:
         """Wake the timers: something is due now or soon."""
-        self._run(sql.NOTIFY_DUE)
+        self._run(producer_sql.NOTIFY_DUE)
 
     # --- timer ----------------------------------------------------------------------------
 
@@ -132,8 +144,9 @@ class JobStore(Store):
 
     def rescue_expired(self, rescues: Sequence[Rescue], now: datetime | None = None
                        ) -> set[int]:
-        """Move expired jobs on (retrying or dead) and record the lost attempts; a lease a
-        heartbeat renewed meanwhile is left alone. Returns the rescued ids."""
+        """Move expired jobs on (retrying, or dead: to the history) and record the lost
+        attempts; a lease a heartbeat renewed meanwhile is left alone. Returns the rescued
+        ids."""
         return {r[0] for r in self._rows(sql.RESCUE_EXPIRED, {
             "ids": [r.job_id for r in rescues], "attempts": [r.attempt for r in rescues],
             "states": [r.state.value for r in rescues],
@@ -202,7 +215,8 @@ class JobStore(Store):
     def finish_attempts(self, results: Sequence[AttemptResult], worker: str,
                         now: datetime | None = None) -> set[int]:
         """Write every outcome whose fence (state, owner, attempt, token) still holds, with
-        its attempt row, in one statement; returns the job ids written."""
+        its attempt row, in one statement (a finished job moves to the history); returns
+        the job ids written."""
         return {r[0] for r in self._rows(sql.FINISH_ATTEMPTS, {
             "ids": [r.lease.job_id for r in results],
             "attempts": [r.lease.attempt for r in results],

@@ -12,60 +12,13 @@ Conventions:
 - Batches travel as parallel arrays through `unnest`, so one round trip serves many jobs.
 """
 
-NOW = "coalesce(%(now)s::timestamptz, now())"
+from shared.store.columns import JOB_COLUMNS, NOW
+from shared.store.history_sql import FINISHED, final_row, movable, to_history
 
-JOB_COLUMNS = (
-    "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
-    "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "
-    "dispatched_at, last_error, created_at, updated_at, started_at, finished_at, "
-    "dispatch_failures, lease_detached"
-)
+__all__ = ["JOB_COLUMNS", "NOW"]  # the statement modules' shared names, also from here
 
-# --- producer -------------------------------------------------------------------------------
-
-INSERT_JOBS = f"""
-INSERT INTO tock_jobs (kind, queue, payload, priority, run_at, max_attempts, timeout_seconds,
-                       unique_key, tenant)
-SELECT t.kind, t.queue, t.payload::jsonb, t.priority,
-       coalesce(t.at, {NOW} + make_interval(secs => t.delay)),
-       t.max_attempts, t.timeout_seconds, t.unique_key, t.tenant
-FROM unnest(%(kind)s::text[], %(queue)s::text[], %(payload)s::text[], %(priority)s::smallint[],
-            %(at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
-            %(timeout_seconds)s::float8[], %(unique_key)s::text[], %(tenant)s::text[])
-     AS t(kind, queue, payload, priority, at, delay, max_attempts, timeout_seconds,
-          unique_key, tenant)
--- A key already taken (even by a row another transaction is inserting right now: we wait
--- for it) inserts nothing; the caller then reads the existing job.
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
-RETURNING {JOB_COLUMNS}
-"""
-
-SELECT_JOBS_BY_KEY = f"SELECT {JOB_COLUMNS} FROM tock_jobs WHERE unique_key = ANY(%(keys)s)"
-
-SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM tock_jobs WHERE id = %(id)s"
-
-SELECT_ATTEMPTS = """
-SELECT attempt, worker, started_at, finished_at, outcome, error, traceback
-FROM tock_attempts WHERE job_id = %(id)s ORDER BY id
-"""
-
-CANCEL_JOB = f"""
-UPDATE tock_jobs
-SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}
-WHERE id = %(id)s AND state IN ('scheduled', 'retrying', 'dispatched', 'running')
-RETURNING {JOB_COLUMNS}
-"""
-
-# A retried job starts its attempt count again; its history keeps the earlier attempts.
-RETRY_JOB = f"""
-UPDATE tock_jobs
-SET state = 'scheduled', run_at = {NOW}, attempt = 0, lease_owner = NULL,
-    lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = {NOW}
-WHERE id = %(id)s AND state IN ('dead', 'cancelled')
-RETURNING {JOB_COLUMNS}
-"""
-
-NOTIFY_DUE = "SELECT pg_notify('tock_due', '')"
+# The producer's and the operator's statements on one job (insert, read, cancel, retry)
+# are in producer_sql.py: they read and move jobs across the hot table and the history.
 
 # --- timer ------------------------------------------------------------------------------------
 
@@ -201,6 +154,19 @@ FOR UPDATE SKIP LOCKED
 
 # The rows are locked by the selects above in the same transaction; the guard repeats the
 # expiry test (the job's and its worker's), so a heartbeat that won the race keeps its job.
+# A job that goes dead leaves for the history (shared/store/history_sql.py) with its
+# attempts; the lost attempt is written where the job now is.
+_RESCUE_FENCE = f"""j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+      AND j.attempt = r.attempt AND j.lease_expires_at < {NOW}
+      AND (j.lease_detached OR NOT EXISTS (
+          SELECT 1 FROM tock_workers w
+          WHERE w.id = j.lease_owner AND w.lease_expires_at >= {NOW}))"""
+
+_DEAD = {"state": "r.state", "last_error": "r.error", "lease_owner": "NULL::text",
+         "lease_expires_at": "NULL::timestamptz", "lease_detached": "false",
+         "finished_at": NOW, "updated_at": NOW}
+"""What the rescue writes to a job that goes dead (the columns of the update above)."""
+
 RESCUE_EXPIRED = f"""
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::tock_job_state[],
@@ -215,16 +181,22 @@ WITH r AS (
         lease_detached = false,
         finished_at = CASE WHEN r.state = 'dead' THEN {NOW} END, updated_at = {NOW}
     FROM r
-    WHERE j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
-      AND j.attempt = r.attempt AND j.lease_expires_at < {NOW}
-      AND (j.lease_detached OR NOT EXISTS (
-          SELECT 1 FROM tock_workers w
-          WHERE w.id = j.lease_owner AND w.lease_expires_at >= {NOW}))
+    WHERE {_RESCUE_FENCE} AND NOT (r.state = 'dead' AND {movable("j")})
     RETURNING j.id, r.attempt, r.error, j.started_at, r.worker
+), gone AS (
+    DELETE FROM tock_jobs j USING r
+    WHERE {_RESCUE_FENCE} AND r.state = 'dead' AND {movable("j")}
+    RETURNING {final_row("j", _DEAD)}, r.attempt AS lost_attempt, r.worker AS lost_worker
+), {to_history("gone")}, lost_in_history AS (
+    INSERT INTO tock_history_attempts (job_id, attempt, worker, started_at, finished_at,
+                                       outcome, error, job_state, job_finished_at)
+    SELECT id, lost_attempt, lost_worker, started_at, finished_at, 'lease_expired',
+           last_error, state, finished_at FROM gone
+), lost AS (
+    INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
+    SELECT id, attempt, worker, started_at, {NOW}, 'lease_expired', error FROM upd
 )
-INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error)
-SELECT id, attempt, worker, started_at, {NOW}, 'lease_expired', error FROM upd
-RETURNING job_id
+SELECT id FROM upd UNION ALL SELECT id FROM gone
 """
 
 # --- consumer ---------------------------------------------------------------------------------
@@ -257,9 +229,12 @@ WAIT_FOR_DISPATCH_COMMIT = """
 SELECT id FROM tock_jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE
 """
 
-# Why a message claimed nothing: for the log line and the counter.
+# Why a message claimed nothing: for the log line and the counter (a finished job may be
+# in the history already).
 EXPLAIN_UNCLAIMED = """
 SELECT id, state, dispatch_token FROM tock_jobs WHERE id = ANY(%(ids)s)
+UNION ALL
+SELECT id, state, dispatch_token FROM tock_history_jobs WHERE id = ANY(%(ids)s)
 """
 
 # A worker's heartbeat: one row, however many jobs it runs. It refreshes the worker's
@@ -309,7 +284,18 @@ WHERE id = %(id)s
 
 # Outcomes of many attempts in one statement, each fenced on (state, owner, attempt, token):
 # a worker whose lease expired and was taken over matches nothing and writes nothing.
-# `refund` gives the attempt back (a release on shutdown is not a failure).
+# `refund` gives the attempt back (a release on shutdown is not a failure). A job that
+# finishes (succeeded, dead) is not updated but moved to the history with its attempts
+# (history_sql): a delete here (no index entry written) and an insert into a small day
+# partition with fewer indexes, instead of an update of every index of the hot table.
+_FINISH_FENCE = """j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+      AND j.lease_owner = %(worker)s AND j.attempt = r.attempt AND j.dispatch_token = r.token"""
+
+_FINISHED = {"state": "r.state", "last_error": "coalesce(r.error, j.last_error)",
+             "lease_owner": "NULL::text", "lease_expires_at": "NULL::timestamptz",
+             "lease_detached": "false", "finished_at": NOW, "updated_at": NOW}
+"""What an outcome writes to a job that finishes (the columns of the update above)."""
+
 FINISH_ATTEMPTS = f"""
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[],
@@ -328,13 +314,24 @@ WITH r AS (
         finished_at = CASE WHEN r.state IN ('succeeded', 'dead') THEN {NOW} END,
         updated_at = {NOW}
     FROM r
-    WHERE j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
-      AND j.lease_owner = %(worker)s AND j.attempt = r.attempt AND j.dispatch_token = r.token
+    WHERE {_FINISH_FENCE} AND NOT (r.state IN {FINISHED} AND {movable("j")})
     RETURNING j.id, j.started_at
+), gone AS (
+    DELETE FROM tock_jobs j USING r
+    WHERE {_FINISH_FENCE} AND r.state IN {FINISHED} AND {movable("j")}
+    RETURNING {final_row("j", _FINISHED)}
+), {to_history("gone")}, finished_in_history AS (
+    INSERT INTO tock_history_attempts (job_id, attempt, worker, started_at, finished_at,
+                                       outcome, error, traceback, job_state, job_finished_at)
+    SELECT g.id, r.attempt, %(worker)s, g.started_at, g.finished_at, r.outcome, r.error,
+           r.traceback, g.state, g.finished_at
+    FROM gone g JOIN r ON r.id = g.id
+), finished AS (
+    INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome,
+                               error, traceback)
+    SELECT upd.id, r.attempt, %(worker)s, upd.started_at, {NOW}, r.outcome, r.error,
+           r.traceback
+    FROM upd JOIN r ON r.id = upd.id
 )
-INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, outcome, error,
-                           traceback)
-SELECT upd.id, r.attempt, %(worker)s, upd.started_at, {NOW}, r.outcome, r.error, r.traceback
-FROM upd JOIN r ON r.id = upd.id
-RETURNING job_id
+SELECT id FROM upd UNION ALL SELECT id FROM gone
 """

@@ -4,7 +4,10 @@ are composed from the operator's filter (`where`, values always bound).
 
 Listing is newest first and pages on `id` (`WHERE id < cursor ORDER BY id DESC LIMIT n`),
 so page 10,000 costs what page 1 costs; the per-filter indexes are `(state, id)`,
-`(kind, id)` (migration 0001), `(queue, id)` and `(tenant, id)` (0003).
+`(kind, id)` (migration 0001), `(queue, id)` and `(tenant, id)` (0003), and the same on
+the history (0007), where a state filter also picks the partitions. Every statement that
+reads jobs reads the hot table and the history in one statement (a job moving meanwhile
+is seen once): each side gives its own newest `limit`, and the two merge by id.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from psycopg import sql as pgsql
 
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
-from shared.store.jobs_sql import JOB_COLUMNS
+from shared.store.columns import JOB_COLUMNS, NOW
+from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
 
 DB_NOW = "SELECT now()"
 
@@ -54,34 +58,87 @@ def where(f: JobFilter, *, only_states: tuple[JobState, ...] | None = None
 
 def list_jobs(clause: pgsql.Composable, *, with_cursor: bool) -> pgsql.Composed:
     cursor = pgsql.SQL(" AND id < %(before_id)s") if with_cursor else pgsql.SQL("")
-    return pgsql.SQL("SELECT {} FROM tock_jobs WHERE {}{} ORDER BY id DESC LIMIT %(limit)s"
-                     ).format(pgsql.SQL(JOB_COLUMNS), clause, cursor)
+    side = "SELECT {cols} FROM {table} WHERE {where}{cursor} ORDER BY id DESC LIMIT %(limit)s"
+    hot, history = (pgsql.SQL(side).format(cols=pgsql.SQL(JOB_COLUMNS), where=clause,
+                                           cursor=cursor, table=pgsql.Identifier(t))
+                    for t in ("tock_jobs", "tock_history_jobs"))
+    return pgsql.SQL("SELECT * FROM (({}) UNION ALL ({})) jobs ORDER BY id DESC "
+                     "LIMIT %(limit)s").format(hot, history)
 
 
 def count_matching(clause: pgsql.Composable) -> pgsql.Composed:
-    return pgsql.SQL("SELECT count(*), max(id) FROM tock_jobs WHERE {}").format(clause)
+    return pgsql.SQL(
+        "SELECT coalesce(sum(n), 0)::bigint, max(m) FROM ("
+        " SELECT count(*) AS n, max(id) AS m FROM tock_jobs WHERE {where}"
+        " UNION ALL SELECT count(*), max(id) FROM tock_history_jobs WHERE {where}) c"
+    ).format(where=clause)
 
 
-BULK_SET = {
-    "retry": pgsql.SQL(
-        "state = 'scheduled', run_at = now(), attempt = 0, lease_owner = NULL, "
-        "lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = now()"),
-    "cancel": pgsql.SQL("state = 'cancelled', finished_at = now(), updated_at = now()"),
-}
+_CANCELLED = {"state": "'cancelled'::tock_job_state", "finished_at": NOW, "updated_at": NOW}
+_UPPER = pgsql.SQL(" AND id <= %(up_to)s")
+
+# Cancel: unfinished jobs are all in tock_jobs; each leaves for the history as CANCEL_JOB
+# moves it (a job older than migration 0007 whose key has no row yet: in place).
+_BULK_CANCEL = """
+WITH picked AS (
+    SELECT id FROM tock_jobs WHERE {where} AND id > %(after)s{upper}
+    ORDER BY id LIMIT %(batch)s FOR UPDATE
+), upd AS (
+    UPDATE tock_jobs j SET state = 'cancelled', finished_at = {now}, updated_at = {now}
+    FROM picked
+    WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])
+      AND NOT {movable}
+    RETURNING j.id
+), gone AS (
+    DELETE FROM tock_jobs j USING picked
+    WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])
+      AND {movable}
+    RETURNING {final_row}
+), {to_history}
+SELECT id FROM upd UNION ALL SELECT id FROM gone
+"""
+
+# Retry: dead and cancelled jobs are in the history (and, finished before migration 0007
+# and not moved yet, in tock_jobs): the batch is the lowest ids of both sides, and those
+# in the history come back to tock_jobs with their ids and attempts, as RETRY_JOB does.
+_BULK_RETRY = """
+WITH hot AS (
+    SELECT id FROM tock_jobs WHERE {where} AND id > %(after)s{upper}
+    ORDER BY id LIMIT %(batch)s FOR UPDATE
+), history AS (
+    SELECT id FROM tock_history_jobs WHERE {where} AND id > %(after)s{upper}
+    ORDER BY id LIMIT %(batch)s FOR UPDATE
+), picked AS (
+    SELECT id FROM (SELECT id FROM hot UNION ALL SELECT id FROM history) p
+    ORDER BY id LIMIT %(batch)s
+), upd AS (
+    UPDATE tock_jobs j
+    SET state = 'scheduled', run_at = {now}, attempt = 0, lease_owner = NULL,
+        lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = {now}
+    FROM picked
+    WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])
+    RETURNING j.id
+), gone AS (
+    DELETE FROM tock_history_jobs h USING picked
+    WHERE h.id = picked.id AND h.state = ANY(%(action_states)s::tock_job_state[])
+    RETURNING h.*
+), {back}, {from_history}
+SELECT id FROM upd UNION ALL SELECT id FROM back
+"""
 
 
 def bulk_batch(action: str, clause: pgsql.Composable, *, bounded: bool) -> pgsql.Composed:
     """One batch of a bulk action, in id order after %(after)s; each row's state is
     re-checked under its lock (the same guard as the one-job statements)."""
-    return pgsql.SQL(
-        "WITH picked AS ("
-        " SELECT id FROM tock_jobs WHERE {where} AND id > %(after)s"
-        "{upper} ORDER BY id LIMIT %(batch)s FOR UPDATE)"
-        " UPDATE tock_jobs j SET {set} FROM picked"
-        " WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])"
-        " RETURNING j.id"
-    ).format(where=clause, set=BULK_SET[action],
-             upper=pgsql.SQL(" AND id <= %(up_to)s") if bounded else pgsql.SQL(""))
+    upper = _UPPER if bounded else pgsql.SQL("")
+    if action == "cancel":
+        return pgsql.SQL(_BULK_CANCEL).format(
+            where=clause, upper=upper, now=pgsql.SQL(NOW), movable=pgsql.SQL(movable("j")),
+            final_row=pgsql.SQL(final_row("j", _CANCELLED)),
+            to_history=pgsql.SQL(to_history("gone")))
+    return pgsql.SQL(_BULK_RETRY).format(
+        where=clause, upper=upper, now=pgsql.SQL(NOW),
+        back=pgsql.SQL(back_to_hot("gone", "id")), from_history=pgsql.SQL(from_history("gone")))
 
 
 QUEUE_STATS = """
@@ -99,11 +156,17 @@ GROUP BY queue, kind, n.now
 ORDER BY queue, kind
 """
 
-# Unfinished jobs are few and sit behind the state index; finished ones are the table's
-# history, so counting them is a full pass that callers refresh less often.
+# Unfinished jobs are few and sit behind the state index; finished ones are the history,
+# so counting them is a pass over its partitions (of the states asked) that callers
+# refresh less often.
 COUNTS_BY_STATE_KIND = """
-SELECT state::text, kind, count(*) FROM tock_jobs
-WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
+SELECT state::text, kind, sum(n)::bigint FROM (
+    SELECT state, kind, count(*) AS n FROM tock_jobs
+    WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
+    UNION ALL
+    SELECT state, kind, count(*) FROM tock_history_jobs
+    WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
+) c GROUP BY state, kind
 """
 
 WORKERS = """
@@ -116,11 +179,19 @@ ORDER BY stopped_at IS NOT NULL, last_heartbeat DESC
 LIMIT 500
 """
 
+# Attempts in the history sit in the partition of their job's finish, which is never
+# before the attempt's own: `job_finished_at >= since` keeps the scan to the last day's
+# partitions (and the BRIN index to their last pages).
 THROUGHPUT = """
 SELECT floor(extract(epoch FROM finished_at - %(since)s) / %(bucket)s)::int, outcome::text,
        count(*)
-FROM tock_attempts
-WHERE finished_at >= %(since)s AND finished_at < %(until)s
+FROM (
+    SELECT finished_at, outcome FROM tock_attempts
+    WHERE finished_at >= %(since)s AND finished_at < %(until)s
+    UNION ALL
+    SELECT finished_at, outcome FROM tock_history_attempts
+    WHERE job_finished_at >= %(since)s AND finished_at >= %(since)s AND finished_at < %(until)s
+) a
 GROUP BY 1, 2
 """
 
@@ -133,9 +204,15 @@ FROM (
     SELECT floor(extract(epoch FROM finished_at - %(since)s) / %(bucket)s)::int AS b,
            greatest(extract(epoch FROM started_at - run_at), 0)::float8 AS lag,
            extract(epoch FROM finished_at - started_at)::float8 AS run
-    FROM tock_jobs
-    WHERE finished_at >= %(since)s AND finished_at < %(until)s AND state = 'succeeded'
-      AND started_at IS NOT NULL
+    FROM (
+        SELECT run_at, started_at, finished_at FROM tock_jobs
+        WHERE finished_at >= %(since)s AND finished_at < %(until)s AND state = 'succeeded'
+          AND started_at IS NOT NULL
+        UNION ALL
+        SELECT run_at, started_at, finished_at FROM tock_history_jobs
+        WHERE finished_at >= %(since)s AND finished_at < %(until)s AND state = 'succeeded'
+          AND started_at IS NOT NULL
+    ) j
 ) x
 GROUP BY b
 """
@@ -150,6 +227,10 @@ SELECT count(*) FROM (
 """
 
 PAUSED_SCHEDULE = """
-SELECT s.name FROM tock_jobs j JOIN tock_schedules s ON s.name = j.schedule_name
-WHERE j.id = %(id)s AND s.paused
+SELECT s.name FROM (
+    SELECT schedule_name FROM tock_jobs WHERE id = %(id)s
+    UNION ALL
+    SELECT schedule_name FROM tock_history_jobs WHERE id = %(id)s
+) j JOIN tock_schedules s ON s.name = j.schedule_name
+WHERE s.paused
 """

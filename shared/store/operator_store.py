@@ -28,7 +28,8 @@ class OperatorStore(Store):
 
     def list_jobs(self, where: JobFilter, *, limit: int, before_id: int | None = None
                   ) -> list[Job]:
-        """Up to `limit` jobs matching the filter, newest first, older than `before_id`."""
+        """Up to `limit` jobs matching the filter, newest first, older than `before_id`,
+        unfinished or in the history."""
         clause, params = sql.where(where)
         params.update(limit=limit, before_id=before_id)
         rows = self._rows(sql.list_jobs(clause, with_cursor=before_id is not None), params)
@@ -44,9 +45,10 @@ class OperatorStore(Store):
     def bulk_batch(self, action: str, where: JobFilter, action_states: tuple[JobState, ...],
                    *, after: int, up_to_id: int | None, batch_size: int) -> list[int]:
         """Apply `action` to the next `batch_size` matching jobs with id > `after` (and
-        <= `up_to_id`); returns the ids changed."""
+        <= `up_to_id`), in the hot table or the history (a cancelled job moves to the
+        history, a retried one back); returns the ids changed."""
         clause, params = sql.where(where, only_states=action_states)
-        params.update(after=after, up_to=up_to_id, batch=batch_size,
+        params.update(after=after, up_to=up_to_id, batch=batch_size, now=None,
                       action_states=[s.value for s in action_states])
         statement = sql.bulk_batch(action, clause, bounded=up_to_id is not None)
         return [r[0] for r in self._rows(statement, params)]
@@ -58,7 +60,7 @@ class OperatorStore(Store):
 
     def counts_by_state_kind(self, states: Sequence[JobState]) -> dict[tuple[str, str], int]:
         """Jobs in `states` counted by (state, kind). For finished states this is a pass
-        over the table's history: callers cache it."""
+        over the history's partitions of those states: callers cache it."""
         rows = self._rows(sql.COUNTS_BY_STATE_KIND, {"states": [s.value for s in states]})
         return {(r[0], r[1]): r[2] for r in rows}
 

@@ -71,13 +71,22 @@ SELECT id, schedule, reason, first_slot, last_slot, slot_count, detail, recorded
 FROM tock_schedule_audit WHERE schedule = %(name)s ORDER BY id DESC LIMIT %(limit)s
 """
 
+# Runs still unfinished are in tock_jobs, finished ones in the history (by its schedule
+# index, newest first across the day partitions): each side gives its newest `limit`.
 SELECT_RUNS = """
-SELECT id, unique_key, state, run_at FROM tock_jobs
-WHERE schedule_name = %(name)s ORDER BY run_at DESC, id DESC LIMIT %(limit)s
+SELECT id, unique_key, state, run_at FROM (
+    (SELECT id, unique_key, state, run_at FROM tock_jobs
+     WHERE schedule_name = %(name)s ORDER BY run_at DESC, id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id, unique_key, state, run_at FROM tock_history_jobs
+     WHERE schedule_name = %(name)s ORDER BY run_at DESC, id DESC LIMIT %(limit)s)
+) runs ORDER BY run_at DESC, id DESC LIMIT %(limit)s
 """
 
 # --- timer ------------------------------------------------------------------------------------
 
+# Only unfinished runs matter, and those are all in tock_jobs (finished ones leave for the
+# history), behind the partial index on schedule_name.
 _ACTIVE_RUN = """EXISTS (
     SELECT 1 FROM tock_jobs j
     WHERE j.schedule_name = s.name
@@ -114,7 +123,8 @@ SELECT s.kind, s.queue, s.payload, s.priority, f.run_at, s.max_attempts, s.timeo
 FROM unnest(%(names)s::text[], %(run_ats)s::timestamptz[], %(keys)s::text[])
      AS f(name, run_at, unique_key)
 JOIN tock_schedules s ON s.name = f.name
--- The run key `name:<slot>`: a slot some other path already turned into a job stays one job.
+-- The run key `name:<slot>`: a slot some other path already turned into a job stays one job,
+-- even once that job is finished and in the history (tock_keys holds its key: migration 0007).
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
 RETURNING id, unique_key
 """

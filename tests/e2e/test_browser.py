@@ -67,7 +67,7 @@ def test_job_enqueued_through_the_page_reaches_succeeded(
     expect(page.get_by_test_id("job-state")).to_have_text("succeeded", timeout=30_000)
     expect(page.get_by_test_id("explanation")).to_contain_text("Succeeded at")
     expect(page.get_by_test_id("attempts")).to_contain_text("Attempt 1")
-    row = db.execute("SELECT state::text, payload FROM tock_jobs WHERE id = 1").fetchone()
+    row = db.execute("SELECT state::text, payload FROM tock_jobs_all WHERE id = 1").fetchone()
     assert row == ("succeeded", {"to": "ops@example.com"})
 
     page.click("text=Jobs")
@@ -115,12 +115,12 @@ def test_bulk_retry_shows_its_dry_run_count_first(
     expect(page.locator("#confirm-title")).to_have_text("Retry 3 job(s)?")
     expect(page.locator("#confirm-text")).to_contain_text("state dead, kind flaky")
     # Counting changed nothing: the operator has not confirmed yet.
-    states = db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dead'").fetchone()[0]
+    states = db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = 'dead'").fetchone()[0]
     assert states == 4
     page.locator("#confirm-yes").click()
     expect(page.locator("#toast")).to_have_text("Retried 3 job(s).")
     wait_for(lambda: db.execute(
-        "SELECT array_agg(id ORDER BY id) FROM tock_jobs WHERE state = 'scheduled'"
+        "SELECT array_agg(id ORDER BY id) FROM tock_jobs_all WHERE state = 'scheduled'"
     ).fetchone()[0] == dead, message="the three flaky jobs to be scheduled")
     assert client.get(other).state.value == "dead"
     # The filtered list (state dead) refreshes by itself: the retried jobs leave it.

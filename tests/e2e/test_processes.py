@@ -26,7 +26,7 @@ def procs(database_url, queue_prefix, transport, sqs_server, db, tmp_path):
 
 
 def _states(db) -> dict[str, int]:
-    return dict(db.execute("SELECT state::text, count(*) FROM tock_jobs GROUP BY 1").fetchall())
+    return dict(db.execute("SELECT state::text, count(*) FROM tock_jobs_all GROUP BY 1").fetchall())
 
 
 def _runs(db, job_id=None) -> list[tuple[int, int]]:
@@ -51,7 +51,7 @@ def test_two_timers_three_consumers_run_1000_jobs_exactly_once(procs, client, db
         raise
     runs = db.execute("SELECT count(*), count(DISTINCT job_id) FROM e2e_runs").fetchone()
     assert runs == (1000, 1000), "every job ran exactly once"
-    attempts = db.execute("SELECT count(*), count(DISTINCT job_id) FROM tock_attempts "
+    attempts = db.execute("SELECT count(*), count(DISTINCT job_id) FROM tock_attempts_all "
                           "WHERE outcome = 'succeeded'").fetchone()
     assert attempts == (1000, 1000)
     assert _states(db) == {"succeeded": 1000}

@@ -35,7 +35,7 @@ def test_three_timer_processes_one_killed_exactly_one_job_per_slot(
 
     def keys():
         return [r[0] for r in db.execute(
-            "SELECT unique_key FROM tock_jobs WHERE schedule_name = 'pulse' "
+            "SELECT unique_key FROM tock_jobs_all WHERE schedule_name = 'pulse' "
             "ORDER BY run_at").fetchall()]
 
     timers = [start_timer(database_url, queue_prefix, i, tmp_path) for i in range(3)]
@@ -47,7 +47,7 @@ def test_three_timer_processes_one_killed_exactly_one_job_per_slot(
         wait_for(lambda: len(keys()) >= seen + 5, timeout=60, message="5 more slots")
         # Each dispatched job went out through SQS (the timers dispatch what they make).
         wait_for(lambda: db.execute(
-            "SELECT count(*) FROM tock_jobs WHERE schedule_name = 'pulse' "
+            "SELECT count(*) FROM tock_jobs_all WHERE schedule_name = 'pulse' "
             "AND state = 'scheduled' AND run_at < now() - interval '3 seconds'"
         ).fetchone()[0] == 0, timeout=30, message="due schedule jobs dispatched")
     finally:
@@ -66,6 +66,6 @@ def test_three_timer_processes_one_killed_exactly_one_job_per_slot(
     assert all(b - a == timedelta(seconds=1) for a, b in pairwise(slots)), \
         slots
     assert db.execute("SELECT count(*) FROM tock_schedule_audit").fetchone()[0] == 0
-    run_ats = db.execute("SELECT unique_key, run_at FROM tock_jobs "
+    run_ats = db.execute("SELECT unique_key, run_at FROM tock_jobs_all "
                          "WHERE schedule_name = 'pulse'").fetchall()
     assert all(slot_of(k) == run_at for k, run_at in run_ats)

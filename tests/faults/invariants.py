@@ -1,4 +1,4 @@
-"""The invariant checker: tock's own record (tock_jobs, tock_attempts) against the
+"""The invariant checker: tock's own record (tock_jobs_all, tock_attempts_all) against the
 independent handler-run log written by `tests.faults.tasks`.
 
     (a) lost        every enqueued job ends `succeeded` (the jobs always can), within the
@@ -80,7 +80,7 @@ def evaluate(*, scenario: str, job_ids: list[int], tables: Tables, runs: list[Ru
         job = jobs.get(job_id)
         if job is None:
             result.lost += 1
-            v.append(Violation("lost", job_id, "enqueued, but no row in tock_jobs"))
+            v.append(Violation("lost", job_id, "enqueued, but no row in tock_jobs_all"))
             continue
         if job.state != "succeeded":
             result.lost += 1

@@ -1,6 +1,7 @@
 """What the invariant checker reads: the fault windows the scenario recorded, the
 independent handler-run log written by `tests.faults.tasks` (paired into `Run`s), and tock's
-own record of the suite's jobs (tock_jobs, tock_attempts) as `Tables`."""
+own record of the suite's jobs (tock_jobs_all, tock_attempts_all: the hot table and the
+history) as `Tables`."""
 
 from __future__ import annotations
 
@@ -96,11 +97,11 @@ def load_tables(database_url: str, job_ids: list[int]) -> Tables:
     with psycopg.connect(database_url, autocommit=True) as conn:
         for row in conn.execute(
                 "SELECT id, state::text, attempt, extract(epoch FROM finished_at)::float8, "
-                "last_error, lease_owner FROM tock_jobs WHERE id = ANY(%s)", (job_ids,)):
+                "last_error, lease_owner FROM tock_jobs_all WHERE id = ANY(%s)", (job_ids,)):
             jobs[row[0]] = JobRow(*row)
         for row in conn.execute(
                 "SELECT job_id, id, attempt, worker, outcome::text, "
-                "extract(epoch FROM finished_at)::float8 FROM tock_attempts "
+                "extract(epoch FROM finished_at)::float8 FROM tock_attempts_all "
                 "WHERE job_id = ANY(%s) ORDER BY job_id, id", (job_ids,)):
             attempts[row[0]].append(AttemptRow(*row))
     return Tables(jobs, dict(attempts))

@@ -149,7 +149,7 @@ def _enqueue(database_url: str, profile: Profile, rng: random.Random,
     with Client(ClientSettings(database_url=database_url)) as client:
         jobs = client.schedule_many(specs)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute("SELECT extract(epoch FROM max(run_at))::float8 FROM tock_jobs "
+        row = conn.execute("SELECT extract(epoch FROM max(run_at))::float8 FROM tock_jobs_all "
                            "WHERE id = ANY(%s)", ([j.id for j in jobs],)).fetchone()
     return [j.id for j in jobs], float(row[0]) if row and row[0] else time.time()
 
@@ -162,7 +162,7 @@ def _started_runs(run_log: Path) -> int:
 
 def _finished(database_url: str) -> int:
     with psycopg.connect(database_url, autocommit=True, connect_timeout=2) as conn:
-        row = conn.execute("SELECT count(*) FROM tock_jobs "
+        row = conn.execute("SELECT count(*) FROM tock_jobs_all "
                            "WHERE state IN ('succeeded', 'dead', 'cancelled')").fetchone()
     return int(row[0]) if row else 0
 

@@ -150,9 +150,9 @@ def poison_bodies(ctx: Context) -> list[tuple[str, str]]:
         return json.dumps(base)
 
     with psycopg.connect(ctx.database_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT id, state::text, dispatch_token FROM tock_jobs "
+        rows = conn.execute("SELECT id, state::text, dispatch_token FROM tock_jobs_all "
                             "WHERE dispatch_token IS NOT NULL ORDER BY id").fetchall()
-        max_id = conn.execute("SELECT coalesce(max(id), 0) FROM tock_jobs").fetchone()
+        max_id = conn.execute("SELECT coalesce(max(id), 0) FROM tock_jobs_all").fetchone()
     real = ctx.job_ids[len(ctx.job_ids) // 2]
     big = "x" * 200_000
     bodies = [

@@ -96,10 +96,10 @@ def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
     assert code == 0 and out.strip() == "would retry 2 job(s) (state dead, kind flaky)"
     code, _, err = tock("retry", "--state", "dead", "--kind", "flaky")
     assert code == 2 and "pass --yes" in err
-    assert db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dead'").fetchone()[0] == 3
+    assert db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = 'dead'").fetchone()[0] == 3
     code, out, _ = tock("retry", "--kind", "flaky", "--yes", "--json")
     assert code == 0 and json.loads(out)["count"] == 2
-    states = dict(db.execute("SELECT id, state::text FROM tock_jobs").fetchall())
+    states = dict(db.execute("SELECT id, state::text FROM tock_jobs_all").fetchall())
     assert states == {1: "scheduled", 2: "scheduled", 3: "dead"}
     code, out, _ = tock("cancel", "--all", "--yes")
     assert code == 0 and out.strip() == "cancelled 2 job(s)"

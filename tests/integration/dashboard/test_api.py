@@ -139,7 +139,7 @@ def test_bulk_retry_dry_run_then_only_what_was_counted(operator, db):
     done = operator.post("/api/jobs/bulk/retry",
                          json={**body, "dry_run": False, "up_to_id": plan["up_to_id"]}).json()
     assert done["count"] == 3
-    states = dict(db.execute("SELECT id, state::text FROM tock_jobs").fetchall())
+    states = dict(db.execute("SELECT id, state::text FROM tock_jobs_all").fetchall())
     assert [states[i] for i in dead] == ["scheduled"] * 3
     assert states[late] == "dead" and states[other] == "dead"
 
@@ -154,7 +154,7 @@ def test_bulk_cancel_and_empty_filter_guard(operator, db):
     done = operator.post("/api/jobs/bulk/cancel",
                          json={"filter": {"queue": "q1"}, "dry_run": False}).json()
     assert done["count"] == 3
-    assert db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'cancelled'"
+    assert db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = 'cancelled'"
                       ).fetchone()[0] == 3
 
 

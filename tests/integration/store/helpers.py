@@ -65,18 +65,29 @@ def add_dispatched(db: Any, now: datetime, **cols: Any) -> tuple[int, UUID]:
 
 
 def job_row(db: Any, job_id: int) -> dict[str, Any]:
+    """The job's row, in the hot table or in the history (the view tock_jobs_all)."""
     row: dict[str, Any] = db.cursor(row_factory=dict_row).execute(
-        "SELECT * FROM tock_jobs WHERE id = %s", (job_id,)).fetchone()
+        "SELECT * FROM tock_jobs_all WHERE id = %s", (job_id,)).fetchone()
     return row
 
 
+def side_of(db: Any, job_id: int) -> str | None:
+    """Where the job is: 'hot' (tock_jobs), 'history' (its partition's name) or None."""
+    if db.execute("SELECT 1 FROM tock_jobs WHERE id = %s", (job_id,)).fetchone():
+        return "hot"
+    row = db.execute("SELECT tableoid::regclass::text FROM tock_history_jobs WHERE id = %s",
+                     (job_id,)).fetchone()
+    return row[0] if row else None
+
+
 def attempt_rows(db: Any, job_id: int | None = None) -> list[dict[str, Any]]:
-    """Attempt rows (of one job, or all), oldest first, without their serial id."""
+    """Attempt rows (of one job, or all), oldest first, without their serial id, wherever
+    they are (the view tock_attempts_all)."""
     cur = db.cursor(row_factory=dict_row)
     if job_id is None:
-        rows = cur.execute("SELECT * FROM tock_attempts ORDER BY id").fetchall()
+        rows = cur.execute("SELECT * FROM tock_attempts_all ORDER BY id").fetchall()
     else:
-        rows = cur.execute("SELECT * FROM tock_attempts WHERE job_id = %s ORDER BY id",
+        rows = cur.execute("SELECT * FROM tock_attempts_all WHERE job_id = %s ORDER BY id",
                            (job_id,)).fetchall()
     for r in rows:
         del r["id"]

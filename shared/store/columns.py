@@ -1,0 +1,31 @@
+"""Column lists and the clock expression every statement module shares (kept apart so
+that the statement modules do not import each other in a circle)."""
+
+NOW = "coalesce(%(now)s::timestamptz, now())"
+"""The database clock, unless the caller pins `now` (tests)."""
+
+JOB_COLUMNS = (
+    "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
+    "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "
+    "dispatched_at, last_error, created_at, updated_at, started_at, finished_at, "
+    "dispatch_failures, lease_detached"
+)
+"""What `Job.from_row` reads, in its order."""
+
+JOB_TABLE_COLUMNS = (
+    "id", "kind", "queue", "payload", "priority", "state", "run_at", "attempt",
+    "max_attempts", "timeout_seconds", "unique_key", "tenant", "lease_owner",
+    "lease_expires_at", "dispatch_token", "dispatched_at", "last_error", "created_at",
+    "updated_at", "started_at", "finished_at", "schedule_name", "dispatch_failures",
+    "lease_detached",
+)
+"""Every column of tock_jobs, in table order; tock_history_jobs has the same ones."""
+
+ATTEMPT_TABLE_COLUMNS = (
+    "id", "job_id", "attempt", "worker", "started_at", "finished_at", "outcome", "error",
+    "traceback",
+)
+"""Every column of tock_attempts; tock_history_attempts adds job_state, job_finished_at."""
+
+ATTEMPT_COLUMNS = "attempt, worker, started_at, finished_at, outcome, error, traceback"
+"""What `Attempt.from_row` reads, in its order."""

@@ -1,0 +1,99 @@
+"""The statements of the producer and of an operator on one job: insert, read, cancel,
+retry (same conventions as jobs_sql.py). A job is in the hot table (`tock_jobs`) while
+unfinished and in the history (`tock_history_jobs`) once finished, so every read here
+covers both tables in one statement: a job moving meanwhile is seen on exactly one side.
+"""
+
+from shared.store.columns import ATTEMPT_COLUMNS, JOB_COLUMNS, NOW
+from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
+
+INSERT_JOBS = f"""
+INSERT INTO tock_jobs (kind, queue, payload, priority, run_at, max_attempts, timeout_seconds,
+                       unique_key, tenant)
+SELECT t.kind, t.queue, t.payload::jsonb, t.priority,
+       coalesce(t.at, {NOW} + make_interval(secs => t.delay)),
+       t.max_attempts, t.timeout_seconds, t.unique_key, t.tenant
+FROM unnest(%(kind)s::text[], %(queue)s::text[], %(payload)s::text[], %(priority)s::smallint[],
+            %(at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
+            %(timeout_seconds)s::float8[], %(unique_key)s::text[], %(tenant)s::text[])
+     AS t(kind, queue, payload, priority, at, delay, max_attempts, timeout_seconds,
+          unique_key, tenant)
+-- A key already taken inserts nothing (even by a row another transaction is inserting right
+-- now: we wait for it), and the caller reads the existing job. The authority is tock_keys
+-- (the trigger tock_jobs_claim_key, migration 0007), which holds the key of a finished job
+-- too; the unique index still covers rows of producers of earlier versions.
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+RETURNING {JOB_COLUMNS}
+"""
+
+SELECT_JOBS_BY_KEY = f"""
+SELECT {JOB_COLUMNS} FROM tock_jobs WHERE unique_key = ANY(%(keys)s)
+UNION ALL
+SELECT {JOB_COLUMNS} FROM tock_history_jobs WHERE unique_key = ANY(%(keys)s)
+"""
+
+# Keys whose job is gone: its history partition was detached past retention and the
+# retention loop has not yet freed its keys (see retention_sql). Deleted only when no job
+# holds the key on either side, in one snapshot, so a job moving meanwhile keeps its key.
+RECLAIM_KEYS = """
+DELETE FROM tock_keys k
+WHERE k.unique_key = ANY(%(keys)s)
+  AND NOT EXISTS (SELECT 1 FROM tock_jobs j WHERE j.unique_key = k.unique_key)
+  AND NOT EXISTS (SELECT 1 FROM tock_history_jobs h WHERE h.unique_key = k.unique_key)
+RETURNING k.unique_key
+"""
+
+# LIMIT 1: the hot table answers first and, holding the job, spares the history's probes.
+SELECT_JOB = f"""
+SELECT {JOB_COLUMNS} FROM tock_jobs WHERE id = %(id)s
+UNION ALL
+SELECT {JOB_COLUMNS} FROM tock_history_jobs WHERE id = %(id)s
+LIMIT 1
+"""
+
+SELECT_ATTEMPTS = f"""
+SELECT {ATTEMPT_COLUMNS} FROM (
+    SELECT id, {ATTEMPT_COLUMNS} FROM tock_attempts WHERE job_id = %(id)s
+    UNION ALL
+    SELECT id, {ATTEMPT_COLUMNS} FROM tock_history_attempts WHERE job_id = %(id)s
+) a ORDER BY id
+"""
+
+# An unfinished job is cancelled by moving it to the history (unless it is older than
+# migration 0007 and its key has no row yet: then in place, and the retention loop moves it).
+_UNFINISHED = "('scheduled', 'retrying', 'dispatched', 'running')"
+_CANCELLED = {"state": "'cancelled'::tock_job_state", "finished_at": NOW, "updated_at": NOW}
+
+CANCEL_JOB = f"""
+WITH upd AS (
+    UPDATE tock_jobs j
+    SET state = 'cancelled', finished_at = {NOW}, updated_at = {NOW}
+    WHERE j.id = %(id)s AND j.state IN {_UNFINISHED} AND NOT {movable("j")}
+    RETURNING {JOB_COLUMNS}
+), gone AS (
+    DELETE FROM tock_jobs j
+    WHERE j.id = %(id)s AND j.state IN {_UNFINISHED} AND {movable("j")}
+    RETURNING {final_row("j", _CANCELLED)}
+), {to_history("gone")}
+SELECT {JOB_COLUMNS} FROM upd UNION ALL SELECT {JOB_COLUMNS} FROM gone
+"""
+
+# A retried job starts its attempt count again; its history keeps the earlier attempts.
+# From the history it moves back to the hot table with its id and its attempts; a job
+# finished before migration 0007 (still in tock_jobs) is updated in place.
+RETRY_JOB = f"""
+WITH upd AS (
+    UPDATE tock_jobs
+    SET state = 'scheduled', run_at = {NOW}, attempt = 0, lease_owner = NULL,
+        lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = {NOW}
+    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+    RETURNING {JOB_COLUMNS}
+), gone AS (
+    DELETE FROM tock_history_jobs h
+    WHERE h.id = %(id)s AND h.state IN ('dead', 'cancelled')
+    RETURNING h.*
+), {back_to_hot("gone", JOB_COLUMNS)}, {from_history("gone")}
+SELECT * FROM upd UNION ALL SELECT * FROM back
+"""
+
+NOTIFY_DUE = "SELECT pg_notify('tock_due', '')"
