@@ -1,12 +1,15 @@
-"""The timer service: three loops on one database pool, any number of instances side by
+"""The timer service: four loops on one database pool, any number of instances side by
 side with no leader (every claim is FOR UPDATE SKIP LOCKED).
 
-    schedule  turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
-    dispatch  claims due jobs and sends them to SQS (timer_service/dispatcher.py)
-    rescue    expired leases and lost messages (timer_service/rescuer.py)
+    schedule   turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
+    dispatch   claims due jobs and sends them to SQS (timer_service/dispatcher.py)
+    rescue     expired leases and lost messages (timer_service/rescuer.py)
+    retention  the history's day partitions and retention (timer_service/retention.py)
 
-`run_once(now)` runs one pass of each, in that order, on the caller's thread (tests);
-`run_forever()` runs each on its own supervised thread until SIGTERM.
+`run_once(now)` runs one pass of schedule, rescue and dispatch, in that order, on the
+caller's thread (tests; the retention loop has its own `run_once(now)`, as it runs every
+TOCK_RETENTION_INTERVAL_SECONDS); `run_forever()` runs each loop on its own supervised
+thread until SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from shared.runtime.settings import TimerSettings
 from shared.runtime.supervisor import Supervisor
 from shared.store.database import Database
 from shared.store.job_store import JobStore
+from shared.store.retention_store import RetentionStore
 from shared.store.schedule_store import ScheduleStore
 from shared.transport.base import Transport
 from shared.transport.sqs import SqsTransport
 from timer_service.dispatcher import Dispatcher
 from timer_service.rescuer import Rescuer
+from timer_service.retention import Retention
 from timer_service.scheduler import Scheduler
 
 log = logging.getLogger("tock.timer")
@@ -58,7 +63,7 @@ class Timer:
         # Every write of the timer is recoverable if a database crash loses it after commit
         # (a lost dispatch leaves a token no job carries: stale; a lost rescue or slot fire
         # is simply done again), so its commits need not wait for the WAL flush.
-        self.database = Database.for_service(settings.database_url, max_size=6,
+        self.database = Database.for_service(settings.database_url, max_size=7,
                                              name="tock-timer", synchronous_commit=False)
         self.transport = transport or SqsTransport(
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
@@ -81,9 +86,15 @@ class Timer:
             batches_per_pass=settings.schedule_batches_per_pass,
             lookahead_seconds=settings.lookahead_seconds,
             max_fires_per_second=settings.schedule_max_fires_per_second)
+        self.retention = Retention(
+            RetentionStore(self.database), retention_hours=settings.retention_hours,
+            workers_hours=settings.retention_workers_hours,
+            audit_hours=settings.retention_audit_hours,
+            batch_size=settings.retention_batch_size,
+            interval_seconds=settings.retention_interval_seconds)
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("timer", self.stop_flag)
-        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher)
+        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.retention)
 
     def close(self) -> None:
         self.dispatcher.close()
@@ -99,7 +110,7 @@ class Timer:
         return PassResult(sent, refused, rescued, redispatched, fired)
 
     def start(self) -> None:
-        """Start the three loops on their threads; returns at once."""
+        """Start the loops on their threads; returns at once."""
         emit(log, "timer_started", timer=self.name, batch_size=self.settings.batch_size)
         self.supervisor.start()
 

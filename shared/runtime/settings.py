@@ -17,6 +17,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from shared.core.errors import ConfigError
+from shared.core.states import JobState
 from shared.core.validation import QUEUE_NAME
 from shared.store.database import check_url
 
@@ -131,11 +132,42 @@ class TimerSettings(CommonSettings):
         description="Cap on recurring jobs this timer makes due per second (0: no cap); "
                     "extra runs are pushed into the next seconds, never dropped.")
 
+    # History and retention (TOCK_RETENTION_*): finished jobs live in day partitions of
+    # their final state, dropped whole once the day ends more than this long ago.
+    retention_succeeded_hours: float = Field(
+        default=168.0, ge=1, le=24 * 3660,
+        description="Keep succeeded jobs (and their attempts and keys) at least this long.")
+    retention_dead_hours: float = Field(
+        default=720.0, ge=1, le=24 * 3660,
+        description="Keep dead jobs at least this long (they can be retried until then).")
+    retention_cancelled_hours: float = Field(
+        default=168.0, ge=1, le=24 * 3660,
+        description="Keep cancelled jobs at least this long.")
+    retention_workers_hours: float = Field(
+        default=24.0, ge=1, le=24 * 3660,
+        description="Forget consumers stopped or silent this long (holding no running job).")
+    retention_audit_hours: float = Field(
+        default=720.0, ge=1, le=24 * 3660,
+        description="Forget recurring-schedule audit records older than this.")
+    retention_interval_seconds: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="How often the retention loop runs (a full batch goes on at once).")
+    retention_batch_size: int = Field(
+        default=1000, ge=1, le=50_000,
+        description="Rows per retention transaction (moves, prunes, key frees).")
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
         return self
+
+    @property
+    def retention_hours(self) -> dict[JobState, float]:
+        """How long each final state is kept."""
+        return {JobState.SUCCEEDED: self.retention_succeeded_hours,
+                JobState.DEAD: self.retention_dead_hours,
+                JobState.CANCELLED: self.retention_cancelled_hours}
 
     @property
     def lookahead_seconds(self) -> float:

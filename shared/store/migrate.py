@@ -47,8 +47,12 @@ def missing_migrations(database_url: str) -> list[str]:
     return [name for name, _ in available() if name not in done]
 
 
-def migrate(database_url: str) -> list[str]:
-    """Apply every pending migration; returns the names applied by this call."""
+def migrate(database_url: str, *, up_to: str | None = None) -> list[str]:
+    """Apply every pending migration (or those up to and including `up_to`, a file name:
+    tests build an older schema this way); returns the names applied by this call."""
+    names = [name for name, _ in available()]
+    if up_to is not None and up_to not in names:
+        raise ValueError(f"no migration named {up_to!r}; there are {names}")
     done: list[str] = []
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_ID,))
@@ -59,6 +63,8 @@ def migrate(database_url: str) -> list[str]:
             )
             already = set(applied(conn))
             for name, sql in available():
+                if up_to is not None and name > up_to:
+                    break
                 if name in already:
                     continue
                 with conn.transaction():

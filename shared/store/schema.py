@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import DOUBLE_PRECISION, INTERVAL, JSONB, UUID
 
 from shared.core.states import FINAL_STATES, AttemptOutcome, JobState
+from shared.store.retention_sql import PARTITIONS_AHEAD_DAYS
 
 metadata = MetaData()
 
@@ -207,8 +208,6 @@ PARTITIONED = {
 """Each history table: its partition key, and that of its per-state partitions (which hold
 a DEFAULT partition and one partition per UTC day, `<table>_<state>_pYYYYMMDD`)."""
 
-PARTITIONS_AHEAD_DAYS = 2
-"""Day partitions exist from today to today + this (the migration, then the retention loop)."""
 
 VIEWS = {
     "tock_jobs_all": [c.name for c in jobs.columns],

@@ -1,13 +1,16 @@
 """Fixtures of the pipeline and robustness tests (`test_pipeline_*.py`,
 `test_robustness_*.py`): a timer on the test's queues, an empty task registry, a pinned
 clock, and consumers driven one step at a time (`consumers`) or started for real
-(`running`)."""
+(`running`); and of the store and history tests: a pinned `now` taken from the database
+clock, and a second connection (`other`) that holds locks in an open transaction."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from consumer.service import Consumer
@@ -68,3 +71,22 @@ def running(consumer_settings, registry, transport):
 @pytest.fixture
 def clock_now(db):
     return db_now(db) + timedelta(seconds=2)
+
+
+@pytest.fixture
+def now(db: psycopg.Connection[Any]) -> datetime:
+    """The database clock at the start of the test: every `now=` is this plus an offset."""
+    return db_now(db)
+
+
+@pytest.fixture
+def other(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection outside autocommit: what it locks stays locked until it commits or rolls
+    back (another timer, another consumer, an uncommitted dispatch)."""
+    conn = psycopg.connect(database_url, application_name="tock-test-other")
+    try:
+        yield conn
+    finally:
+        if not conn.closed:
+            conn.rollback()
+        conn.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
@@ -135,3 +135,49 @@ def run_blocked(db: Any, blocker: Any, call: Callable[[], T], release: Callable[
         raise result["error"]
     value: T = result["value"]
     return value
+
+
+def add_finished(db: Any, *, state: str, finished_at: datetime, kind: str = "k",
+                 payload: Any = None, **cols: Any) -> int:
+    """A job already in the history, as a move leaves it (its key's row written too); its
+    id comes from tock_jobs' sequence like every job's."""
+    job_id: int = db.execute(
+        "SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id'))").fetchone()[0]
+    values = {"id": job_id, "kind": kind, "queue": "default", "priority": 0,
+              "state": state, "run_at": finished_at - timedelta(seconds=5), "attempt": 1,
+              "created_at": finished_at - timedelta(seconds=10), "updated_at": finished_at,
+              "finished_at": finished_at, "dispatch_failures": 0, "lease_detached": False,
+              "payload": Jsonb(payload if payload is not None else {}), **cols}
+    insert_row(db, "tock_history_jobs", **values)
+    if values.get("unique_key") is not None:
+        insert_row(db, "tock_keys", unique_key=values["unique_key"], job_id=job_id)
+    return job_id
+
+
+def add_history_attempt(db: Any, job_id: int, *, attempt: int, outcome: str,
+                        finished_at: datetime, **cols: Any) -> None:
+    """An attempt of a job in the history, in its job's partition."""
+    state, job_finished_at = db.execute(
+        "SELECT state, finished_at FROM tock_history_jobs WHERE id = %s", (job_id,)).fetchone()
+    insert_row(db, "tock_history_attempts", job_id=job_id, attempt=attempt, outcome=outcome,
+               finished_at=finished_at, job_state=state, job_finished_at=job_finished_at,
+               **cols)
+
+
+def keys(db: Any) -> dict[str, int]:
+    """tock_keys as {key: job id}."""
+    return dict(db.execute("SELECT unique_key, job_id FROM tock_keys").fetchall())
+
+
+def day_table(prefix: str, state: str, day: datetime) -> str:
+    """The name of a day partition, e.g. tock_history_jobs_dead_p20261202."""
+    return f"{prefix}_{state}_p{day.astimezone(UTC):%Y%m%d}"
+
+
+def attempt_sides(db: Any, job_id: int) -> list[tuple[int, str]]:
+    """(attempt id, 'hot' or its history partition) of the job's attempts, oldest first."""
+    rows = db.execute(
+        "SELECT id, 'hot' FROM tock_attempts WHERE job_id = %s UNION ALL "
+        "SELECT id, tableoid::regclass::text FROM tock_history_attempts WHERE job_id = %s "
+        "ORDER BY 1", (job_id, job_id)).fetchall()
+    return [(r[0], r[1]) for r in rows]
