@@ -96,3 +96,23 @@ def make_dead(db, job_id: int, error: str = "boom") -> None:
     db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, "
                "outcome, error) VALUES (%s, 3, 'w1', now() - interval '1 s', now(), 'failed', "
                "%s)", (job_id, error))
+
+
+def run_to(db, job_id: int, state: str = "dead", error: str | None = "boom") -> None:
+    """Take a job through a claim and its outcome with the real statements, so it leaves
+    tock_jobs for the history as a consumer's outcome moves it (`make_dead` instead leaves
+    it in tock_jobs, as jobs finished before migration 0007 are)."""
+    from shared.core.states import AttemptOutcome, JobState
+    from shared.store import JobStore
+    from shared.store.rows import AttemptResult, Lease
+
+    token = db.execute(
+        "UPDATE tock_jobs SET state = 'running', attempt = attempt + 1, lease_owner = 'w1', "
+        "lease_expires_at = now() + interval '1 min', dispatch_token = gen_random_uuid(), "
+        "started_at = now() WHERE id = %s RETURNING dispatch_token", (job_id,)).fetchone()[0]
+    attempt = db.execute("SELECT attempt FROM tock_jobs WHERE id = %s", (job_id,)).fetchone()[0]
+    outcome = AttemptOutcome.SUCCEEDED if state == "succeeded" else AttemptOutcome.PERMANENT
+    written = JobStore.on(db).finish_attempts([AttemptResult(
+        Lease(job_id, attempt, token), JobState(state), outcome,
+        error=None if state == "succeeded" else error)], "w1")
+    assert written == {job_id}
