@@ -108,6 +108,8 @@ class Retention(Loop):
         return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
     def run_pass(self, now: datetime | None = None) -> RetentionReport:
+        """One pass of every step, in order (partitions, moves, key frees, defaults,
+        workers, audit), each in bounded batches; `now` pins the database clock."""
         report = RetentionReport()
         at = self.store.database_now(now)
         keep_from = {s: self.keep_from(s, at) for s in FINAL_STATES}

@@ -117,6 +117,7 @@ SELECT count(*) FROM batch
 
 
 def drop_expired(table: str) -> pgsql.Composed:
+    """An expired table goes once its keys are freed (nothing refers to it any more)."""
     return pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(table))
 
 

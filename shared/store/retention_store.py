@@ -82,6 +82,7 @@ class RetentionStore(Store):
         return int(row[0]) if row else 0
 
     def drop_expired(self, table: str) -> None:
+        """Drop an expired table whose keys are all freed."""
         self._run(sql.drop_expired(table))
 
     def sweep_default(self, state: JobState, keep_from: datetime, limit: int) -> int:
