@@ -31,7 +31,7 @@ from functools import partial
 
 from prometheus_client import Counter
 
-from shared.core.errors import LockTimeout
+from shared.core.errors import DataRejected, LockTimeout
 from shared.core.states import FINAL_STATES, JobState
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
@@ -163,9 +163,11 @@ class Retention(Loop):
                         EXPIRED.labels(state.value).inc()
                         emit(log, "history_partition_expired", state=state.value,
                              day=day.isoformat())
-            except LockTimeout as exc:
+            except (LockTimeout, DataRejected) as exc:
                 # Readers or writers hold the parent longer than a second: never queue
-                # everyone behind the DDL; the next pass tries again.
+                # everyone behind the DDL. (DataRejected: ATTACH found a row of that day in
+                # the DEFAULT partition, which the function's lock should prevent.) The
+                # next pass tries again.
                 emit(log, "history_ddl_busy", logging.WARNING, action=what,
                      state=state.value, day=day.isoformat(), error=str(exc))
                 return

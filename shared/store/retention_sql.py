@@ -102,12 +102,13 @@ SELECT (SELECT count(*) FROM kept), (SELECT count(*) FROM gone)
 
 def prune_expired(table: str) -> pgsql.Composed:
     """Free the keys of a batch of an expired table's keyed jobs (deleting those rows, so
-    the next batch starts past them); the caller drops the table once none is left."""
+    the next batch starts past them); the caller drops the table once none is left. In
+    key order: the partial key index it inherited walks past the rows already done."""
     return pgsql.SQL("""
 WITH batch AS (
     DELETE FROM {t} e
     WHERE e.ctid = ANY(ARRAY(SELECT ctid FROM {t} WHERE unique_key IS NOT NULL
-                             LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+                             ORDER BY unique_key LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING e.id, e.unique_key
 ), freed AS (
     DELETE FROM tock_keys k USING batch b WHERE k.unique_key = b.unique_key AND k.job_id = b.id

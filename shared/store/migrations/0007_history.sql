@@ -161,6 +161,12 @@ BEGIN
     IF to_regclass(jobs) IS NOT NULL THEN
         RETURN false;
     END IF;
+    -- No row may reach the DEFAULT partitions between the adoption below and the ATTACH
+    -- (another timer moving rows of this day): ATTACH would then refuse. EXCLUSIVE lets
+    -- readers through; writers of the default (rare: rows without a day partition) wait.
+    EXECUTE format('LOCK TABLE %I, %I IN EXCLUSIVE MODE',
+                   'tock_history_jobs_' || final || '_default',
+                   'tock_history_attempts_' || final || '_default');
     EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS)',
                    jobs, 'tock_history_jobs_' || final);
     EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS)',

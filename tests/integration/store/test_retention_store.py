@@ -23,6 +23,7 @@ from tests.integration.store.helpers import (
     count,
     insert_row,
     keys,
+    run_blocked,
     secs,
     side_of,
 )
@@ -76,6 +77,15 @@ def test_ensure_partition_creates_the_day_and_adopts_its_default_rows(store, db)
     assert store.ensure_partition(JobState.DEAD, FAR.date()) is False
     with pytest.raises(ValueError):
         store.ensure_partition(JobState.RUNNING, FAR.date())
+
+
+def test_ensure_partition_waits_for_a_row_being_written_to_the_default_then_adopts_it(
+        store, db, other):
+    # Another timer is moving a row of that day into the history (no partition yet).
+    late = add_finished(other, state="dead", finished_at=FAR)
+    assert run_blocked(db, other, lambda: store.ensure_partition(JobState.DEAD, FAR.date()),
+                       other.commit) is True
+    assert side_of(db, late) == "tock_history_jobs_dead_p20310506"
 
 
 def test_day_partitions_lists_every_state_and_day(store, db, now):
