@@ -243,14 +243,3 @@ def test_the_timer_runs_retention_as_one_of_its_loops(timer_settings, transport)
         assert timer.retention.retention == {s: timedelta(hours=h) for s, h in HOURS.items()}
     finally:
         timer.close()
-
-
-def test_settings_name_their_retention_variables(monkeypatch):
-    from shared.core.errors import ConfigError
-    from shared.runtime.settings import TimerSettings
-
-    monkeypatch.setenv("TOCK_RETENTION_DEAD_HOURS", "48")
-    assert TimerSettings.load().retention_hours[JobState.DEAD] == 48
-    monkeypatch.setenv("TOCK_RETENTION_SUCCEEDED_HOURS", "0")
-    with pytest.raises(ConfigError, match="TOCK_RETENTION_SUCCEEDED_HOURS"):
-        TimerSettings.load()
