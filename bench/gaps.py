@@ -37,18 +37,18 @@ GAP_NOTES: dict[str, str] = {
         + _CONSUMER
     ),
     "dbwork.": (
-        "The raw ceiling claims and completes 100 rows per statement; tock's consumer "
-        "claims at most 10 (one SQS receive) and completes about as many, so it runs about "
-        "ten times the statements and durable commits per job. Timer and consumer also "
-        "share one Python process (one GIL) here, and the per-job Python work (context, "
-        "metrics, logging) is in this figure. Per statement (tables above), the timer's "
-        "`sql.CLAIM_DUE` visits ten priority levels, each a LATERAL `LIMIT ... FOR UPDATE "
-        "SKIP LOCKED`, and draws a `gen_random_uuid()` per row; `sql.FINISH_ATTEMPTS` also "
-        "pays the foreign-key check of `tock_attempts.job_id` (a `FOR KEY SHARE` lock on the "
-        "job row it just updated) that the bare completion does not (not measured apart). "
-        "What would close it: bigger claim and completion batches (below), and in "
-        "`CLAIM_DUE` skipping the levels with nothing due (a per-level next-due probe like "
-        "`NEXT_DUE_AT`'s, reused). " + _CONSUMER
+        "The raw ceiling runs two statements per 100 jobs (a claim and a completion) in a "
+        "bare loop. tock runs three (the timer's `CLAIM_DUE`, the consumer's "
+        "`CLAIM_MESSAGES`, its `FINISH_ATTEMPTS`), and the consumer's batches are bounded by "
+        "its free handler slots (a claim covers several receives, up to "
+        "`TOCK_CLAIM_BATCH_SIZE`; an outcome commit waits up to `TOCK_GROUP_COMMIT_MS` for "
+        "company), so at concurrency 8 a claim carries at most 8 rows. Timer and consumer "
+        "also share one Python process (one GIL) here, and the per-job Python work "
+        "(context, tracking, metrics, a log line) is in this figure: compare the database "
+        "time per statement (tables above) with the wall time per job. "
+        "`sql.FINISH_ATTEMPTS` also pays the foreign-key check of `tock_attempts.job_id`. "
+        "What would close it further: completion without the foreign key, and fewer Python "
+        "objects per job; a higher consumer concurrency raises the batch sizes. " + _CONSUMER
     ),
     "latency.simultaneous": (
         "The `latency.simultaneous.floor` figure is the p99 the raw SQS path alone allows "
