@@ -12,6 +12,7 @@ GROUP_TITLES = {
     "raw-postgres": "Raw Postgres ceilings", "raw-sqs": "Raw SQS ceilings",
     "enqueue": "Enqueue", "dispatch": "Dispatch", "end-to-end": "End to end",
     "latency": "Latency", "burst": "Burst", "scale": "Scale", "memory": "Memory",
+    "table health": "Table health (HOT updates, dead tuples)",
 }
 
 
