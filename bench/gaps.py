@@ -38,7 +38,8 @@ GAP_NOTES: dict[str, str] = {
     ),
     "dbwork.": (
         "The raw ceiling runs two statements per 100 jobs (a claim and a completion) in a "
-        "bare loop. tock runs three (the timer's `CLAIM_DUE`, the consumer's "
+        "bare loop. tock runs three kinds (the timer's fair claim: `DUE_LEVELS`, "
+        "`DUE_TENANTS_*` and `CLAIM_TENANTS`; the consumer's "
         "`CLAIM_MESSAGES`, its `FINISH_ATTEMPTS`), and the consumer's batches are bounded by "
         "its free handler slots (a claim covers several receives, up to "
         "`TOCK_CLAIM_BATCH_SIZE`; an outcome commit waits up to `TOCK_GROUP_COMMIT_MS` for "
@@ -73,10 +74,19 @@ GAP_NOTES: dict[str, str] = {
         "Measure again before acting: each size's claim loop runs for well under a second, "
         "so a spike of other load on the machine moves this ratio more than the table does "
         "(on these machines it has landed on both sides of 1.0 from run to run). The due "
-        "scan walks `tock_jobs_due_idx` once per priority level (`sql.CLAIM_DUE`) and stops "
-        "at the first future row, so pending rows cost it one B-tree level per 100x; a real "
+        "claim probes `tock_jobs_due_idx` once per priority level (`sql.DUE_LEVELS`), walks the "
+        "tenants with due work through `tock_jobs_fair_idx` (`sql.DUE_TENANTS_*`, one probe "
+        "per tenant) and takes each one's oldest rows (`sql.CLAIM_TENANTS`), stopping at "
+        "the first future row, so pending rows cost it one B-tree level per 100x; a real "
         "slowdown with size would point at dead index entries left by claimed rows (vacuum "
         "`tock_jobs` more often: a per-table `autovacuum_vacuum_scale_factor`)."
+    ),
+    "fair.": (
+        "Fair share is the timer's: B's jobs get half of each batch from the first pass "
+        "after they are due, so their lag is about two passes of the timer against one "
+        "with no backlog; with both dispatch threads busy on A's rows, a pass of B waits "
+        "for a pass of A to commit first. A's rate is the claim alone (SQS is a sink); "
+        "the fair claim costs one probe per tenant and level, `sql.DUE_TENANTS_*`."
     ),
     "dispatch.": (
         "The timer holds its claim transaction open across one wave of sends (by design: a "

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from shared.core.errors import DatabaseError
 from shared.core.filters import FINISHED_STATES, UNFINISHED_STATES
-from shared.core.reports import Bucket, QueueKindStats, WorkerInfo
+from shared.core.reports import Bucket, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import JobState
 from shared.ops.jobs import timeline
 from shared.store.operator_store import OperatorStore
@@ -27,6 +27,7 @@ class Snapshot:
     now: datetime
     counts: dict[tuple[str, str], int]
     queues: list[QueueKindStats]
+    tenants: list[TenantStats]
     workers: list[WorkerInfo]
     timeline: list[Bucket]
     compute_seconds: float
@@ -70,9 +71,10 @@ class StatsCache:
                 self._finished_taken = started
             counts.update(self._finished)
             queues = tx.queue_stats(now)
+            tenants = tx.tenant_stats(now)
             workers = tx.workers(stale_after_seconds=self.stale_after_seconds, now=now)
             buckets = timeline(tx, now=now)
-        return Snapshot(now, counts, queues, workers, buckets, time.monotonic() - started)
+        return Snapshot(now, counts, queues, tenants, workers, buckets, time.monotonic() - started)
 
 
 class ClusterCollector(Collector):
@@ -114,6 +116,7 @@ class ClusterCollector(Collector):
             running.add_metric(labels, q.running)
             future.add_metric(labels, q.future)
         yield from (depth, oldest, running, future)
+        yield from _tenant_gauges(snap.tenants)
         workers = GaugeMetricFamily("tock_workers", "Consumer processes by status",
                                     labels=["status"])
         by_status = {"alive": 0, "stale": 0, "stopped": 0}
@@ -130,6 +133,22 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily("tock_cluster_stats_seconds",
                                 "Time the last statistics computation took",
                                 value=snap.compute_seconds)
+
+
+def _tenant_gauges(tenants: list[TenantStats]) -> Iterator[GaugeMetricFamily]:
+    """Per tenant ('' for jobs without one; the busiest MAX_TENANT_ROWS, so the label's
+    cardinality stays bounded): due, running and the fair-share weight."""
+    due = GaugeMetricFamily("tock_tenant_due", "Due jobs waiting for a timer, per tenant",
+                            labels=["tenant"])
+    running = GaugeMetricFamily("tock_tenant_running", "Jobs running now, per tenant",
+                                labels=["tenant"])
+    weight = GaugeMetricFamily("tock_tenant_weight", "Fair-share weight (default 1)",
+                               labels=["tenant"])
+    for t in tenants:
+        due.add_metric([t.tenant], t.due)
+        running.add_metric([t.tenant], t.running)
+        weight.add_metric([t.tenant], t.weight)
+    yield from (due, running, weight)
 
 
 def state_totals(counts: dict[tuple[str, str], int]) -> dict[str, int]:

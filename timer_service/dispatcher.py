@@ -32,6 +32,7 @@ from shared.store.database import Listener
 from shared.store.job_store import JobStore
 from shared.store.rows import DueJob, Refused
 from shared.transport.base import MAX_BATCH, EntryFailure, Transport
+from timer_service import fair_share
 
 log = logging.getLogger("tock.timer.dispatch")
 
@@ -44,6 +45,9 @@ REFUSED_BACKOFF_CAP_SECONDS = 5.0
 STUCK_AFTER_FAILURES = 5
 """A job refused this many times in a row is reported (log line, explain)."""
 REPORT_EVERY_SECONDS = 30.0
+TOP_UP_ROUNDS = 3
+"""Claims per level and pass: the fair shares, then up to two rounds handing what light
+tenants left over to the ones that filled their share."""
 
 
 class Dispatcher(Loop):
@@ -69,6 +73,7 @@ class Dispatcher(Loop):
         self._lock = threading.Lock()
         self._reported: dict[str, float] = {}
         self._refusals: dict[str, int] = {}
+        self._cursors: dict[int, str | None] = {}  # per level: the last tenant served
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -117,7 +122,7 @@ class Dispatcher(Loop):
     def dispatch_due(self, now: datetime | None = None) -> tuple[int, int]:
         """Claim one batch, send it, commit; returns (sent, refused)."""
         with self.store.transaction() as tx:
-            due = tx.claim_due(self.batch_size, now)
+            due = self.claim_batch(tx, now)
             if not due:
                 return 0, 0
             failed = self._send(due)
@@ -134,6 +139,39 @@ class Dispatcher(Loop):
                 emit(log, "job_dispatched", logging.DEBUG, job_id=job.id, kind=job.kind,
                      queue=job.queue, lag_ms=round(job.lag_seconds * 1000, 1))
         return len(due) - len(failed), len(failed)
+
+    def claim_batch(self, tx: JobStore, now: datetime | None) -> list[DueJob]:
+        """One batch: priority levels highest first; within a level, the tenants with due
+        work share the batch by weight (fair_share), and what a tenant with little due
+        leaves over goes to those that filled their share."""
+        claimed: list[DueJob] = []
+        for level in tx.due_levels(now):
+            capacity = self.batch_size - len(claimed)
+            if capacity <= 0:
+                break
+            with self._lock:
+                cursor = self._cursors.get(level)
+            after = tx.due_tenants(level, capacity, after=cursor, now=now)
+            wrapped = (tx.due_tenants(level, capacity - len(after), now=now)
+                       if cursor is not None and len(after) < capacity else [])
+            walk = fair_share.round_from(after, wrapped, cursor, capacity)
+            with self._lock:
+                self._cursors[level] = walk[-1][0] if len(walk) >= capacity else None
+            weights = dict(walk)
+            share = fair_share.quotas(walk, capacity)
+            for _ in range(TOP_UP_ROUNDS):
+                got = tx.claim_tenants(level, share, now)
+                claimed.extend(got)
+                capacity -= len(got)
+                taken: dict[str, int] = defaultdict(int)
+                for job in got:
+                    taken[job.tenant_key] += 1
+                # Tenants that took their whole share may have more; the others are done.
+                full = [(t, weights[t]) for t, n in share if taken[t] >= n]
+                if capacity <= 0 or not full:
+                    break
+                share = fair_share.quotas(full, capacity)
+        return claimed
 
     def _send(self, due: list[DueJob]) -> dict[int, str]:
         """Send every job; returns {job id: error} for the ones SQS did not take."""

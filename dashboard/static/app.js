@@ -183,8 +183,12 @@ function renderOverview() {
   const queues = el("div", {className: "panel"});
   const kinds = el("div", {className: "panel"});
   const workers = el("div", {className: "panel"});
+  const tenantRows = el("div");
+  const tenants = el("div", {className: "panel", "data-testid": "tenants-panel"},
+                     el("h2", {}, "Tenants: fair share of each dispatch batch"),
+                     weightForm(), tenantRows);
   view(el("h1", {}, "Overview"), cards, charts, el("div", {className: "grid"}, queues, kinds),
-       workers);
+       tenants, workers);
   poll(async () => {
     const o = await api("/api/stats/overview");
     cards.replaceChildren(...STATES.map(s => el("a", {
@@ -214,9 +218,47 @@ function renderOverview() {
         el("td", {}, el("a", {href: `#/jobs?kind=${encodeURIComponent(k)}`}, k)),
         STATES.map(s => el("td", {className: "num"}, o.by_kind[k][s] || "")))))) :
       el("p", {className: "muted"}, "No jobs yet."));
+    tenantRows.replaceChildren(tenantTable(o.tenants));
     workers.replaceChildren(el("h2", {}, "Workers"), workerTable(o.workers, o.now));
     showLive(true);
   }, 2000);
+}
+
+function tenantTable(list) {
+  if (!list.length) return el("p", {className: "muted"}, "No tenant has unfinished work.");
+  return el("table", {}, el("thead", {}, el("tr", {},
+    ["tenant", "weight", "due", "in SQS", "running", "later", "oldest due"].map(
+      (h, i) => el("th", {className: i ? "num" : ""}, h)))),
+    el("tbody", {}, list.map(t => el("tr", {"data-testid": `tenant-${t.tenant ?? ""}`},
+      el("td", {}, t.tenant === null ? el("span", {className: "muted"}, "(no tenant)")
+                                     : el("a", {href: `#/jobs?tenant=${encodeURIComponent(t.tenant)}`}, t.tenant)),
+      el("td", {className: "num", "data-testid": "tenant-weight"}, t.weight),
+      el("td", {className: "num"}, t.due), el("td", {className: "num"}, t.dispatched),
+      el("td", {className: "num"}, t.running), el("td", {className: "num"}, t.future),
+      el("td", {className: "num"}, t.due ? human(t.oldest_due_age_seconds) : "–")))));
+}
+
+function weightForm() {
+  // Outside the polled table, so typing is not undone by the next refresh.
+  if (!canWrite()) return el("p", {className: "muted"}, "Log in as operator to change weights.");
+  const form = el("form", {className: "inline", "data-testid": "weight-form"},
+    el("input", {name: "tenant", placeholder: "tenant (empty: jobs without one)"}),
+    el("input", {name: "weight", type: "number", min: 1, max: 1000, placeholder: "weight 1..1000"}),
+    el("button", {type: "submit"}, "Set weight"),
+    el("button", {type: "button", className: "quiet", "data-testid": "weight-reset",
+                  onclick: () => setWeight(form, true)}, "Reset to 1"));
+  form.addEventListener("submit", e => { e.preventDefault(); setWeight(form, false); });
+  return form;
+}
+
+async function setWeight(form, reset) {
+  const data = new FormData(form);
+  const tenant = data.get("tenant").trim() || null;
+  const weight = reset ? null : Number(data.get("weight"));
+  try {
+    const out = await api("/api/tenants/weight", {method: "PUT", body: {tenant, weight}});
+    toast(`${out.tenant ?? "(no tenant)"}: weight ${out.weight}.`);
+  } catch (e) { toast(e.message, true); }
 }
 
 function workerTable(list, now) {

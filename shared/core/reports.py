@@ -52,6 +52,21 @@ class QueueKindStats:
 
 
 @dataclass(frozen=True)
+class TenantStats:
+    """Unfinished work of one tenant ('' for jobs without one) and its fair-share weight."""
+
+    tenant: str
+    weight: int
+    due: int
+    """scheduled/retrying with run_at passed: waiting for its turn at a timer."""
+    dispatched: int
+    running: int
+    future: int
+    oldest_due_age_seconds: float
+    """How long its oldest due job (not yet dispatched) has waited; 0 if none."""
+
+
+@dataclass(frozen=True)
 class Worker:
     """A consumer process as it reports itself at start and on every heartbeat."""
 

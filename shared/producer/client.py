@@ -174,6 +174,23 @@ class Client:
         store.notify_due()
         return job
 
+    # --- fair share ------------------------------------------------------------------------
+
+    def set_tenant_weight(self, tenant: str | None, weight: int) -> None:
+        """Give `tenant` (None: the jobs enqueued without one) `weight` shares of each
+        dispatch batch, against 1 for every tenant without a weight (1..1000). The timers
+        use it from their next pass; jobs already in SQS are not affected."""
+        key, weight = validation.tenant_key(tenant), validation.tenant_weight(weight)
+        self._jobs.set_tenant_weight(key, weight)
+
+    def reset_tenant_weight(self, tenant: str | None) -> bool:
+        """Back to the default weight of 1; False if `tenant` had no weight set."""
+        return self._jobs.reset_tenant_weight(validation.tenant_key(tenant))
+
+    def tenant_weights(self) -> dict[str | None, int]:
+        """The weights set, by tenant (None: jobs without a tenant)."""
+        return {tenant or None: weight for tenant, weight in self._jobs.tenant_weights().items()}
+
     @staticmethod
     def _refused(store: JobStore, job_id: int, verb: str, allowed: str) -> Job:
         """Why a guarded transition matched nothing, as the error to raise."""

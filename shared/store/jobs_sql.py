@@ -67,26 +67,53 @@ RETURNING {JOB_COLUMNS}
 
 NOTIFY_DUE = "SELECT pg_notify('tock_due', '')"
 
-# --- timer ------------------------------------------------------------------------------------
+# --- fair share between tenants ------------------------------------------------------------
+# Within a priority level, due jobs are shared out between the tenants that have some (jobs
+# without a tenant are one tenant, ''), in proportion to their weights, so one tenant's
+# backlog never queues the others behind it. Priority stays above fairness: a level is
+# served before the one below it. The walks go through `tock_jobs_fair_idx`
+# (priority, coalesce(tenant, ''), run_at, id), one index probe per tenant, and every probe
+# stops at the first future row, so a million far-future rows cost nothing. SKIP LOCKED
+# lets any number of timers claim side by side: each row goes to exactly one of them.
 
-# Walk the due index one priority level at a time, highest first: each level is an index
-# range scan in run_at order that stops at LIMIT, so a million far-future rows at a high
-# priority cost nothing when lower levels have due work. SKIP LOCKED lets any number of
-# timers claim side by side: each row goes to exactly one of them.
-CLAIM_DUE = f"""
-WITH due AS (
-    SELECT d.id, d.state AS prev_state
-    FROM generate_series(9, 0, -1) AS p(level)
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.state FROM tock_jobs j
-        WHERE j.state IN ('scheduled', 'retrying') AND j.priority = p.level
-          AND j.run_at <= {NOW}
-        ORDER BY j.run_at, j.id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) d
-    LIMIT %(limit)s
+_DUE = "j.state IN ('scheduled', 'retrying')"
+TENANT_KEY = "coalesce(j.tenant, '')"
+
+# Levels with something due, highest first: one probe each.
+DUE_LEVELS = f"""
+SELECT p.level FROM generate_series(9, 0, -1) AS p(level)
+WHERE EXISTS (SELECT 1 FROM tock_jobs j
+              WHERE {_DUE} AND j.priority = p.level AND j.run_at <= {NOW})
+ORDER BY p.level DESC
+"""
+
+
+def _due_tenants(bound: str) -> str:
+    """The tenants with due jobs at one level, in key order from `bound` on (a loose index
+    scan: each step is one probe for the next tenant key), with their weights."""
+    return f"""
+WITH RECURSIVE t(tk) AS (
+    (SELECT {TENANT_KEY} FROM tock_jobs j
+     WHERE {_DUE} AND j.priority = %(level)s AND {TENANT_KEY} {bound} %(after)s
+     ORDER BY {TENANT_KEY} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT {TENANT_KEY} FROM tock_jobs j
+            WHERE {_DUE} AND j.priority = %(level)s AND {TENANT_KEY} > t.tk
+            ORDER BY {TENANT_KEY} LIMIT 1)
+    FROM t WHERE t.tk IS NOT NULL
 )
+SELECT t.tk, coalesce(w.weight, 1) FROM t LEFT JOIN tock_tenant_weights w ON w.tenant = t.tk
+WHERE t.tk IS NOT NULL AND EXISTS (
+    SELECT 1 FROM tock_jobs j
+    WHERE {_DUE} AND j.priority = %(level)s AND {TENANT_KEY} = t.tk AND j.run_at <= {NOW})
+LIMIT %(limit)s
+"""
+
+
+DUE_TENANTS_FROM = _due_tenants(">=")
+DUE_TENANTS_AFTER = _due_tenants(">")
+
+_CLAIMED = f"""
 UPDATE tock_jobs j
 SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {NOW},
     updated_at = {NOW}
@@ -95,6 +122,33 @@ WHERE j.id = due.id
 RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
           extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
 """
+
+# Up to each tenant's quota of its oldest due jobs at one level (SKIP LOCKED, as above).
+CLAIM_TENANTS = f"""
+WITH due AS (
+    SELECT d.id, d.state AS prev_state, q.tk
+    FROM unnest(%(tenants)s::text[], %(quotas)s::int[]) AS q(tk, n)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state FROM tock_jobs j
+        WHERE {_DUE} AND j.priority = %(level)s AND {TENANT_KEY} = q.tk
+          AND j.run_at <= {NOW}
+        ORDER BY j.run_at, j.id
+        LIMIT q.n
+        FOR UPDATE SKIP LOCKED
+    ) d
+)
+{_CLAIMED}, due.tk
+"""
+
+SET_TENANT_WEIGHT = """
+INSERT INTO tock_tenant_weights (tenant, weight) VALUES (%(tenant)s, %(weight)s)
+ON CONFLICT (tenant) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now()
+RETURNING tenant, weight
+"""
+
+DELETE_TENANT_WEIGHT = "DELETE FROM tock_tenant_weights WHERE tenant = %(tenant)s RETURNING 1"
+
+TENANT_WEIGHTS = "SELECT tenant, weight FROM tock_tenant_weights ORDER BY tenant"
 
 # Sends that SQS refused: back to the state they came from, in the claiming transaction,
 # and due again only after a backoff of their own (base * 2^failures, capped), so a job

@@ -38,6 +38,8 @@ class DueJob:
     prev_state: JobState
     lag_seconds: float
     """How late the dispatch is: now - run_at."""
+    tenant_key: str = ""
+    """Its tenant, '' for none (fair share accounting)."""
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ jobs = Table(
     Column("dispatch_failures", Integer, nullable=False, server_default="0"),  # 0004
     Column("lease_detached", Boolean, nullable=False, server_default="false"),  # 0006
     CheckConstraint("priority BETWEEN 0 AND 9"),
+    Index("tock_jobs_fair_idx", "priority", text("coalesce(tenant, '')"), "run_at", "id",
+          postgresql_where=text("state IN ('scheduled', 'retrying')")),  # 0008
     Index("tock_jobs_due_idx", "priority", "run_at", "id",
           postgresql_where=text("state IN ('scheduled', 'retrying')")),
     Index("tock_jobs_owner_idx", "lease_owner", postgresql_where=text("state = 'running'")),
@@ -159,6 +161,14 @@ schedule_audit = Table(
     Index("tock_schedule_audit_schedule_idx", "schedule", "id"),
 )
 
+tenant_weights = Table(  # 0008
+    "tock_tenant_weights", metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("weight", Integer, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    CheckConstraint("weight BETWEEN 1 AND 1000"),
+)
+
 migrations = Table(
     "tock_migrations", metadata,
     Column("name", Text, primary_key=True),
@@ -166,4 +176,4 @@ migrations = Table(
 )
 
 __all__ = ["attempts", "jobs", "metadata", "migrations", "schedule_audit", "schedules",
-           "workers"]
+           "tenant_weights", "workers"]

@@ -24,7 +24,8 @@ EXPECTED_FIGURES = [
     "latency.steady.p99", "burst.drain",
     "burst.lag_p99", "scale.claim.base", "scale.claim.3000", "scale.dispatch.3000",
     "memory.timer.peak", "memory.consumer.peak", "memory.consumer.growth",
-    "burst.vs_steady",
+    "burst.vs_steady", "fair.b_alone.p99", "fair.b_backlog.p99", "fair.a_rate_before",
+    "fair.a_rate_during",
 ]
 PRESENT = ["health.tock_jobs.hot_share", "health.tock_jobs.dead", "health.tock_workers.hot_share"]
 """Measured, but zero is a possible value (a tiny run may not update a worker row at all)."""
@@ -41,7 +42,7 @@ def test_tiny_profile_runs_end_to_end(tmp_path: Path) -> None:
         [sys.executable, "-m", "bench", "--profile", "tiny", "--out", str(out)],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "(12/12) report done" in proc.stderr  # progress was shown
+    assert "(13/13) report done" in proc.stderr  # progress was shown
 
     data = json.loads((out / "results.json").read_text())
     assert validate(data) == []

@@ -3,31 +3,14 @@ cli.main.main (the same function the `tock` entry point calls)."""
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
 
 import pytest
 
-from cli.main import main
 from devstack.ports import free_port
 from tests.support.dashboard import make_dead
-
-
-@pytest.fixture
-def tock(database_url, capsys, monkeypatch):
-    monkeypatch.setenv("TOCK_DATABASE_URL", database_url)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: no prompts
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse usage errors
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-    return run
 
 
 def test_enqueue_list_and_show(tock, db):

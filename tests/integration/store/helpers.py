@@ -19,6 +19,16 @@ from tests.support.wait import wait_for
 T = TypeVar("T")
 
 
+def claim(store: Any, limit: int, now: datetime) -> list[Any]:
+    """The timer's claim of up to `limit` untenanted due jobs, highest level first, from the
+    store's pieces (due_levels, claim_tenants) as the dispatcher puts them together."""
+    claimed: list[Any] = []
+    for level in store.due_levels(now):
+        if len(claimed) < limit:
+            claimed += store.claim_tenants(level, [("", limit - len(claimed))], now)
+    return claimed
+
+
 def secs(n: float) -> timedelta:
     return timedelta(seconds=n)
 

@@ -1,0 +1,26 @@
+"""The `tock` fixture: the operator commands run in-process through cli.main.main (the
+same function the `tock` entry point calls), on the test's database, with no terminal."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from cli.main import main
+
+
+@pytest.fixture
+def tock(database_url, capsys, monkeypatch):
+    monkeypatch.setenv("TOCK_DATABASE_URL", database_url)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: no prompts
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse usage errors
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
