@@ -94,7 +94,7 @@ def _claim_rate(url: str, timer: Timer, due: int) -> float:
     start = time.perf_counter()
     while True:
         with dispatcher.store.transaction() as tx:
-            got = len(dispatcher.claim_batch(tx, None))
+            got = len(dispatcher.claim_batch(tx, None).jobs)
         claimed += got
         if got < BATCH:
             break

@@ -28,7 +28,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.routing import Match
 
-from dashboard import api, pages, schedules_api, tenants_api
+from dashboard import api, limits_api, pages, schedules_api, tenants_api
 from dashboard.auth import Authenticator
 from dashboard.guard import RequestGuard
 from dashboard.query import known_query_only
@@ -125,6 +125,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app.include_router(api.router)
     app.include_router(schedules_api.router)
     app.include_router(tenants_api.router)
+    app.include_router(limits_api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("dashboard", "static")]), name="static")
 

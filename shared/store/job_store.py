@@ -18,7 +18,6 @@ from shared.store.rows import (
     AttemptResult,
     Claim,
     ClaimedJob,
-    DueJob,
     ExpiredLease,
     Lease,
     NewJob,
@@ -76,39 +75,6 @@ class JobStore(Store):
         self._run(sql.NOTIFY_DUE)
 
     # --- timer ----------------------------------------------------------------------------
-
-    def due_levels(self, now: datetime | None = None) -> list[int]:
-        """Priority levels with a due job, highest first."""
-        return [r[0] for r in self._rows(sql.DUE_LEVELS, {"now": now})]
-
-    def due_tenants(self, level: int, limit: int, *, after: str | None = None,
-                    now: datetime | None = None) -> list[tuple[str, int]]:
-        """Up to `limit` tenants with due jobs at `level`, in key order after `after` (from
-        the first when None), with their weights. '' is the tenant of tenantless jobs."""
-        statement = sql.DUE_TENANTS_FROM if after is None else sql.DUE_TENANTS_AFTER
-        rows = self._rows(statement, {"level": level, "after": after or "", "limit": limit,
-                                      "now": now})
-        return [(r[0], r[1]) for r in rows]
-
-    def claim_tenants(self, level: int, quotas: Sequence[tuple[str, int]],
-                      now: datetime | None = None) -> list[DueJob]:
-        """Claim up to each tenant's quota of its oldest due jobs at `level` (dispatched,
-        fresh tokens, SKIP LOCKED); run it in the transaction that commits after the send."""
-        rows = self._rows(sql.CLAIM_TENANTS, {
-            "level": level, "tenants": [q[0] for q in quotas], "quotas": [q[1] for q in quotas],
-            "now": now})
-        return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6]) for r in rows]
-
-    def set_tenant_weight(self, tenant: str, weight: int) -> None:
-        """A tenant's share of each batch relative to the others (default 1)."""
-        self._run(sql.SET_TENANT_WEIGHT, {"tenant": tenant, "weight": weight})
-
-    def reset_tenant_weight(self, tenant: str) -> bool:
-        """Back to the default weight of 1; False if it had none set."""
-        return self._one(sql.DELETE_TENANT_WEIGHT, {"tenant": tenant}) is not None
-
-    def tenant_weights(self) -> dict[str, int]:
-        return {r[0]: r[1] for r in self._rows(sql.TENANT_WEIGHTS)}
 
     def undo_dispatch(self, refused: Sequence[Refused], *, backoff_base_seconds: float,
                       backoff_cap_seconds: float, now: datetime | None = None

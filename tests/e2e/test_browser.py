@@ -223,3 +223,26 @@ def test_viewer_sees_tenants_but_no_weight_form(
     expect(page.get_by_test_id("tenant-acme")).to_contain_text("acme")
     expect(page.get_by_test_id("tenants-panel")).to_contain_text("Log in as operator")
     expect(page.get_by_test_id("weight-form")).to_have_count(0)
+
+
+def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    client.schedule_many([{"kind": "report"} for _ in range(3)])
+    client.set_limit("kind", "report", max_running=0)
+    login(page, live_server, OPERATOR)
+    row = page.get_by_test_id("limit-kind-report")
+    expect(row.get_by_test_id("limit-running")).to_have_text("0 / 0")
+    expect(row.get_by_test_id("limit-waiting")).to_have_text("3")
+    form = page.get_by_test_id("limit-form")
+    form.locator("[name=key]").fill("report")
+    form.locator("[name=max_running]").fill("2")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text("Limit set on kind report.")
+    expect(row.get_by_test_id("limit-running")).to_have_text("0 / 2", timeout=15_000)
+    form.locator("[name=max_running]").fill("")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_contain_text("give max_running, a rate, or both")
+    page.get_by_test_id("limit-remove").click()
+    expect(page.locator("#toast")).to_have_text("Limit removed from kind report.")
+    assert client.limits() == []
+    expect(page.get_by_test_id("limits-panel")).to_contain_text("No limits", timeout=15_000)

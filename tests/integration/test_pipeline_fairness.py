@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
-from shared.store import JobStore
+from shared.store.flow_store import FlowStore
 from timer_service.service import Timer
 
 
@@ -49,7 +49,7 @@ def test_weights_set_each_tenants_share(db, database, timer_settings, transport,
     now = clock.now
     for tenant in ("gold", "bronze"):
         _backlog(db, 500, tenant, now=now)
-    JobStore(database).set_tenant_weight("gold", 3)
+    FlowStore(database).set_tenant_weight("gold", 3)
     timer = _timer(timer_settings, transport)
     try:
         timer.run_once(now)

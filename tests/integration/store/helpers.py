@@ -13,6 +13,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from shared.store.flow_store import FlowStore
 from shared.store.rows import Lease
 from tests.support.wait import wait_for
 
@@ -20,12 +21,15 @@ T = TypeVar("T")
 
 
 def claim(store: Any, limit: int, now: datetime) -> list[Any]:
-    """The timer's claim of up to `limit` untenanted due jobs, highest level first, from the
-    store's pieces (due_levels, claim_tenants) as the dispatcher puts them together."""
+    """The timer's claim of up to `limit` due jobs, highest level first, then (kind, tenant)
+    pair by pair, from FlowStore's pieces (due_levels, due_pairs, claim_pairs) on `store`'s
+    connection, without the dispatcher's fair share."""
+    flow = store.sibling(FlowStore)
     claimed: list[Any] = []
-    for level in store.due_levels(now):
-        if len(claimed) < limit:
-            claimed += store.claim_tenants(level, [("", limit - len(claimed))], now)
+    for level in flow.due_levels(now):
+        for kind, tenant, _ in flow.due_pairs(level, limit, now=now):
+            if len(claimed) < limit:
+                claimed += flow.claim_pairs(level, [(kind, tenant, limit - len(claimed))], now)
     return claimed
 
 
