@@ -8,8 +8,9 @@
                        messages of the jobs whose lease holds, so SQS does not redeliver them
 
 A hung or failing SQS call therefore never delays a database heartbeat. A lost lease
-(cancelled, or expired and taken over) sets the handler's `ctx.cancelled`; its result will
-be discarded by the completer's fence.
+(cancelled, or expired and taken over) or a passed deadline tells the handler to stop
+(`InFlight.stop`: `ctx.cancelled`, and whatever runs the handler acts on it); after a lost
+lease its result will be discarded by the completer's fence.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class LeaseKeeper(Loop):
         lost = [i for i in items if i.job_id not in kept and not i.completing]
         for item in lost:
             item.lease_lost = True
-            item.context.cancelled.set()
+            item.stop("lease lost")
             metrics.LEASES_LOST.inc()
             emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
                  worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
@@ -79,7 +80,7 @@ class LeaseKeeper(Loop):
             over = now - item.started - item.timeout_seconds
             if over > 0 and not item.timed_out:
                 item.timed_out = True
-                item.context.cancelled.set()
+                item.stop("deadline passed")
                 emit(log, "job_timeout", logging.WARNING, job_id=item.job_id,
                      attempt=item.attempt, timeout_s=item.timeout_seconds)
             if over > self.pipe.settings.lease_seconds and not item.abandoned:

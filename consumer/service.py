@@ -148,7 +148,7 @@ class Consumer:
         for item in release:
             item.released = True  # before the signal: the handler may return at once
             item.abandoned = True
-            item.context.cancelled.set()
+            item.stop("released at shutdown")
         if release:
             emit(log, "jobs_released", logging.WARNING, jobs=len(release),
                  job_ids=[i.job_id for i in release], worker=self.worker_id)
