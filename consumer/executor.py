@@ -1,6 +1,8 @@
-"""Run handlers: `concurrency` threads take claimed jobs from the work queue, run the
-handler, and queue the outcome for the completer. A handler's slot is free again as soon
-as it returns; writing the outcome and deleting the message happen in the completer.
+"""Run handlers: `concurrency` threads take claimed jobs from the work queue, then queue
+the outcome for the completer. A plain handler runs in the executor thread itself; an
+`async def` handler is handed to the event loop (`consumer/async_executor.py`) and the
+thread moves on. Either way a job holds its handler slot until its handler has really
+stopped; writing the outcome and deleting the message happen in the completer.
 
 Handlers are isolated: whatever a handler raises (any `BaseException`: `SystemExit`,
 `KeyboardInterrupt`, an exception whose `__str__` raises...) becomes a recorded failed
@@ -14,9 +16,11 @@ import time
 from datetime import datetime
 
 from consumer import outcomes
-from consumer.outcomes import Finished, TimedOut
+from consumer.async_executor import AsyncRunner
+from consumer.attempt import finish
+from consumer.outcomes import Raised
 from consumer.pipeline import Pipeline, Work
-from consumer.tasks import Abandon
+from consumer.tasks import call_sync
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 
@@ -36,52 +40,51 @@ class Executor(Loop):
     def __init__(self, pipe: Pipeline) -> None:
         super().__init__()
         self.pipe = pipe
-        self.threads = pipe.settings.concurrency
         settings = pipe.settings
+        self.threads = settings.concurrency
         self.backoff = outcomes.Backoff(settings.backoff_base_seconds,
                                         settings.backoff_cap_seconds,
                                         settings.unknown_kind_backoff_seconds)
         self._unknown_logged: dict[str, float] = {}
+        self.async_runner = AsyncRunner(pipe, self.backoff)
+
+    def close(self) -> None:
+        """After the loops stopped: stop the event loop."""
+        self.async_runner.close()
 
     def run_once(self, now: datetime | None = None) -> int:
-        """Run the next claimed job, if one comes within a moment; returns 1 if it did."""
+        """Run (or start) the next claimed job, if one comes within a moment; returns 1 if
+        it did."""
         try:
             work = self.pipe.work.get(timeout=TAKE_WAIT_SECONDS)
         except queues.Empty:
             return 0
-        self.run(work)
+        if work.task is not None and work.task.is_async:
+            self.async_runner.submit(work)
+        else:
+            self.run(work)
         return 1
 
     def run(self, work: Work) -> None:
-        """Run one claimed job's handler and queue its outcome."""
-        try:
-            result = self._outcome(work)
-        finally:
-            self.pipe.slots.release()
-        if result is not None:
-            self.pipe.done.put(result)
-
-    def _outcome(self, work: Work) -> Finished | None:
-        pipe, item = self.pipe, work.item
+        """Run one claimed job's handler and queue its outcome; returns when it is queued."""
         if work.task is None:
-            self._log_unknown(item.context.kind)
-            return outcomes.no_handler(item, pipe.registry.kinds(), self.backoff)
-        started = time.monotonic()
-        try:
-            work.task.handler(work.payload, item.context)
-        except Abandon:
-            item.abandoned = True
-            emit(log, "job_abandoned", logging.WARNING, job_id=item.job_id,
-                 attempt=item.attempt, worker=pipe.worker_id)
-            pipe.tracker.forget(item)
-            return None
-        except BaseException as exc:  # isolation: nothing a handler raises escapes
-            return outcomes.failed(item, exc, time.monotonic() - started, self.backoff)
-        elapsed = time.monotonic() - started
-        if item.timed_out:
-            return outcomes.failed(item, TimedOut("returned after its deadline"), elapsed,
-                                   self.backoff)
-        return outcomes.succeeded(item, elapsed)
+            self._log_unknown(work.item.context.kind)
+            try:
+                result = outcomes.no_handler(work.item, self.pipe.registry.kinds(),
+                                             self.backoff)
+            finally:
+                self.pipe.slots.release()
+            self.pipe.done.put(result)
+        elif work.task.is_async:
+            self.async_runner.run_blocking(work)
+        else:
+            started = time.monotonic()
+            raised = None
+            try:
+                call_sync(work.task.handler, work.payload, work.item.context)
+            except BaseException as exc:  # isolation: nothing a handler raises escapes
+                raised = Raised.of(exc)
+            finish(self.pipe, work, raised, time.monotonic() - started, self.backoff)
 
     def _log_unknown(self, kind: str) -> None:
         """Say which kinds this consumer lacks, once a minute per kind."""

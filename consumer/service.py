@@ -1,6 +1,7 @@
 """A consumer process: its loops, their threads, and its lifecycle.
 
     claim-<queue> (2 threads per queue) ─► execute (concurrency threads) ─► complete
+                                             └─ async (one event loop thread)
     heartbeat (database leases, deadlines)      visibility (SQS message visibility)
 
 The database lease is the authority. Messages are deleted only after the outcome is
@@ -68,13 +69,14 @@ class Consumer:
         self.worker_id = self.pipe.worker_id
         self.claimers = {q: Claimer(self.pipe, q) for q in settings.queues}
         self.executor = Executor(self.pipe)
+        self.async_runner = self.executor.async_runner
         self.completer = Completer(self.pipe)
         self.lease_keeper = LeaseKeeper(self.pipe)
         self.visibility = VisibilityKeeper(self.pipe)
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("consumer", self.stop_flag)
         self.supervisor.watch(self.lease_keeper, self.visibility, self.completer,
-                              self.executor, *self.claimers.values())
+                              self.async_runner, self.executor, *self.claimers.values())
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -83,7 +85,9 @@ class Consumer:
         self.claim_database.open()
 
     def close(self) -> None:
-        """Close the database pools (after `shutdown`, or when driven step by step)."""
+        """Stop the event loop, close the database pools (after `shutdown`, or when driven
+        step by step)."""
+        self.executor.close()
         self.database.close()
         self.claim_database.close()
 
@@ -120,6 +124,7 @@ class Consumer:
             self._release_unfinished()
         pipe.tracker.wait_settled(SETTLE_SECONDS)
         self.executor.stop()
+        self.executor.close()  # late results of released jobs are drained below, unwritten
         self.completer.stop()
         self.completer.join(SETTLE_SECONDS)
         self._drain()
