@@ -33,6 +33,8 @@ class InFlight:
     stop_reason: str | None = None
     """Why the handler was told to stop (deadline, lost lease, shutdown); None if it was not."""
     _on_stop: Callable[[str], None] | None = field(default=None, init=False, repr=False)
+    _stuck: bool = field(default=False, init=False, repr=False)
+    _returned: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
@@ -66,6 +68,19 @@ class InFlight:
             reason = self.stop_reason if self.context.cancelled.is_set() else None
         if reason is not None:
             hook(reason)
+
+    def mark_stuck(self) -> bool:
+        """Its handler is past its deadline by more than a lease and still running; False
+        if it returned in the meantime (then it is not counted as stuck)."""
+        with self._lock:
+            self._stuck = not self._returned
+            return self._stuck
+
+    def handler_returned(self) -> bool:
+        """The handler is done; True if it had been marked stuck (its gauge goes down)."""
+        with self._lock:
+            self._returned = True
+            return self._stuck
 
 
 class Tracker:

@@ -9,8 +9,13 @@
 
 A hung or failing SQS call therefore never delays a database heartbeat. A lost lease
 (cancelled, or expired and taken over) or a passed deadline tells the handler to stop
-(`InFlight.stop`: `ctx.cancelled`, and whatever runs the handler acts on it); after a lost
+(`InFlight.stop`: `ctx.cancelled`, and an async handler's task is cancelled); after a lost
 lease its result will be discarded by the completer's fence.
+
+A handler still running a lease past its deadline is *stuck* (a thread cannot be killed,
+and a coroutine may swallow its cancellation). Its job is detached so that it is
+recovered elsewhere; the handler keeps its slot until it returns, counted meanwhile by
+the `tock_stuck_handlers` gauge.
 """
 
 from __future__ import annotations
@@ -89,7 +94,8 @@ class LeaseKeeper(Loop):
     def _detach(self, item: InFlight) -> None:
         """A handler ignoring its deadline by more than a lease: its job stops following
         this worker's lease and expires one lease from now, so the timer recovers it as if
-        this worker had died (the thread cannot be killed)."""
+        this worker had died (a thread cannot be killed; its slot is freed only when the
+        handler returns, since only then is it safe to run another job on it)."""
         pipe = self.pipe
         try:
             pipe.store.detach_lease(item.lease, pipe.worker_id, pipe.settings.lease_seconds,
@@ -97,8 +103,12 @@ class LeaseKeeper(Loop):
         except Retryable:
             return  # tried again on the next tick
         item.abandoned = True
+        if item.mark_stuck():
+            metrics.STUCK_HANDLERS.labels(item.context.kind).inc()
         emit(log, "handler_stuck", logging.ERROR, job_id=item.job_id, attempt=item.attempt,
-             worker=pipe.worker_id, detail="handler ignored its deadline; lease left to expire")
+             kind=item.context.kind, worker=pipe.worker_id,
+             detail="handler ignored its deadline; lease left to expire, so the job is "
+                    "recovered elsewhere; its thread and slot stay busy until it returns")
 
 
 class VisibilityKeeper(Loop):

@@ -69,3 +69,11 @@ def test_a_stop_reaches_the_runner_even_when_it_came_first():
     late.stop("released at shutdown")
     assert heard == ["lease lost", "deadline passed", "released at shutdown"]
     assert early.context.cancelled.is_set() and late.stop_reason == "deadline passed"
+
+
+def test_a_handler_that_returned_is_never_counted_stuck():
+    item = in_flight()
+    assert item.mark_stuck() and item.handler_returned(), "stuck, then it returned"
+    other = in_flight()
+    assert not other.handler_returned() and not other.mark_stuck(), "returned first"
+
