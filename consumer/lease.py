@@ -9,11 +9,11 @@
 
 A hung or failing SQS call therefore never delays a database heartbeat. A lost lease
 (cancelled, or expired and taken over) or a passed deadline tells the handler to stop
-(`InFlight.stop`: `ctx.cancelled`, and an async handler's task is cancelled); after a lost
-lease its result will be discarded by the completer's fence.
+(`InFlight.stop`: `ctx.cancelled`, an async task cancelled, a handler process told and then
+killed); after a lost lease its result will be discarded by the completer's fence.
 
-A handler still running a lease past its deadline is *stuck* (a thread cannot be killed,
-and a coroutine may swallow its cancellation). Its job is detached so that it is
+A handler still running a lease past its deadline is *stuck*: only a handler thread or an
+async task can be (a handler process is killed first). Its job is detached so that it is
 recovered elsewhere; the handler keeps its slot until it returns, counted meanwhile by
 the `tock_stuck_handlers` gauge.
 """

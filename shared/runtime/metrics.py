@@ -35,3 +35,7 @@ LEASES_LOST = Counter("tock_leases_lost_total",
 STUCK_HANDLERS = Gauge("tock_stuck_handlers",
                        "Handlers still running more than a lease past their deadline (their "
                        "job was left to expire; their thread and slot stay busy)", ["kind"])
+HANDLER_PROCESSES_REPLACED = Counter(
+    "tock_handler_processes_replaced_total",
+    "Handler processes (--isolation process) killed past their grace, or found dead, and "
+    "replaced", ["reason"])

@@ -100,6 +100,7 @@ def test_running_but_detached_says_the_handler_is_stuck_and_its_thread_busy():
     assert "until 2026-12-02 15:00:08 UTC (in 8 s)" in e.summary, "its own lease, not the worker's"
     stuck = next(d for d in e.details if "stuck past its deadline" in d)
     assert "its thread is still busy and keeps its handler slot" in stuck
+    assert "--isolation process" in stuck
 
 
 @pytest.mark.parametrize(("outcome", "words"), [
