@@ -19,6 +19,7 @@ past `pass_bound_seconds` the process is no longer live (/healthz), as with any 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -88,6 +89,12 @@ class AsyncRunner(Loop):
                         "job waited, and none could be cancelled meanwhile")
         return 1  # the slice was the wait: no idle sleep on top
 
+    def stop(self) -> None:
+        """Ask the loop thread to end: its slice is cut short at once."""
+        super().stop()
+        if not self.loop.is_closed() and any(t.is_alive() for t in self._threads):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
     @property
     def running(self) -> int:
         """Async jobs whose task has not finished."""
@@ -149,7 +156,9 @@ class AsyncRunner(Loop):
         for task in pending:
             _cancel(task, "the consumer is stopping")
         if pending:
-            self.loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_WAIT_SECONDS))
+            # A stop() that came after the thread's last slice may end this wait early.
+            with contextlib.suppress(RuntimeError):
+                self.loop.run_until_complete(asyncio.wait(pending, timeout=CLOSE_WAIT_SECONDS))
         self.loop.close()
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

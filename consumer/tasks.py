@@ -17,6 +17,12 @@ its own delay. Execution is at least once: make handlers idempotent (see README)
 `async def` handlers run on the consumer's event loop (one per process, its own thread);
 tock cancels their task (`asyncio.Task.cancel()`) where it sets `ctx.cancelled` for a
 thread: at the deadline, when the lease is lost, and when shutdown releases the job.
+
+With `--isolation process` every handler runs in a child process (`async def` ones under
+`asyncio.run`), so it must be importable by name: a module-level function, not a lambda
+or a nested function. Its payload and context are copies; `ctx.cancelled` is the child's
+own Event, set when the consumer tells it to stop, and a handler that goes on for
+`TOCK_KILL_GRACE_SECONDS` after that is killed.
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ class TaskContext:
     key: str | None
     cancelled: threading.Event = field(repr=False)
     """Set when the handler should stop: timeout, lease lost (e.g. cancelled by an operator),
-    or shutdown. Long handlers should check it (`ctx.cancelled.is_set()`) and return."""
+    or shutdown. Long handlers should check it (`ctx.cancelled.is_set()`) and return; an
+    async handler is also cancelled (CancelledError at its next await)."""
 
     @property
     def last_attempt(self) -> bool:

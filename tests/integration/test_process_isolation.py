@@ -95,7 +95,8 @@ def test_sync_and_async_handlers_and_their_errors_cross_the_process_boundary(
 def test_a_lost_lease_sets_ctx_cancelled_in_the_child_and_the_result_is_discarded(
         client, timer, registry, running, notes_file):
     registry.add("coop", tasks.until_cancelled)
-    running(**PROCESS, lease_seconds=2, heartbeat_seconds=0.2, visibility_timeout_seconds=2)
+    running(**{**PROCESS, "kill_grace_seconds": 1.5}, lease_seconds=2, heartbeat_seconds=0.2,
+            visibility_timeout_seconds=2)
     stale = metric("tock_stale_completions_total")
     job = client.schedule("coop", {"notes": str(notes_file)})
     dispatch(timer)
@@ -111,7 +112,7 @@ def test_a_lost_lease_sets_ctx_cancelled_in_the_child_and_the_result_is_discarde
 def test_an_async_handler_in_a_child_is_cancelled_at_its_deadline(
         client, timer, registry, running, notes_file):
     registry.add("sleepy", tasks.sleep_async)
-    running(**PROCESS)
+    running(**{**PROCESS, "kill_grace_seconds": 5})  # it stops when cancelled: no kill
     job = client.schedule("sleepy", {"notes": str(notes_file)}, timeout=0.3, max_attempts=1)
     _settle(client, timer, job.id, JobState.DEAD)
     final = client.get(job.id, with_attempts=True)

@@ -24,8 +24,8 @@ def test_a_stuck_thread_is_reported_and_keeps_its_slot_until_it_returns(
 
     registry.add("stuck", ignores_its_deadline)
     registry.add("next", lambda payload, ctx: None)
-    consumer = running(concurrency=1, lease_seconds=1, heartbeat_seconds=0.2,
-                       visibility_timeout_seconds=1)
+    consumer = running(concurrency=1, lease_seconds=2, heartbeat_seconds=0.4,
+                       visibility_timeout_seconds=2)
     before = metric("tock_stuck_handlers", kind="stuck")
     stuck = client.schedule("stuck", timeout=0.2, max_attempts=1)
     dispatch(timer)
