@@ -89,9 +89,15 @@ class HandlerProcess:
         results_r, results_w = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(target=child.main, args=(orders_r, results_w, self._start),
                                  name=f"tock-handler-{self._index}", daemon=True)
-        proc.start()
-        orders_r.close()  # so that each side sees EOF when the other goes
-        results_w.close()
+        try:
+            proc.start()
+        except OSError as exc:  # out of processes, memory or file descriptors
+            for conn in (orders_r, orders_w, results_r, results_w):
+                conn.close()
+            raise HandlerProcessFailed(f"a handler process could not start: {exc}") from None
+        finally:
+            orders_r.close()  # so that each side sees EOF when the other goes
+            results_w.close()
         self.process, self._orders, self._results, self._ready = proc, orders_w, results_r, False
 
     def ensure_ready(self) -> None:
@@ -189,7 +195,10 @@ class HandlerProcess:
              job_id=None if item is None else item.job_id,
              kind=None if item is None else item.context.kind, error=text)
         self.close()
-        self.spawn()  # the replacement imports while this attempt is recorded
+        try:
+            self.spawn()  # the replacement imports while this attempt is recorded
+        except HandlerProcessFailed as exc:  # the next job tries again (and says so)
+            emit(log, "handler_process_failed", logging.ERROR, error=str(exc))
 
     def kill(self) -> None:
         """SIGKILL the child (a no-op if it is gone) and reap it."""

@@ -149,3 +149,15 @@ def test_a_handler_that_cannot_be_named_is_refused_at_start(
     with pytest.raises(ConfigError, match=r"kind 'local'.*module-level functions"):
         consumer.start()
     consumer.close()
+
+
+def test_a_task_module_that_cannot_import_in_a_child_is_refused_at_start(
+        registry, consumer_settings, transport):
+    from tests.support import parent_only_tasks
+
+    registry.add("parent-only", parent_only_tasks.handler)
+    consumer = Consumer(consumer_settings.model_copy(update=PROCESS), registry, transport)
+    with pytest.raises(ConfigError, match="a handler process could not start: cannot import "
+                                          "task module: ImportError: this module refuses"):
+        consumer.start()
+    consumer.close()
