@@ -98,16 +98,28 @@ def main(jobs: Connection, results: Connection, start: Start) -> None:
         for module in start.modules:
             importlib.import_module(module)
     except BaseException as exc:  # reported to the parent, which refuses to start
-        results.send(("broken", f"cannot import task module: {describe(exc)}"))
+        _send(results, ("broken", f"cannot import task module: {describe(exc)}"))
         return
-    results.send(("ready", os.getpid()))
+    _send(results, ("ready", os.getpid()))
     current = _Current()
     inbox: queue.SimpleQueue[tuple[int, bytes, threading.Event]] = queue.SimpleQueue()
     threading.Thread(target=_read, args=(jobs, inbox, current), daemon=True,
                      name="tock-orders").start()
     while True:
         job_id, data, cancelled = inbox.get()
-        results.send(("done", job_id, _run(data, cancelled, current)))
+        _send(results, ("done", job_id, _run(data, cancelled, current)))
+
+
+def _send(results: Connection, message: tuple[object, ...]) -> None:
+    try:
+        results.send(message)
+    except OSError:  # the parent closed the pool (or died): nobody to tell, nothing to do
+        _leave()
+
+
+def _leave() -> None:
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _read(jobs: Connection, inbox: queue.SimpleQueue[tuple[int, bytes, threading.Event]],
@@ -116,8 +128,7 @@ def _read(jobs: Connection, inbox: queue.SimpleQueue[tuple[int, bytes, threading
         try:
             order = jobs.recv()
         except (EOFError, OSError):
-            sys.stderr.flush()
-            os._exit(0)  # the parent closed the pool or is gone
+            _leave()  # the parent closed the pool or is gone
         if order[0] == "run":
             inbox.put((order[1], order[2], current.begin(order[1])))
         elif order[0] == "stop":

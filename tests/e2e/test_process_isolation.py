@@ -5,6 +5,8 @@ consumer then drains on SIGTERM and exits 0 with no handler process left."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -57,3 +59,15 @@ def test_a_handler_hanging_past_its_timeout_is_killed_and_retried(procs, client,
     events = [json.loads(line).get("event") for line in
               (tmp_path / "consumer.log").read_text().splitlines() if line.startswith("{")]
     assert "handler_process_killed" in events and "consumer_stopped" in events
+
+
+def test_a_consumer_whose_handler_processes_cannot_start_exits_2(database_url, queue_prefix,
+                                                                 sqs_server):
+    env = process_env(database_url, queue_prefix, sqs_server.env())
+    done = subprocess.run([sys.executable, "-m", "consumer", "--tasks",
+                           "tests.support.parent_only_tasks", "--isolation", "process"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "a handler process could not start: cannot import task module: ImportError" \
+        in done.stderr
+    assert "Traceback" not in done.stderr

@@ -7,9 +7,12 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any
 
+from consumer import task
+
 if multiprocessing.parent_process() is not None:
     raise ImportError("this module refuses to load in a child process")
 
 
+@task("parent-only")
 def handler(payload: Any, ctx: Any) -> None:
     return None
