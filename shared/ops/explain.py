@@ -225,8 +225,13 @@ def _running(job: Job, ctx: Context) -> Explanation:
                        f"{duration(w.heartbeat_age_seconds)} ago.")
     expires = job.lease_expires_at
     if job.lease_detached:
-        details.append("Its handler ignored its deadline: the job no longer follows its "
-                       "worker's lease.")
+        details.append(
+            "Its handler is stuck past its deadline: it ignored the timeout for more than a "
+            "lease, so the job no longer follows its worker's lease and is recovered "
+            "elsewhere once its own lease expires. On the worker its thread is still busy "
+            "and keeps its handler slot until the handler returns (a thread cannot be "
+            "killed; see the tock_stuck_handlers gauge). Consumers run with --isolation "
+            "process kill such handlers instead.")
     elif w is not None and w.lease_expires_at is not None:
         expires = max(expires, w.lease_expires_at) if expires else w.lease_expires_at
     if expires is not None and expires < now:
