@@ -37,18 +37,19 @@ GAP_NOTES: dict[str, str] = {
         + _CONSUMER
     ),
     "dbwork.": (
-        "The raw ceiling claims and completes 100 rows per statement; tock's consumer "
-        "claims at most 10 (one SQS receive) and completes about as many, so it runs about "
-        "ten times the statements and durable commits per job. Timer and consumer also "
-        "share one Python process (one GIL) here, and the per-job Python work (context, "
-        "metrics, logging) is in this figure. Per statement (tables above), the timer's "
-        "`sql.CLAIM_DUE` visits ten priority levels, each a LATERAL `LIMIT ... FOR UPDATE "
-        "SKIP LOCKED`, and draws a `gen_random_uuid()` per row; `sql.FINISH_ATTEMPTS` also "
-        "pays the foreign-key check of `tock_attempts.job_id` (a `FOR KEY SHARE` lock on the "
-        "job row it just updated) that the bare completion does not (not measured apart). "
-        "What would close it: bigger claim and completion batches (below), and in "
-        "`CLAIM_DUE` skipping the levels with nothing due (a per-level next-due probe like "
-        "`NEXT_DUE_AT`'s, reused). " + _CONSUMER
+        "The raw ceiling runs two statements per 100 jobs (a claim and a completion) in a "
+        "bare loop. tock runs three kinds (the timer's fair claim: `DUE_LEVELS`, "
+        "`DUE_TENANTS_*` and `CLAIM_TENANTS`; the consumer's "
+        "`CLAIM_MESSAGES`, its `FINISH_ATTEMPTS`), and the consumer's batches are bounded by "
+        "its free handler slots (a claim covers several receives, up to "
+        "`TOCK_CLAIM_BATCH_SIZE`; an outcome commit waits up to `TOCK_GROUP_COMMIT_MS` for "
+        "company), so at concurrency 8 a claim carries at most 8 rows. Timer and consumer "
+        "also share one Python process (one GIL) here, and the per-job Python work "
+        "(context, tracking, metrics, a log line) is in this figure: compare the database "
+        "time per statement (tables above) with the wall time per job. "
+        "`sql.FINISH_ATTEMPTS` also pays the foreign-key check of `tock_attempts.job_id`. "
+        "What would close it further: completion without the foreign key, and fewer Python "
+        "objects per job; a higher consumer concurrency raises the batch sizes. " + _CONSUMER
     ),
     "latency.simultaneous": (
         "The `latency.simultaneous.floor` figure is the p99 the raw SQS path alone allows "
@@ -73,10 +74,19 @@ GAP_NOTES: dict[str, str] = {
         "Measure again before acting: each size's claim loop runs for well under a second, "
         "so a spike of other load on the machine moves this ratio more than the table does "
         "(on these machines it has landed on both sides of 1.0 from run to run). The due "
-        "scan walks `tock_jobs_due_idx` once per priority level (`sql.CLAIM_DUE`) and stops "
-        "at the first future row, so pending rows cost it one B-tree level per 100x; a real "
+        "claim probes `tock_jobs_due_idx` once per priority level (`sql.DUE_LEVELS`), walks the "
+        "tenants with due work through `tock_jobs_fair_idx` (`sql.DUE_TENANTS_*`, one probe "
+        "per tenant) and takes each one's oldest rows (`sql.CLAIM_TENANTS`), stopping at "
+        "the first future row, so pending rows cost it one B-tree level per 100x; a real "
         "slowdown with size would point at dead index entries left by claimed rows (vacuum "
         "`tock_jobs` more often: a per-table `autovacuum_vacuum_scale_factor`)."
+    ),
+    "fair.": (
+        "Fair share is the timer's: B's jobs get half of each batch from the first pass "
+        "after they are due, so their lag is about two passes of the timer against one "
+        "with no backlog; with both dispatch threads busy on A's rows, a pass of B waits "
+        "for a pass of A to commit first. A's rate is the claim alone (SQS is a sink); "
+        "the fair claim costs one probe per tenant and level, `sql.DUE_TENANTS_*`."
     ),
     "dispatch.": (
         "The timer holds its claim transaction open across one wave of sends (by design: a "

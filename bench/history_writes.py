@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from devstack.postgres import start_postgres
-from shared.store import jobs_sql, producer_sql, retention_sql
+from shared.store import flow_sql, jobs_sql, producer_sql, retention_sql
 from shared.store.columns import NOW
 from shared.store.migrate import migrate
 
@@ -91,7 +91,10 @@ def _phases(conn: psycopg.Connection[Any], jobs: int, finish: str, mover: bool,
                 "tenant": [None] * n, "now": None})
 
     def dispatch() -> None:
-        while conn.execute(jobs_sql.CLAIM_DUE, {"limit": 100, "now": None}).fetchall():
+        # The timer's claim: one (kind, tenant) pair here, so its per-pair statement.
+        while conn.execute(flow_sql.CLAIM_PAIRS, {
+                "level": 0, "kinds": ["k"], "tenants": [""], "quotas": [100],
+                "now": None}).fetchall():
             pass
 
     claimed: list[tuple[Any, ...]] = []

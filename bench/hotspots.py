@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.pipeline import Context, insert_due, run_in_memory, statement_times
-from shared.store import jobs_sql as sql
+from shared.store import flow_sql, jobs_sql
 
 # pg_stat_statements shows bound parameters and constants alike as $n: fold both sides
 # (placeholders, quoted literals, numbers) to `$` and drop comments before comparing.
@@ -48,12 +48,13 @@ def _normal(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
-_NAMES = {_normal(v): k for k, v in vars(sql).items()
+_NAMES = {_normal(v): k for module in (jobs_sql, flow_sql) for k, v in vars(module).items()
           if k.isupper() and isinstance(v, str) and len(v) > 40}
 
 
 def statement_name(query: str) -> str:
-    """The `jobs_sql` name of a statement pg_stat_statements reports, else its start."""
+    """The `jobs_sql`/`flow_sql` name of a statement pg_stat_statements reports, else its
+    start."""
     normal = _normal(query)
     if normal in _NAMES:
         return f"sql.{_NAMES[normal]}"

@@ -52,6 +52,33 @@ def latency_and_burst(ctx: Context, consumers: int) -> None:
     finally:
         fleet.stop()
         ctx.sampler.watch(None)
+    table_health(ctx, url)
+
+
+HEALTH = """
+SELECT relname, n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup
+FROM pg_stat_user_tables WHERE relname IN ('tock_jobs', 'tock_workers') ORDER BY relname
+"""
+
+
+def table_health(ctx: Context, url: str) -> None:
+    """After the latency and burst runs (all of them on one database): the share of updates
+    Postgres could make HOT (no index touched) and the dead tuples left for vacuum."""
+    time.sleep(1.0)  # the servers' statistics reach the shared counters about once a second
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(HEALTH).fetchall()
+    health = {}
+    for name, upd, hot, dead, live in rows:
+        share = hot / upd if upd else 0.0
+        health[name] = {"updates": upd, "hot_updates": hot, "hot_share": share,
+                        "dead_tuples": dead, "live_tuples": live}
+        ctx.results.raw(f"health.{name}.hot_share", "table health",
+                        f"{name}: share of updates that were HOT", share * 100, "%",
+                        note=f"{hot:,} of {upd:,} updates, after the latency and burst runs")
+        ctx.results.raw(f"health.{name}.dead", "table health",
+                        f"{name}: dead tuples left for vacuum", float(dead), "rows",
+                        note=f"{live:,} live rows")
+    ctx.results.series["table_health"] = health
 
 
 def _sampler_now(ctx: Context) -> float:
@@ -193,6 +220,12 @@ def burst(ctx: Context, url: str, fleet: Any, consumers: int) -> None:
     # Every job of the burst costs the SQS server a send, a receive and a delete.
     ctx.results.ratio("burst.rate", "burst", "burst drain rate (jobs / drain time)",
                       drain_rate, "jobs/s", "raw.sqs.path")
+    steady_key = f"e2e.c{consumers}"
+    if ctx.results.figure(steady_key) is not None:
+        ctx.results.ratio("burst.vs_steady", "burst",
+                          f"{n} jobs due at once, drained vs the steady end-to-end throughput "
+                          f"of {consumers} consumer(s)", drain_rate, "jobs/s", steady_key,
+                          minimum=0.8)
     ctx.results.raw("burst.dispatch_rate", "burst", "timer dispatch rate during the burst",
                     n / float(dispatched[-1]) if dispatched[-1] > 0 else 0.0, "jobs/s",
                     note="jobs / (last dispatch - start of the due second)")

@@ -198,21 +198,55 @@ def end_to_end(ctx: Context) -> int:
 
 # --- database work per job, in-memory transport -------------------------------------------------
 
+MEMORY_CONCURRENCY = (8, 32)
+"""Consumer concurrency of the in-memory runs (issue: database work at 8 and 32)."""
+
+
 def database_work(ctx: Context) -> None:
     """The same Timer and Consumer code in this process over `MemoryTransport`: what is left
-    is tock's database work (and its Python) per job."""
+    is tock's database work (and its Python) per job, at two consumer concurrencies."""
     n = ctx.profile.memory_jobs
-    url = ctx.services.fresh_database("bench_memory")
-    insert_due(url, n)
-    run_in_memory(url, ctx.profile.consumer_concurrency, n, ctx.log_dir / "memory.log")
-    rows = _row(url, """SELECT count(*), extract(epoch FROM max(finished_at) - min(dispatched_at))
-                        FROM tock_jobs_all WHERE state = 'succeeded'""")
-    jobs = rate(rows[0], float(rows[1]))
-    ctx.results.ratio("dbwork.memory", "end-to-end",
-                      "database work per job: timer + consumer over the in-memory transport",
-                      jobs, "jobs/s", "raw.pg.claim_complete_b100", minimum=0.5,
-                      note="timer and consumer share one Python process (one GIL)")
-    ctx.progress.say(f"  database work per job (memory transport): {jobs:,.0f} jobs/s")
+    for concurrency in MEMORY_CONCURRENCY:
+        url = ctx.services.fresh_database(f"bench_memory_{concurrency}")
+        insert_due(url, n)
+        run_in_memory(url, concurrency, n, ctx.log_dir / f"memory-{concurrency}.log")
+        rows = _row(url, """
+            SELECT count(*), extract(epoch FROM max(finished_at) - min(dispatched_at))
+            FROM tock_jobs_all WHERE state = 'succeeded'""")
+        jobs = rate(rows[0], float(rows[1]))
+        ctx.results.ratio(f"dbwork.memory.c{concurrency}", "end-to-end",
+                          f"database work per job over the in-memory transport, consumer "
+                          f"concurrency {concurrency}", jobs, "jobs/s",
+                          "raw.pg.claim_complete_b100", minimum=0.5,
+                          note="timer and consumer share one Python process (one GIL)")
+        ctx.progress.say(f"  database work per job (memory transport, concurrency "
+                         f"{concurrency}): {jobs:,.0f} jobs/s")
+    memory_latency(ctx)
+
+
+def memory_latency(ctx: Context) -> None:
+    """Due-to-start of `latency_simultaneous` jobs due at one instant over the in-memory
+    transport: the timer's and consumer's own latency, without SQS's."""
+    from datetime import UTC, datetime, timedelta
+
+    from bench.stats import percentiles
+
+    n = ctx.profile.latency_simultaneous
+    url = ctx.services.fresh_database("bench_memory_latency")
+    insert_due(url, 1)  # warm-up: the path is used once before the measured jobs are due
+    insert_due(url, n, at=datetime.now(UTC) + timedelta(seconds=3))
+    run_in_memory(url, max(MEMORY_CONCURRENCY), n + 1, ctx.log_dir / "memory-latency.log")
+    with psycopg.connect(url, autocommit=True) as conn:
+        lags = [r[0] for r in conn.execute(
+            "SELECT extract(epoch FROM started_at - run_at)::float8 FROM tock_jobs_all "
+            "WHERE id > 1 AND state = 'succeeded'").fetchall()]
+    summary = percentiles(lags)
+    ctx.results.series["latency_memory"] = {"jobs": n, "due_to_start": summary}
+    fig = ctx.results.raw("latency.memory.p99", "latency",
+                          f"due-to-start p99, {n} jobs due at one instant, in-memory transport",
+                          summary["p99_ms"], "ms", note="no SQS: tock's own latency")
+    fig.target, fig.met = "<= 100 ms", summary["p99_ms"] <= 100.0
+    ctx.progress.say(f"  {n} due at once over memory: p99 {summary['p99_ms']:.0f} ms")
 
 
 def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None:

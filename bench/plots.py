@@ -98,7 +98,7 @@ def _scale(data: dict[str, Any]) -> Any:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4))
     xs = [p["pending_rows"] for p in points]
-    ax.plot(xs, [p["claim_jobs_per_s"] for p in points], "o-", label="claim (CLAIM_DUE)")
+    ax.plot(xs, [p["claim_jobs_per_s"] for p in points], "o-", label="claim (fair claim)")
     ax.plot(xs, [p["dispatch_jobs_per_s"] for p in points], "s-", label="dispatch to SQS")
     ax.set_xscale("log")
     ax.set_ylim(bottom=0)

@@ -31,6 +31,10 @@ class Profile:
     """Due rows claimed at each table size."""
     hotspot_jobs: int
     """Jobs run under cProfile to say where the time goes; 0 skips it."""
+    fair_backlog: int
+    """Tenant A's overdue jobs when tenant B's 100 arrive."""
+    fair_window: int
+    """A's dispatches per rate window (before B, from B on)."""
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.consumer_counts) or not self.consumer_counts:
@@ -52,6 +56,7 @@ QUICK = Profile(
     burst_jobs=10_000,
     scale_sizes=(10_000, 100_000, 1_000_000), scale_due=3_000,
     hotspot_jobs=3_000,
+    fair_backlog=1_000_000, fair_window=20_000,
 )
 
 FULL = Profile(
@@ -63,6 +68,7 @@ FULL = Profile(
     burst_jobs=10_000,
     scale_sizes=(10_000, 100_000, 1_000_000, 5_000_000), scale_due=10_000,
     hotspot_jobs=10_000,
+    fair_backlog=1_000_000, fair_window=50_000,
 )
 
 TINY = Profile(
@@ -74,6 +80,7 @@ TINY = Profile(
     burst_jobs=150,
     scale_sizes=(1_000, 3_000), scale_due=600,
     hotspot_jobs=100,
+    fair_backlog=30_000, fair_window=2_000,
 )
 
 PROFILES = {p.name: p for p in (QUICK, FULL, TINY)}

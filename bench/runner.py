@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import hotspots, latency, pipeline, plots, raw_postgres, raw_sqs, report, scale
+from bench import fairness, hotspots, latency, pipeline, plots, raw_postgres, raw_sqs, report, scale
 from bench.pipeline import Context
 from bench.procs import RssSampler
 from bench.profiles import Profile
@@ -21,7 +21,7 @@ from bench.services import environment, running_services
 
 PHASES = ("services", "raw Postgres ceilings", "raw SQS ceilings", "enqueue",
           "dispatch", "end to end", "database work (memory transport)",
-          "latency + burst", "scale", "profile", "raw ceilings again", "report")
+          "latency + burst", "scale", "fairness", "profile", "raw ceilings again", "report")
 
 
 def run(profile: Profile, out: Path) -> Path:
@@ -32,7 +32,7 @@ def run(profile: Profile, out: Path) -> Path:
     started = time.monotonic()
     progress.say(f"tock bench, {profile.name} profile, writing to {out}")
     sampler = RssSampler()
-    progress.say("(1/11) starting durable Postgres and LocalStack ...")
+    progress.say(f"(1/{len(PHASES)}) starting durable Postgres and LocalStack ...")
     with running_services() as services:
         progress.done += 1
         results.environment = environment(services)
@@ -53,6 +53,7 @@ def run(profile: Profile, out: Path) -> Path:
                 ("database work (memory transport)", lambda: pipeline.database_work(ctx)),
                 ("latency + burst", lambda: latency.latency_and_burst(ctx, best[0])),
                 ("scale", lambda: scale.scale(ctx)),
+                ("fairness", lambda: fairness.fairness(ctx)),
                 ("profile", lambda: hotspots.measure(ctx)),
                 ("raw ceilings again", lambda: _raw_again(ctx)),
             ):

@@ -15,7 +15,6 @@ from bench import noop_tasks
 from bench.pipeline import Context, insert_due
 from bench.stats import rate
 from shared.runtime.settings import TimerSettings
-from shared.store import jobs_sql as sql
 from timer_service.service import Timer
 
 ADD_PENDING = """
@@ -52,7 +51,7 @@ def scale(ctx: Context) -> None:
             rows_now = size
             ctx.progress.say(f"  {size:,} pending rows in place "
                              f"({time.monotonic() - started:.0f} s)")
-            claim = _claim_rate(url, ctx.profile.scale_due)
+            claim = _claim_rate(url, timer, ctx.profile.scale_due)
             dispatch = _dispatch_rate(url, timer, ctx.profile.scale_due)
             sizes = _sizes(url)
             points.append({"pending_rows": size, "claim_jobs_per_s": claim,
@@ -65,8 +64,8 @@ def scale(ctx: Context) -> None:
     ctx.results.series["scale"] = points
     smallest = points[0]
     ctx.results.raw("scale.claim.base", "scale",
-                    f"tock claim (CLAIM_DUE, batch {BATCH}) at {smallest['pending_rows']:,} "
-                    "pending", smallest["claim_jobs_per_s"], "jobs/s")
+                    f"tock claim (the timer's fair claim, batch {BATCH}) at "
+                    f"{smallest['pending_rows']:,} pending", smallest["claim_jobs_per_s"], "jobs/s")
     ctx.results.raw("scale.dispatch.base", "scale",
                     f"timer dispatch to SQS at {smallest['pending_rows']:,} pending",
                     smallest["dispatch_jobs_per_s"], "jobs/s")
@@ -74,7 +73,7 @@ def scale(ctx: Context) -> None:
         n = point["pending_rows"]
         ctx.results.ratio(f"scale.claim.{n}", "scale", f"tock claim at {n:,} pending",
                           point["claim_jobs_per_s"], "jobs/s", "scale.claim.base",
-                          minimum=0.8 if n == 1_000_000 else None)
+                          minimum=0.9 if point is points[-1] and len(points) > 2 else None)
         ctx.results.ratio(f"scale.dispatch.{n}", "scale", f"timer dispatch at {n:,} pending",
                           point["dispatch_jobs_per_s"], "jobs/s", "scale.dispatch.base")
     largest = points[-1]
@@ -86,18 +85,20 @@ def scale(ctx: Context) -> None:
                     largest["index_bytes"] / 2**20, "MB")
 
 
-def _claim_rate(url: str, due: int) -> float:
-    """tock's own claim statement in a loop, a commit per batch, on `due` due rows."""
+def _claim_rate(url: str, timer: Timer, due: int) -> float:
+    """The timer's own claim (levels, tenants, fair shares) in a loop, a commit per batch,
+    on `due` due rows: the database half of a dispatch pass, without SQS."""
     insert_due(url, due, spread_seconds=0.0)
     claimed = 0
-    with psycopg.connect(url, autocommit=True) as conn:
-        start = time.perf_counter()
-        while True:
-            got = len(conn.execute(sql.CLAIM_DUE, {"limit": BATCH, "now": None}).fetchall())
-            claimed += got
-            if got < BATCH:
-                break
-        return rate(claimed, time.perf_counter() - start)
+    dispatcher = timer.dispatcher
+    start = time.perf_counter()
+    while True:
+        with dispatcher.store.transaction() as tx:
+            got = len(dispatcher.claim_batch(tx, None).jobs)
+        claimed += got
+        if got < BATCH:
+            break
+    return rate(claimed, time.perf_counter() - start)
 
 
 def _dispatch_rate(url: str, timer: Timer, due: int) -> float:

@@ -71,11 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:  # type: ignore[type-arg]
     """Subcommand modules beyond the process launchers, in `tock --help` order: jobs
-    (enqueue, jobs, show), bulk (retry, cancel), cluster (stats, workers, dashboard) and
-    schedules."""
-    from cli import bulk, cluster, jobs, schedules
+    (enqueue, jobs, show), bulk (retry, cancel), cluster (stats, workers, dashboard),
+    schedules, tenants and limits."""
+    from cli import bulk, cluster, jobs, limits, schedules, tenants
 
-    return [jobs.add_parser, bulk.add_parser, cluster.add_parser, schedules.add_parser]
+    return [jobs.add_parser, bulk.add_parser, cluster.add_parser, schedules.add_parser,
+            tenants.add_parser, limits.add_parser]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,12 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queues", help="comma-separated tock queues (default TOCK_QUEUES "
                                          "or 'default')")
     parser.add_argument("--concurrency", type=int, help="handlers run at once")
+    parser.add_argument("--isolation", choices=["thread", "process"],
+                        help="run handlers in threads of this process (default "
+                             "TOCK_ISOLATION or 'thread') or in child processes, one job "
+                             "each, killed when they overrun their timeout")
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {}
     if args.queues:
         overrides["queues"] = [q.strip() for q in args.queues.split(",") if q.strip()]
     if args.concurrency is not None:
         overrides["concurrency"] = args.concurrency
+    if args.isolation is not None:
+        overrides["isolation"] = args.isolation
     try:
         settings = ConsumerSettings.load(**overrides)
     except ConfigError as exc:
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"tock consumer: {problem[1]}", file=sys.stderr)
         return problem[0]
-    consumer = Consumer(settings, registry)
+    consumer = Consumer(settings, registry, task_modules=args.tasks)
     report_missing_queues(consumer.pipe.transport, settings.queues)
     consumer.stop_flag.install_signal_handlers()
     if settings.health_port:
@@ -60,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
 
         HealthServer(settings.health_port, live=consumer.supervisor.live,
                      ready=consumer.supervisor.ready, process="consumer").start()
-    return consumer.run_forever()
+    try:
+        return consumer.run_forever()
+    except ConfigError as exc:  # a handler process could not start
+        print(f"tock consumer: {exc}", file=sys.stderr)
+        consumer.close()
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,6 +1,14 @@
-"""Run handlers: `concurrency` threads take claimed jobs from the work queue, run the
-handler, and queue the outcome for the completer. A handler's slot is free again as soon
-as it returns; writing the outcome and deleting the message happen in the completer.
+"""Run handlers: `concurrency` threads take claimed jobs from the work queue and run them
+where the consumer's isolation says, then queue the outcome for the completer:
+
+    --isolation thread (default)   a plain handler runs in the executor thread itself; an
+                                   `async def` handler is handed to the event loop
+                                   (`consumer/async_executor.py`) and the thread moves on
+    --isolation process            the thread hands the job to a handler process of its
+                                   own (`consumer/process_pool.py`) and waits for it
+
+Either way a job holds its handler slot until its handler has really stopped; writing the
+outcome and deleting the message happen in the completer.
 
 Handlers are isolated: whatever a handler raises (any `BaseException`: `SystemExit`,
 `KeyboardInterrupt`, an exception whose `__str__` raises...) becomes a recorded failed
@@ -9,14 +17,20 @@ attempt, and the thread goes on to the next job. Only `Abandon` walks away on pu
 from __future__ import annotations
 
 import logging
+import pickle
 import queue as queues
 import time
+from collections.abc import Sequence
 from datetime import datetime
 
-from consumer import outcomes
-from consumer.outcomes import Finished, TimedOut
+from consumer import child, outcomes
+from consumer.async_executor import AsyncRunner
+from consumer.attempt import finish
+from consumer.outcomes import Raised
 from consumer.pipeline import Pipeline, Work
-from consumer.tasks import Abandon
+from consumer.process_pool import HandlerProcessFailed, ProcessPool
+from consumer.tasks import call_sync
+from shared.core.errors import ConfigError
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 
@@ -33,55 +47,106 @@ class Executor(Loop):
     name = "execute"
     pass_bound_seconds = None
 
-    def __init__(self, pipe: Pipeline) -> None:
+    def __init__(self, pipe: Pipeline, task_modules: Sequence[str] = ()) -> None:
         super().__init__()
         self.pipe = pipe
-        self.threads = pipe.settings.concurrency
         settings = pipe.settings
+        self.threads = settings.concurrency
         self.backoff = outcomes.Backoff(settings.backoff_base_seconds,
                                         settings.backoff_cap_seconds,
                                         settings.unknown_kind_backoff_seconds)
         self._unknown_logged: dict[str, float] = {}
+        self.async_runner: AsyncRunner | None = None
+        self.pool: ProcessPool | None = None
+        self._task_modules = tuple(task_modules)
+        self.kill_grace_seconds = settings.kill_grace_seconds
+        if settings.isolation == "thread":
+            self.async_runner = AsyncRunner(pipe, self.backoff)
+
+    def prepare(self) -> None:
+        """Before the loops start: with process isolation, start every handler process and
+        wait until each has imported the task modules (`ConfigError` if one cannot, or if
+        a handler cannot be named to them)."""
+        if self.async_runner is not None:
+            return
+        for task in self.pipe.registry.tasks():
+            try:
+                pickle.dumps(task.handler)
+            except Exception as exc:  # a lambda, a nested function, a local class
+                raise ConfigError(
+                    f"the handler of kind {task.kind!r} ({task.handler!r}) cannot be sent to "
+                    f"a handler process ({type(exc).__name__}); with --isolation process, "
+                    "handlers must be importable by name (module-level functions)") from None
+        try:
+            self._processes().start()
+        except HandlerProcessFailed as exc:
+            raise ConfigError(str(exc)) from None
+
+    def close(self) -> None:
+        """After the loops stopped: stop the event loop, end the handler processes."""
+        if self.async_runner is not None:
+            self.async_runner.close()
+        if self.pool is not None:
+            self.pool.close()
 
     def run_once(self, now: datetime | None = None) -> int:
-        """Run the next claimed job, if one comes within a moment; returns 1 if it did."""
+        """Run (or start) the next claimed job, if one comes within a moment; returns 1 if
+        it did."""
         try:
             work = self.pipe.work.get(timeout=TAKE_WAIT_SECONDS)
         except queues.Empty:
             return 0
-        self.run(work)
+        if self.async_runner is not None and work.task is not None and work.task.is_async:
+            self.async_runner.submit(work)
+        else:
+            self.run(work)
         return 1
 
     def run(self, work: Work) -> None:
-        """Run one claimed job's handler and queue its outcome."""
-        try:
-            result = self._outcome(work)
-        finally:
-            self.pipe.slots.release()
-        if result is not None:
-            self.pipe.done.put(result)
-
-    def _outcome(self, work: Work) -> Finished | None:
-        pipe, item = self.pipe, work.item
+        """Run one claimed job's handler and queue its outcome; returns when it is queued."""
         if work.task is None:
-            self._log_unknown(item.context.kind)
-            return outcomes.no_handler(item, pipe.registry.kinds(), self.backoff)
+            self._log_unknown(work.item.context.kind)
+            try:
+                result = outcomes.no_handler(work.item, self.pipe.registry.kinds(),
+                                             self.backoff)
+            finally:
+                self.pipe.slots.release()
+            self.pipe.done.put(result)
+        elif self.async_runner is None:
+            self._in_process(work)
+        elif work.task.is_async:
+            self.async_runner.run_blocking(work)
+        else:
+            started = time.monotonic()
+            raised = None
+            try:
+                call_sync(work.task.handler, work.payload, work.item.context)
+            except BaseException as exc:  # isolation: nothing a handler raises escapes
+                raised = Raised.of(exc)
+            finish(self.pipe, work, raised, time.monotonic() - started, self.backoff)
+
+    def _in_process(self, work: Work) -> None:
         started = time.monotonic()
         try:
-            work.task.handler(work.payload, item.context)
-        except Abandon:
-            item.abandoned = True
-            emit(log, "job_abandoned", logging.WARNING, job_id=item.job_id,
-                 attempt=item.attempt, worker=pipe.worker_id)
-            pipe.tracker.forget(item)
-            return None
-        except BaseException as exc:  # isolation: nothing a handler raises escapes
-            return outcomes.failed(item, exc, time.monotonic() - started, self.backoff)
-        elapsed = time.monotonic() - started
-        if item.timed_out:
-            return outcomes.failed(item, TimedOut("returned after its deadline"), elapsed,
-                                   self.backoff)
-        return outcomes.succeeded(item, elapsed)
+            raised = self._processes().run(work, self.kill_grace_seconds)
+        except HandlerProcessFailed:
+            # Nothing ran: give the job back, and stop this process (its orchestrator
+            # restarts it) rather than fail every job that comes.
+            work.item.released = True
+            self.pipe.done.put(outcomes.released(work.item))
+            self.pipe.slots.release()
+            raise
+        finish(self.pipe, work, raised, time.monotonic() - started, self.backoff)
+
+    def _processes(self) -> ProcessPool:
+        if self.pool is None:
+            settings = self.pipe.settings
+            modules = [*self._task_modules, *sorted(
+                {getattr(t.handler, "__module__", None) or "" for t in self.pipe.registry.tasks()}
+                - {"", "__main__"})]
+            self.pool = ProcessPool(settings.concurrency, child.Start(
+                tuple(dict.fromkeys(modules)), settings.log_format, settings.log_level))
+        return self.pool
 
     def _log_unknown(self, kind: str) -> None:
         """Say which kinds this consumer lacks, once a minute per kind."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from consumer.tasks import TaskContext
@@ -29,6 +30,12 @@ class InFlight:
     """Given back at shutdown: only the release is written, not the handler's late result."""
     completing: bool = False
     """Its outcome is being written: a heartbeat that misses it now is no lost lease."""
+    stop_reason: str | None = None
+    """Why the handler was told to stop (deadline, lost lease, shutdown); None if it was not."""
+    _on_stop: Callable[[str], None] | None = field(default=None, init=False, repr=False)
+    _stuck: bool = field(default=False, init=False, repr=False)
+    _returned: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def job_id(self) -> int:
@@ -41,6 +48,39 @@ class InFlight:
     @property
     def heartbeating(self) -> bool:
         return not (self.lease_lost or self.abandoned or self.completing)
+
+    def stop(self, reason: str) -> None:
+        """Tell the handler to stop: set `ctx.cancelled`, and have whatever runs it act on
+        that (an async task is cancelled, a handler process is told and later killed)."""
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+            self.context.cancelled.set()
+            hook = self._on_stop
+        if hook is not None:
+            hook(reason)
+
+    def on_stop(self, hook: Callable[[str], None]) -> None:
+        """Call `hook(reason)` when the handler is told to stop; at once if it already was
+        (a lease can be lost before an async task has started)."""
+        with self._lock:
+            self._on_stop = hook
+            reason = self.stop_reason if self.context.cancelled.is_set() else None
+        if reason is not None:
+            hook(reason)
+
+    def mark_stuck(self) -> bool:
+        """Its handler is past its deadline by more than a lease and still running; False
+        if it returned in the meantime (then it is not counted as stuck)."""
+        with self._lock:
+            self._stuck = not self._returned
+            return self._stuck
+
+    def handler_returned(self) -> bool:
+        """The handler is done; True if it had been marked stuck (its gauge goes down)."""
+        with self._lock:
+            self._returned = True
+            return self._stuck
 
 
 class Tracker:

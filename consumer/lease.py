@@ -8,8 +8,14 @@
                        messages of the jobs whose lease holds, so SQS does not redeliver them
 
 A hung or failing SQS call therefore never delays a database heartbeat. A lost lease
-(cancelled, or expired and taken over) sets the handler's `ctx.cancelled`; its result will
-be discarded by the completer's fence.
+(cancelled, or expired and taken over) or a passed deadline tells the handler to stop
+(`InFlight.stop`: `ctx.cancelled`, an async task cancelled, a handler process told and then
+killed); after a lost lease its result will be discarded by the completer's fence.
+
+A handler still running a lease past its deadline is *stuck*: only a handler thread or an
+async task can be (a handler process is killed first). Its job is detached so that it is
+recovered elsewhere; the handler keeps its slot until it returns, counted meanwhile by
+the `tock_stuck_handlers` gauge.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ class LeaseKeeper(Loop):
         lost = [i for i in items if i.job_id not in kept and not i.completing]
         for item in lost:
             item.lease_lost = True
-            item.context.cancelled.set()
+            item.stop("lease lost")
             metrics.LEASES_LOST.inc()
             emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
                  worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
@@ -79,7 +85,7 @@ class LeaseKeeper(Loop):
             over = now - item.started - item.timeout_seconds
             if over > 0 and not item.timed_out:
                 item.timed_out = True
-                item.context.cancelled.set()
+                item.stop("deadline passed")
                 emit(log, "job_timeout", logging.WARNING, job_id=item.job_id,
                      attempt=item.attempt, timeout_s=item.timeout_seconds)
             if over > self.pipe.settings.lease_seconds and not item.abandoned:
@@ -88,7 +94,8 @@ class LeaseKeeper(Loop):
     def _detach(self, item: InFlight) -> None:
         """A handler ignoring its deadline by more than a lease: its job stops following
         this worker's lease and expires one lease from now, so the timer recovers it as if
-        this worker had died (the thread cannot be killed)."""
+        this worker had died (a thread cannot be killed; its slot is freed only when the
+        handler returns, since only then is it safe to run another job on it)."""
         pipe = self.pipe
         try:
             pipe.store.detach_lease(item.lease, pipe.worker_id, pipe.settings.lease_seconds,
@@ -96,8 +103,12 @@ class LeaseKeeper(Loop):
         except Retryable:
             return  # tried again on the next tick
         item.abandoned = True
+        if item.mark_stuck():
+            metrics.STUCK_HANDLERS.labels(item.context.kind).inc()
         emit(log, "handler_stuck", logging.ERROR, job_id=item.job_id, attempt=item.attempt,
-             worker=pipe.worker_id, detail="handler ignored its deadline; lease left to expire")
+             kind=item.context.kind, worker=pipe.worker_id,
+             detail="handler ignored its deadline; lease left to expire, so the job is "
+                    "recovered elsewhere; its thread and slot stay busy until it returns")
 
 
 class VisibilityKeeper(Loop):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer.inflight import InFlight
+from consumer.tasks import Abandon
 from shared.core.backoff import backoff_seconds
 from shared.core.errors import Permanent, RetryAfter
 from shared.core.states import AttemptOutcome, JobState
@@ -34,6 +35,36 @@ class Finished:
     item: InFlight
     result: AttemptResult
     run_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Raised:
+    """What a handler raised, as plain data. It is judged the same way wherever the handler
+    ran: in a thread, on the event loop, or in a handler process (whence it crossed a pipe,
+    so it holds no exception object)."""
+
+    text: str
+    """`Type: message`."""
+    traceback: str | None = None
+    permanent: bool = False
+    abandon: bool = False
+    retry_after: bool = False
+    delay: float | None = None
+    """The delay a `RetryAfter` asked for, when that was a usable number."""
+    asked: str = ""
+    """What a `RetryAfter` was given (its repr, cut to 40 characters), for the error text."""
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Raised:
+        if not isinstance(exc, RetryAfter):
+            return cls(describe(exc), _traceback(exc), permanent=isinstance(exc, Permanent),
+                       abandon=isinstance(exc, Abandon))
+        try:
+            asked = f"{exc.seconds!r:.40}"
+        except Exception:  # a broken __repr__ of the handler's own object
+            asked = f"<{type(exc.seconds).__name__}>"
+        return cls(describe(exc), _traceback(exc), retry_after=True,
+                   delay=retry_after_seconds(exc.seconds), asked=asked)
 
 
 @dataclass(frozen=True)
@@ -82,13 +113,28 @@ def released(item: InFlight) -> Finished:
     return _finished(item, state, AttemptOutcome.RELEASED, refund=True)
 
 
+def outcome_of(item: InFlight, raised: Raised | None, run_seconds: float, backoff: Backoff
+               ) -> Finished:
+    """The outcome of a handler that returned (`raised` None) or raised."""
+    if raised is not None:
+        return failure(item, raised, run_seconds, backoff)
+    if item.timed_out:
+        return failed(item, TimedOut("returned after its deadline"), run_seconds, backoff)
+    return succeeded(item, run_seconds)
+
+
 def failed(item: InFlight, exc: BaseException, run_seconds: float, backoff: Backoff
            ) -> Finished:
     """A raised exception (or a timeout) -> retrying with backoff, or dead."""
+    return failure(item, Raised.of(exc), run_seconds, backoff)
+
+
+def failure(item: InFlight, raised: Raised, run_seconds: float, backoff: Backoff) -> Finished:
+    """What a handler raised -> retrying with backoff, or dead."""
     ctx = item.context
-    text = describe(exc)
-    trace = _traceback(exc)
-    if isinstance(exc, Permanent):
+    text = raised.text
+    trace = raised.traceback
+    if raised.permanent:
         return _finished(item, JobState.DEAD, AttemptOutcome.PERMANENT, error=text,
                          traceback=trace, run_seconds=run_seconds)
     outcome = AttemptOutcome.FAILED
@@ -100,14 +146,13 @@ def failed(item: InFlight, exc: BaseException, run_seconds: float, backoff: Back
                          error=bounded(text, MAX_ERROR_CHARS, _giving_up(item)),
                          traceback=trace, run_seconds=run_seconds)
     delay = backoff_seconds(ctx.attempt, base=backoff.base_seconds, cap=backoff.cap_seconds)
-    if isinstance(exc, RetryAfter):
-        asked = retry_after_seconds(exc.seconds)
-        if asked is None:
+    if raised.retry_after:
+        if raised.delay is None:
             text = bounded(text, MAX_ERROR_CHARS,
-                           f" [RetryAfter needs a number of seconds, got {exc.seconds!r:.40}; "
+                           f" [RetryAfter needs a number of seconds, got {raised.asked}; "
                            "retrying with the usual backoff]")
         else:
-            delay = asked
+            delay = raised.delay
     return _finished(item, JobState.RETRYING, outcome, delay_seconds=delay, error=text,
                      traceback=trace, run_seconds=run_seconds)
 

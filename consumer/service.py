@@ -1,6 +1,8 @@
 """A consumer process: its loops, their threads, and its lifecycle.
 
     claim-<queue> (2 threads per queue) ─► execute (concurrency threads) ─► complete
+                                             ├─ async (one event loop thread; thread isolation)
+                                             └─ handler processes (process isolation)
     heartbeat (database leases, deadlines)      visibility (SQS message visibility)
 
 The database lease is the authority. Messages are deleted only after the outcome is
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
 from consumer import outcomes
 from consumer.claimer import Claimer
@@ -43,9 +46,12 @@ class Consumer:
     loops' `run_once` (or the shortcuts below) step by step."""
 
     def __init__(self, settings: ConsumerSettings, registry: Registry,
-                 transport: Transport | None = None, clock: Clock = lambda: None) -> None:
+                 transport: Transport | None = None, clock: Clock = lambda: None,
+                 task_modules: Sequence[str] = ()) -> None:
         """`clock` pins the database's "now" for leases (tests); None means the database
-        clock, which is what production uses: leases are judged by one clock."""
+        clock, which is what production uses: leases are judged by one clock.
+        `task_modules` (--tasks) are imported by every handler process too (process
+        isolation), besides the modules of the registered handlers."""
         self.settings = settings
         self.registry = registry
         # Outcomes, heartbeats: durable commits. Claims: a claim lost in a database crash
@@ -67,14 +73,17 @@ class Consumer:
             clock=clock)
         self.worker_id = self.pipe.worker_id
         self.claimers = {q: Claimer(self.pipe, q) for q in settings.queues}
-        self.executor = Executor(self.pipe)
+        self.executor = Executor(self.pipe, task_modules)
+        self.async_runner = self.executor.async_runner
         self.completer = Completer(self.pipe)
         self.lease_keeper = LeaseKeeper(self.pipe)
         self.visibility = VisibilityKeeper(self.pipe)
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("consumer", self.stop_flag)
-        self.supervisor.watch(self.lease_keeper, self.visibility, self.completer,
-                              self.executor, *self.claimers.values())
+        self.supervisor.watch(self.lease_keeper, self.visibility, self.completer)
+        if self.async_runner is not None:
+            self.supervisor.watch(self.async_runner)
+        self.supervisor.watch(self.executor, *self.claimers.values())
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -83,19 +92,24 @@ class Consumer:
         self.claim_database.open()
 
     def close(self) -> None:
-        """Close the database pools (after `shutdown`, or when driven step by step)."""
+        """Stop the event loop and the handler processes, close the database pools (after
+        `shutdown`, or when driven step by step)."""
+        self.executor.close()
         self.database.close()
         self.claim_database.close()
 
     def start(self) -> None:
-        """Announce this worker, start every loop; returns at once."""
+        """Start the handler processes (process isolation), announce this worker, start
+        every loop; returns at once. `ConfigError` if a handler process cannot start."""
+        self.executor.prepare()
         self.open()
         self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
                                   self.pipe.clock())
         self.lease_keeper.mark_ok()  # ready from the start
         self.supervisor.start()
         emit(log, "consumer_started", worker=self.worker_id, queues=self.settings.queues,
-             concurrency=self.settings.concurrency, tasks=self.registry.kinds())
+             concurrency=self.settings.concurrency, isolation=self.settings.isolation,
+             tasks=self.registry.kinds())
 
     def run_forever(self) -> int:
         """Run until SIGTERM/SIGINT (graceful shutdown, exit 0) or a loop crash (exit 70)."""
@@ -120,6 +134,7 @@ class Consumer:
             self._release_unfinished()
         pipe.tracker.wait_settled(SETTLE_SECONDS)
         self.executor.stop()
+        self.executor.close()  # late results of released jobs are drained below, unwritten
         self.completer.stop()
         self.completer.join(SETTLE_SECONDS)
         self._drain()
@@ -148,7 +163,7 @@ class Consumer:
         for item in release:
             item.released = True  # before the signal: the handler may return at once
             item.abandoned = True
-            item.context.cancelled.set()
+            item.stop("released at shutdown")
         if release:
             emit(log, "jobs_released", logging.WARNING, jobs=len(release),
                  job_ids=[i.job_id for i in release], worker=self.worker_id)

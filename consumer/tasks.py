@@ -6,13 +6,28 @@
     def send_email(payload: dict, ctx: TaskContext) -> None:
         ...
 
+    @task("fetch", timeout=10)
+    async def fetch(payload: dict, ctx: TaskContext) -> None:   # runs on the event loop
+        ...
+
 A handler returns to succeed, raises to fail (retried with backoff until max_attempts),
 raises `shared.errors.Permanent` to go dead at once, or `RetryAfter(seconds)` to choose
 its own delay. Execution is at least once: make handlers idempotent (see README).
+
+`async def` handlers run on the consumer's event loop (one per process, its own thread);
+tock cancels their task (`asyncio.Task.cancel()`) where it sets `ctx.cancelled` for a
+thread: at the deadline, when the lease is lost, and when shutdown releases the job.
+
+With `--isolation process` every handler runs in a child process (`async def` ones under
+`asyncio.run`), so it must be importable by name: a module-level function, not a lambda
+or a nested function. Its payload and context are copies; `ctx.cancelled` is the child's
+own Event, set when the consumer tells it to stop, and a handler that goes on for
+`TOCK_KILL_GRACE_SECONDS` after that is killed.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +58,8 @@ class TaskContext:
     key: str | None
     cancelled: threading.Event = field(repr=False)
     """Set when the handler should stop: timeout, lease lost (e.g. cancelled by an operator),
-    or shutdown. Long handlers should check it (`ctx.cancelled.is_set()`) and return."""
+    or shutdown. Long handlers should check it (`ctx.cancelled.is_set()`) and return; an
+    async handler is also cancelled (CancelledError at its next await)."""
 
     @property
     def last_attempt(self) -> bool:
@@ -61,6 +77,9 @@ class Task:
     handler: Handler
     max_attempts: int | None
     timeout_seconds: float | None
+    is_async: bool = False
+    """An `async def` handler: it runs on the event loop (or under `asyncio.run` in a
+    handler process), not in a thread of its own."""
 
 
 class Registry:
@@ -76,7 +95,7 @@ class Registry:
             raise InvalidInput(f"a handler for kind {kind!r} is already registered: "
                                f"{self._tasks[kind].handler!r}")
         entry = Task(kind, handler, validation.max_attempts(max_attempts),
-                     validation.timeout_seconds(timeout))
+                     validation.timeout_seconds(timeout), is_async=is_coroutine_handler(handler))
         self._tasks[kind] = entry
         return entry
 
@@ -85,6 +104,9 @@ class Registry:
 
     def kinds(self) -> list[str]:
         return sorted(self._tasks)
+
+    def tasks(self) -> list[Task]:
+        return [self._tasks[k] for k in sorted(self._tasks)]
 
     def task(self, kind: str, *, max_attempts: int | None = None,
              timeout: float | None = None) -> Callable[[Handler], Handler]:
@@ -95,6 +117,23 @@ class Registry:
             return handler
 
         return register
+
+
+def is_coroutine_handler(handler: Handler) -> bool:
+    """Whether calling `handler` gives a coroutine to await (`async def`, also as a
+    callable object's `__call__` or under `functools.partial`)."""
+    return (inspect.iscoroutinefunction(handler)
+            or inspect.iscoroutinefunction(type(handler).__call__))
+
+
+def call_sync(handler: Handler, payload: Any, ctx: TaskContext) -> None:
+    """Call a plain handler. One that hands back a coroutine (an `async def` behind a plain
+    wrapper) would otherwise "succeed" without running: that is an error."""
+    result = handler(payload, ctx)
+    if inspect.iscoroutine(result):
+        result.close()
+        raise TypeError(f"handler {handler!r} returned a coroutine instead of running: "
+                        "register the `async def` function itself (tock awaits it)")
 
 
 registry = Registry()

@@ -199,6 +199,8 @@ def overview(who: Viewer, request: Request) -> models.OverviewOut:
     return models.OverviewOut(
         now=snap.now, totals=state_totals(snap.counts), by_kind=by_kind,
         queues=[models.QueueStatsOut.of(q) for q in snap.queues],
+        tenants=[models.TenantOut.of(t) for t in snap.tenants],
+        limits=[models.LimitOut.of(limit) for limit in snap.limits],
         workers=[models.WorkerOut.of(w) for w in snap.workers],
         timeline=[models.BucketOut(**b.__dict__) for b in snap.timeline])
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -28,9 +28,10 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.routing import Match
 
-from dashboard import api, pages, schedules_api
+from dashboard import api, limits_api, pages, schedules_api, tenants_api
 from dashboard.auth import Authenticator
 from dashboard.guard import RequestGuard
+from dashboard.query import known_query_only
 from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
 from shared.client import Client
@@ -114,6 +115,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
                     "queue statistics and workers. Authenticate with "
                     "`Authorization: Bearer <token>` (operator or viewer role).",
         docs_url=None, redoc_url=None,  # their UIs load scripts from a CDN
+        dependencies=[Depends(known_query_only)],
     )
     app.state.settings = settings
     app.state.operator_store = store
@@ -122,6 +124,8 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     app.state.auth = auth = Authenticator(settings)
     app.include_router(api.router)
     app.include_router(schedules_api.router)
+    app.include_router(tenants_api.router)
+    app.include_router(limits_api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("dashboard", "static")]), name="static")
 

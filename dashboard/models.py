@@ -10,7 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from shared.core import validation
 from shared.core.filters import JobFilter
 from shared.core.jobs import Attempt, Job
-from shared.core.reports import QueueKindStats, WorkerInfo
+from shared.core.reports import LimitInfo, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
 from shared.core.validation import QUEUE_NAME
 from shared.ops.explain import Explanation
@@ -52,6 +52,15 @@ MaxAttempts = Annotated[int, BeforeValidator(_json_int),
                         Field(ge=1, le=validation.MAX_ATTEMPTS_LIMIT),
                         WithJsonSchema({"type": "integer", "minimum": 1,
                                         "maximum": validation.MAX_ATTEMPTS_LIMIT})]
+TenantWeight = Annotated[int, BeforeValidator(_json_int),
+                         Field(ge=validation.MIN_TENANT_WEIGHT,
+                               le=validation.MAX_TENANT_WEIGHT),
+                         WithJsonSchema({"type": "integer",
+                                         "minimum": validation.MIN_TENANT_WEIGHT,
+                                         "maximum": validation.MAX_TENANT_WEIGHT})]
+WholeNumber = Annotated[int, BeforeValidator(_json_int), WithJsonSchema({"type": "integer"})]
+"""Bounds checked by the domain (shared.core.limits), which names them in a 400."""
+PositiveNumber = Annotated[float, Field(gt=0)]
 JobIdIn = Annotated[int, BeforeValidator(_json_int), Field(ge=1, le=MAX_ID),
                     WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_ID})]
 
@@ -255,11 +264,49 @@ class BucketOut(BaseModel):
     run_p95: float | None
 
 
+class TenantOut(BaseModel):
+    tenant: str | None = Field(description="null: the jobs enqueued without a tenant")
+    weight: int = Field(description="share of each dispatch batch against the others' (1)")
+    due: int = Field(description="due, waiting for their turn at a timer")
+    dispatched: int
+    running: int
+    future: int
+    oldest_due_age_seconds: float
+
+    @classmethod
+    def of(cls, t: TenantStats) -> TenantOut:
+        return cls(tenant=t.tenant or None, weight=t.weight, due=t.due,
+                   dispatched=t.dispatched, running=t.running, future=t.future,
+                   oldest_due_age_seconds=t.oldest_due_age_seconds)
+
+
+class LimitOut(BaseModel):
+    scope: str
+    key: str | None = Field(description="the kind or tenant; null: jobs without a tenant")
+    max_running: int | None = Field(description="jobs dispatched or running at once")
+    in_flight: int | None = Field(description="jobs holding a slot now")
+    rate_per_second: float | None
+    burst: int | None
+    tokens: float | None
+    seconds_to_next_token: float | None
+    waiting: int = Field(description="due jobs waiting in Postgres")
+
+    @classmethod
+    def of(cls, limit: LimitInfo) -> LimitOut:
+        key = None if limit.scope == "tenant" and not limit.key else limit.key
+        return cls(scope=limit.scope, key=key, max_running=limit.max_running,
+                   in_flight=limit.in_flight, rate_per_second=limit.rate_per_second,
+                   burst=limit.burst, tokens=limit.tokens,
+                   seconds_to_next_token=limit.seconds_to_next_token, waiting=limit.waiting)
+
+
 class OverviewOut(BaseModel):
     now: datetime
     totals: dict[str, int] = Field(description="jobs per state")
     by_kind: dict[str, dict[str, int]] = Field(description="kind -> state -> jobs")
     queues: list[QueueStatsOut]
+    tenants: list[TenantOut] = Field(description="busiest first; tenant null: no tenant")
+    limits: list[LimitOut]
     workers: list[WorkerOut]
     timeline: list[BucketOut] = Field(description="last 10 minutes in 10 s buckets")
 

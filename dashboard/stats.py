@@ -16,9 +16,10 @@ from prometheus_client.registry import Collector
 
 from shared.core.errors import DatabaseError
 from shared.core.filters import FINISHED_STATES, UNFINISHED_STATES
-from shared.core.reports import Bucket, QueueKindStats, WorkerInfo
+from shared.core.reports import Bucket, LimitInfo, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import JobState
 from shared.ops.jobs import timeline
+from shared.store.flow_store import FlowStore
 from shared.store.operator_store import OperatorStore
 
 
@@ -27,6 +28,8 @@ class Snapshot:
     now: datetime
     counts: dict[tuple[str, str], int]
     queues: list[QueueKindStats]
+    tenants: list[TenantStats]
+    limits: list[LimitInfo]
     workers: list[WorkerInfo]
     timeline: list[Bucket]
     compute_seconds: float
@@ -70,9 +73,12 @@ class StatsCache:
                 self._finished_taken = started
             counts.update(self._finished)
             queues = tx.queue_stats(now)
+            tenants = tx.tenant_stats(now)
+            limits = tx.sibling(FlowStore).limits(now=now)
             workers = tx.workers(stale_after_seconds=self.stale_after_seconds, now=now)
             buckets = timeline(tx, now=now)
-        return Snapshot(now, counts, queues, workers, buckets, time.monotonic() - started)
+        return Snapshot(now, counts, queues, tenants, limits, workers, buckets,
+                        time.monotonic() - started)
 
 
 class ClusterCollector(Collector):
@@ -114,6 +120,8 @@ class ClusterCollector(Collector):
             running.add_metric(labels, q.running)
             future.add_metric(labels, q.future)
         yield from (depth, oldest, running, future)
+        yield from _tenant_gauges(snap.tenants)
+        yield from _limit_gauges(snap.limits)
         workers = GaugeMetricFamily("tock_workers", "Consumer processes by status",
                                     labels=["status"])
         by_status = {"alive": 0, "stale": 0, "stopped": 0}
@@ -130,6 +138,50 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily("tock_cluster_stats_seconds",
                                 "Time the last statistics computation took",
                                 value=snap.compute_seconds)
+
+
+def _tenant_gauges(tenants: list[TenantStats]) -> Iterator[GaugeMetricFamily]:
+    """Per tenant ('' for jobs without one; the busiest MAX_TENANT_ROWS, so the label's
+    cardinality stays bounded): due, running and the fair-share weight."""
+    due = GaugeMetricFamily("tock_tenant_due", "Due jobs waiting for a timer, per tenant",
+                            labels=["tenant"])
+    running = GaugeMetricFamily("tock_tenant_running", "Jobs running now, per tenant",
+                                labels=["tenant"])
+    weight = GaugeMetricFamily("tock_tenant_weight", "Fair-share weight (default 1)",
+                               labels=["tenant"])
+    for t in tenants:
+        due.add_metric([t.tenant], t.due)
+        running.add_metric([t.tenant], t.running)
+        weight.add_metric([t.tenant], t.weight)
+    yield from (due, running, weight)
+
+
+def _limit_gauges(limits: list[LimitInfo]) -> Iterator[GaugeMetricFamily]:
+    """Per limit (scope kind or tenant, key): its bound, its use and the jobs it holds."""
+    labels = ["scope", "key"]
+    maximum = GaugeMetricFamily("tock_limit_max_running",
+                                "Concurrency limit: jobs dispatched or running at once",
+                                labels=labels)
+    in_flight = GaugeMetricFamily("tock_limit_in_flight",
+                                  "Jobs holding a slot of the limit (dispatched or running)",
+                                  labels=labels)
+    rate = GaugeMetricFamily("tock_limit_rate_per_second", "Rate limit: dispatches per second",
+                             labels=labels)
+    tokens = GaugeMetricFamily("tock_limit_tokens", "Rate tokens in the bucket now",
+                               labels=labels)
+    waiting = GaugeMetricFamily("tock_limit_waiting",
+                                "Due jobs of the limit's kind or tenant waiting in Postgres",
+                                labels=labels)
+    for limit in limits:
+        key = [limit.scope, limit.key]
+        if limit.max_running is not None:
+            maximum.add_metric(key, limit.max_running)
+            in_flight.add_metric(key, limit.in_flight or 0)
+        if limit.rate_per_second is not None:
+            rate.add_metric(key, limit.rate_per_second)
+            tokens.add_metric(key, limit.tokens or 0.0)
+        waiting.add_metric(key, limit.waiting)
+    yield from (maximum, in_flight, rate, tokens, waiting)
 
 
 def state_totals(counts: dict[tuple[str, str], int]) -> dict[str, int]:

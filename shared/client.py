@@ -80,10 +80,18 @@ delete_schedule = _on_default(Client.delete_schedule)
 preview_schedule = _on_default(Client.preview_schedule)
 schedule_history = _on_default(Client.schedule_history)
 schedule_runs = _on_default(Client.schedule_runs)
+set_tenant_weight = _on_default(Client.set_tenant_weight)
+reset_tenant_weight = _on_default(Client.reset_tenant_weight)
+tenant_weights = _on_default(Client.tenant_weights)
+set_limit = _on_default(Client.set_limit)
+remove_limit = _on_default(Client.remove_limit)
+limits = _on_default(Client.limits)
 
 __all__ = [
     "Client", "ClientSettings", "Schedule", "ScheduleEvent", "ScheduleRun", "cancel",
-    "default_client", "delete_schedule", "get", "get_schedule", "list_schedules",
-    "pause_schedule", "preview_schedule", "recurring", "resume_schedule", "retry", "schedule",
-    "schedule_history", "schedule_many", "schedule_runs", "slot_of", "update_schedule",
+    "default_client", "delete_schedule", "get", "get_schedule", "limits", "list_schedules",
+    "pause_schedule", "preview_schedule", "recurring", "remove_limit",
+    "reset_tenant_weight", "resume_schedule", "retry", "schedule", "schedule_history",
+    "schedule_many", "schedule_runs", "set_limit", "set_tenant_weight", "slot_of",
+    "tenant_weights", "update_schedule",
 ]

@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from shared.core.errors import TransportError
@@ -29,9 +30,11 @@ from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 from shared.store.database import Listener
+from shared.store.flow_store import FlowStore
 from shared.store.job_store import JobStore
-from shared.store.rows import DueJob, Refused
+from shared.store.rows import DueJob, LimitRoom, Refused
 from shared.transport.base import MAX_BATCH, EntryFailure, Transport
+from timer_service import fair_share
 
 log = logging.getLogger("tock.timer.dispatch")
 
@@ -44,6 +47,46 @@ REFUSED_BACKOFF_CAP_SECONDS = 5.0
 STUCK_AFTER_FAILURES = 5
 """A job refused this many times in a row is reported (log line, explain)."""
 REPORT_EVERY_SECONDS = 30.0
+LIMIT_POLL_SECONDS = 0.1
+"""While due work waits for a concurrency slot: how often to look again."""
+TOP_UP_ROUNDS = 3
+"""Claims per level and pass: the fair shares, then up to two rounds handing what light
+tenants left over to the ones that filled their share."""
+
+
+@dataclass
+class Batch:
+    """What one claim took, and what the limits held back."""
+
+    jobs: list[DueJob] = field(default_factory=list)
+    rated: set[tuple[str, str]] = field(default_factory=set)
+    """(scope, key) of the rate-limited kinds and tenants: sends spend their tokens."""
+    held: float | None = None
+    """Seconds until it is worth looking again when a limit held due work back, else None."""
+    next_token_seconds: float = LIMIT_POLL_SECONDS
+
+    def spend_tokens(self, flow: FlowStore, failed: dict[int, str],
+                     now: datetime | None) -> None:
+        """Take a token per job sent (not per job claimed) from its rate-limited kind and
+        tenant, in the claiming transaction."""
+        if not self.rated:
+            return
+        spent: Counter[tuple[str, str]] = Counter()
+        for job in self.jobs:
+            if job.id not in failed:
+                for scope_key in (("kind", job.kind), ("tenant", job.tenant_key)):
+                    if scope_key in self.rated:
+                        spent[scope_key] += 1
+        flow.take_tokens([(s, k, n) for (s, k), n in spent.items()], now)
+
+
+def _next_token(rooms: list[LimitRoom]) -> float:
+    """When the first empty rate bucket has a token again, at most LIMIT_POLL_SECONDS."""
+    waits = [LIMIT_POLL_SECONDS]
+    for room in rooms:
+        if room.mine and room.tokens is not None and room.tokens < 1 and room.rate:
+            waits.append((1 - room.tokens) / room.rate)
+    return max(min(waits), 0.005)
 
 
 class Dispatcher(Loop):
@@ -69,6 +112,8 @@ class Dispatcher(Loop):
         self._lock = threading.Lock()
         self._reported: dict[str, float] = {}
         self._refusals: dict[str, int] = {}
+        self._cursors: dict[int, str | None] = {}  # per level: the last tenant served
+        self._turn = 0  # passes so far: who goes first round a limit with little room
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -86,6 +131,12 @@ class Dispatcher(Loop):
     def idle(self) -> None:
         if getattr(self._local, "refused", False):
             self.wait(REFUSED_PAUSE_SECONDS)  # SQS is refusing sends: do not spin on them
+            return
+        held: float | None = getattr(self._local, "held", None)
+        if held:
+            # Due work waits for a limit: a slot frees when a job finishes, which nothing
+            # announces, so look again shortly (sooner if a rate token is due first).
+            self.wait(held)
             return
         listener: Listener | None = getattr(self._local, "listener", None)
         try:
@@ -117,7 +168,9 @@ class Dispatcher(Loop):
     def dispatch_due(self, now: datetime | None = None) -> tuple[int, int]:
         """Claim one batch, send it, commit; returns (sent, refused)."""
         with self.store.transaction() as tx:
-            due = tx.claim_due(self.batch_size, now)
+            batch = self.claim_batch(tx, now)
+            self._local.held = batch.held
+            due = batch.jobs
             if not due:
                 return 0, 0
             failed = self._send(due)
@@ -126,6 +179,7 @@ class Dispatcher(Loop):
                     [Refused(j.id, j.prev_state, failed[j.id]) for j in due if j.id in failed],
                     backoff_base_seconds=REFUSED_BACKOFF_BASE_SECONDS,
                     backoff_cap_seconds=REFUSED_BACKOFF_CAP_SECONDS, now=now)
+            batch.spend_tokens(tx.sibling(FlowStore), failed, now)
         if failed:
             self._report_stuck(due, streaks, failed)
         for job in due:
@@ -134,6 +188,62 @@ class Dispatcher(Loop):
                 emit(log, "job_dispatched", logging.DEBUG, job_id=job.id, kind=job.kind,
                      queue=job.queue, lag_ms=round(job.lag_seconds * 1000, 1))
         return len(due) - len(failed), len(failed)
+
+    def claim_batch(self, tx: JobStore, now: datetime | None) -> Batch:
+        """One batch, in the caller's transaction: priority levels highest first; within a
+        level the (kind, tenant) pairs with due work share it (fair_share.plan), no kind or
+        tenant past its limit, and what a pair with little due work leaves over goes to the
+        pairs that filled their share."""
+        flow = tx.sibling(FlowStore)
+        rooms = flow.limit_rooms(now)
+        kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
+        tenant_room = {r.key: r.room for r in rooms
+                       if r.scope == "tenant" and r.room is not None}
+        batch = Batch(rated={(r.scope, r.key) for r in rooms if r.tokens is not None},
+                      next_token_seconds=_next_token(rooms))
+        with self._lock:
+            self._turn += 1
+            turn = self._turn
+        for level in flow.due_levels(now):
+            capacity = self.batch_size - len(batch.jobs)
+            if capacity <= 0:
+                break
+            skip_kinds = [k for k, n in kind_room.items() if n <= 0]
+            skip_tenants = [t for t, n in tenant_room.items() if n <= 0]
+            if skip_kinds or skip_tenants:
+                batch.held = batch.next_token_seconds
+            with self._lock:
+                cursor = self._cursors.get(level)
+            after = flow.due_pairs(level, capacity, after=cursor, skip_kinds=skip_kinds,
+                                   skip_tenants=skip_tenants, now=now)
+            wrapped: list[tuple[str, str, int]] = []
+            if cursor is not None and len({p[1] for p in after}) < capacity:
+                wrapped = flow.due_pairs(level, capacity, skip_kinds=skip_kinds,
+                                         skip_tenants=skip_tenants, now=now)
+            pairs = fair_share.round_from(after, wrapped, cursor, capacity)
+            tenants = list(dict.fromkeys(p[1] for p in pairs))
+            with self._lock:
+                self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
+            for _ in range(TOP_UP_ROUNDS):
+                share = fair_share.plan(pairs, capacity, kind_room=kind_room,
+                                        tenant_room=tenant_room, turn=turn)
+                if not share:
+                    break
+                got = flow.claim_pairs(level, share, now)
+                batch.jobs.extend(got)
+                capacity -= len(got)
+                taken = Counter((job.kind, job.tenant_key) for job in got)
+                for (kind, tenant), n in taken.items():
+                    if kind in kind_room:
+                        kind_room[kind] -= n
+                    if tenant in tenant_room:
+                        tenant_room[tenant] -= n
+                # Pairs that took their whole share may have more; the others are done.
+                wanted = {(k, t): n for k, t, n in share}
+                pairs = [p for p in pairs if taken[(p[0], p[1])] >= wanted.get((p[0], p[1]), 1)]
+                if capacity <= 0 or not pairs:
+                    break
+        return batch
 
     def _send(self, due: list[DueJob]) -> dict[int, str]:
         """Send every job; returns {job id: error} for the ones SQS did not take."""

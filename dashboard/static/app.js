@@ -183,8 +183,16 @@ function renderOverview() {
   const queues = el("div", {className: "panel"});
   const kinds = el("div", {className: "panel"});
   const workers = el("div", {className: "panel"});
+  const tenantRows = el("div");
+  const tenants = el("div", {className: "panel", "data-testid": "tenants-panel"},
+                     el("h2", {}, "Tenants: fair share of each dispatch batch"),
+                     weightForm(), tenantRows);
+  const limitRows = el("div");
+  const limits = el("div", {className: "panel", "data-testid": "limits-panel"},
+                    el("h2", {}, "Limits: fleet-wide, applied at dispatch"),
+                    limitForm(), limitRows);
   view(el("h1", {}, "Overview"), cards, charts, el("div", {className: "grid"}, queues, kinds),
-       workers);
+       el("div", {className: "grid"}, tenants, limits), workers);
   poll(async () => {
     const o = await api("/api/stats/overview");
     cards.replaceChildren(...STATES.map(s => el("a", {
@@ -214,9 +222,107 @@ function renderOverview() {
         el("td", {}, el("a", {href: `#/jobs?kind=${encodeURIComponent(k)}`}, k)),
         STATES.map(s => el("td", {className: "num"}, o.by_kind[k][s] || "")))))) :
       el("p", {className: "muted"}, "No jobs yet."));
+    tenantRows.replaceChildren(tenantTable(o.tenants));
+    limitRows.replaceChildren(limitTable(o.limits));
     workers.replaceChildren(el("h2", {}, "Workers"), workerTable(o.workers, o.now));
     showLive(true);
   }, 2000);
+}
+
+function tenantTable(list) {
+  if (!list.length) return el("p", {className: "muted"}, "No tenant has unfinished work.");
+  return el("table", {}, el("thead", {}, el("tr", {},
+    ["tenant", "weight", "due", "in SQS", "running", "later", "oldest due"].map(
+      (h, i) => el("th", {className: i ? "num" : ""}, h)))),
+    el("tbody", {}, list.map(t => el("tr", {"data-testid": `tenant-${t.tenant ?? ""}`},
+      el("td", {}, t.tenant === null ? el("span", {className: "muted"}, "(no tenant)")
+                                     : el("a", {href: `#/jobs?tenant=${encodeURIComponent(t.tenant)}`}, t.tenant)),
+      el("td", {className: "num", "data-testid": "tenant-weight"}, t.weight),
+      el("td", {className: "num"}, t.due), el("td", {className: "num"}, t.dispatched),
+      el("td", {className: "num"}, t.running), el("td", {className: "num"}, t.future),
+      el("td", {className: "num"}, t.due ? human(t.oldest_due_age_seconds) : "–")))));
+}
+
+function weightForm() {
+  // Outside the polled table, so typing is not undone by the next refresh.
+  if (!canWrite()) return el("p", {className: "muted"}, "Log in as operator to change weights.");
+  const form = el("form", {className: "inline", "data-testid": "weight-form"},
+    el("input", {name: "tenant", placeholder: "tenant (empty: jobs without one)"}),
+    el("input", {name: "weight", type: "number", min: 1, max: 1000, placeholder: "weight 1..1000"}),
+    el("button", {type: "submit"}, "Set weight"),
+    el("button", {type: "button", className: "quiet", "data-testid": "weight-reset",
+                  onclick: () => setWeight(form, true)}, "Reset to 1"));
+  form.addEventListener("submit", e => { e.preventDefault(); setWeight(form, false); });
+  return form;
+}
+
+async function setWeight(form, reset) {
+  const data = new FormData(form);
+  const tenant = data.get("tenant").trim() || null;
+  const weight = reset ? null : Number(data.get("weight"));
+  try {
+    const out = await api("/api/tenants/weight", {method: "PUT", body: {tenant, weight}});
+    toast(`${out.tenant ?? "(no tenant)"}: weight ${out.weight}.`);
+  } catch (e) { toast(e.message, true); }
+}
+
+function limitName(l) { return l.key === null ? "(no tenant)" : l.key; }
+
+function limitTable(list) {
+  if (!list.length) return el("p", {className: "muted"}, "No limits: every kind and tenant dispatches freely.");
+  return el("table", {}, el("thead", {}, el("tr", {},
+    ["scope", "key", "running / max", "rate", "tokens", "waiting"].map(
+      (h, i) => el("th", {className: i > 1 ? "num" : ""}, h)))),
+    el("tbody", {}, list.map(l => el("tr", {"data-testid": `limit-${l.scope}-${l.key ?? ""}`},
+      el("td", {}, l.scope), el("td", {}, limitName(l)),
+      el("td", {className: "num", "data-testid": "limit-running"},
+         l.max_running === null ? "–" : `${l.in_flight} / ${l.max_running}`),
+      el("td", {className: "num"}, l.rate_per_second === null ? "–" : `${+l.rate_per_second.toFixed(3)}/s`),
+      el("td", {className: "num"}, l.tokens === null ? "–" : `${l.tokens.toFixed(1)} / ${l.burst}`),
+      el("td", {className: "num", "data-testid": "limit-waiting"}, l.waiting)))));
+}
+
+function limitForm() {
+  if (!canWrite()) return el("p", {className: "muted"}, "Log in as operator to change limits.");
+  const form = el("form", {className: "inline", "data-testid": "limit-form"},
+    el("select", {name: "scope"}, el("option", {value: "kind"}, "kind"),
+       el("option", {value: "tenant"}, "tenant")),
+    el("input", {name: "key", placeholder: "kind or tenant (empty tenant: none)"}),
+    el("input", {name: "max_running", type: "number", min: 0, placeholder: "max running"}),
+    el("input", {name: "rate", type: "number", min: 0, step: "any", placeholder: "rate"}),
+    el("input", {name: "per", type: "number", min: 0, step: "any", placeholder: "per s (1)"}),
+    el("button", {type: "submit"}, "Set limit"),
+    el("button", {type: "button", className: "quiet", "data-testid": "limit-remove",
+                  onclick: () => removeLimit(form)}, "Remove"));
+  form.addEventListener("submit", e => { e.preventDefault(); setLimit(form); });
+  return form;
+}
+
+function limitTarget(form) {
+  const data = new FormData(form);
+  return {data, scope: data.get("scope"), key: data.get("key").trim() || null};
+}
+
+async function setLimit(form) {
+  const {data, scope, key} = limitTarget(form);
+  const body = {scope, key};
+  for (const k of ["max_running", "rate", "per"]) {
+    if (data.get(k) !== "") body[k] = Number(data.get(k));
+  }
+  try {
+    const l = await api("/api/limits", {method: "PUT", body});
+    toast(`Limit set on ${l.scope} ${limitName(l)}.`);
+  } catch (e) { toast(e.message, true); }
+}
+
+async function removeLimit(form) {
+  const {scope, key} = limitTarget(form);
+  const query = new URLSearchParams({scope});
+  if (key !== null) query.set("key", key);
+  try {
+    const out = await api(`/api/limits?${query}`, {method: "DELETE"});
+    toast(out.removed ? `Limit removed from ${scope} ${key ?? "(no tenant)"}.` : "There was no such limit.");
+  } catch (e) { toast(e.message, true); }
 }
 
 function workerTable(list, now) {

@@ -52,6 +52,49 @@ class QueueKindStats:
 
 
 @dataclass(frozen=True)
+class TenantStats:
+    """Unfinished work of one tenant ('' for jobs without one) and its fair-share weight."""
+
+    tenant: str
+    weight: int
+    due: int
+    """scheduled/retrying with run_at passed: waiting for its turn at a timer."""
+    dispatched: int
+    running: int
+    future: int
+    oldest_due_age_seconds: float
+    """How long its oldest due job (not yet dispatched) has waited; 0 if none."""
+
+
+@dataclass(frozen=True)
+class LimitInfo:
+    """A concurrency and/or rate limit on a kind or a tenant, with its current use."""
+
+    scope: str
+    """'kind' or 'tenant'."""
+    key: str
+    """The kind's name, or the tenant ('' for jobs without one)."""
+    max_running: int | None
+    """Jobs dispatched or running at once, fleet-wide; None: no concurrency limit."""
+    rate_per_second: float | None
+    """Dispatches per second (token bucket); None: no rate limit."""
+    burst: int | None
+    """Tokens the bucket holds at most."""
+    in_flight: int | None
+    """Jobs holding a slot now (dispatched or running)."""
+    tokens: float | None
+    """Tokens in the bucket now."""
+    waiting: int
+    """Due jobs waiting in Postgres."""
+
+    @property
+    def seconds_to_next_token(self) -> float | None:
+        if self.rate_per_second is None or self.tokens is None:
+            return None
+        return max(0.0, (1.0 - self.tokens) / self.rate_per_second)
+
+
+@dataclass(frozen=True)
 class Worker:
     """A consumer process as it reports itself at start and on every heartbeat."""
 

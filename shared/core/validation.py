@@ -216,6 +216,23 @@ def optional_text(name: str, value: object, max_length: int) -> str | None:
     return value
 
 
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 1, 1000
+
+
+def tenant_weight(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"weight must be an integer, got {value!r}")
+    if not MIN_TENANT_WEIGHT <= value <= MAX_TENANT_WEIGHT:
+        raise InvalidInput(f"weight must be between {MIN_TENANT_WEIGHT} and "
+                           f"{MAX_TENANT_WEIGHT}, got {value}")
+    return value
+
+
+def tenant_key(value: object) -> str:
+    """A tenant as the fair share knows it: None (jobs enqueued without one) is ''."""
+    return optional_text("tenant", value, MAX_TENANT_LENGTH) or ""
+
+
 def job_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInput(f"job id must be a positive integer, got {value!r}")

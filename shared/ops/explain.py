@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shared.core.jobs import Attempt, Job
-from shared.core.reports import WorkerInfo
+from shared.core.reports import LimitInfo, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
+from shared.store.flow_store import FlowStore
 from shared.store.operator_store import DUE_AHEAD_CAP, OperatorStore
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
@@ -51,6 +52,8 @@ class Context:
     due_ahead: int | None = None
     paused_schedule: str | None = None
     """The recurring schedule that made this job, when it is paused (no further runs)."""
+    held_by: LimitInfo | None = None
+    """The limit (of its kind or its tenant) that has no room for it now, if it is due."""
 
 
 def duration(seconds: float) -> str:
@@ -120,6 +123,8 @@ def _scheduled(job: Job, ctx: Context) -> Explanation:
         return Explanation(
             job.id, job.state, f"Not due until {when(job.run_at, now)}.", details,
             "A timer dispatches it to SQS once it is due.", can_cancel=True)
+    if ctx.held_by is not None:
+        return _held(job, ctx, ctx.held_by, details)
     ahead = ""
     if ctx.due_ahead:
         more = "+" if ctx.due_ahead >= DUE_AHEAD_CAP else ""
@@ -130,6 +135,38 @@ def _scheduled(job: Job, ctx: Context) -> Explanation:
         job.id, job.state,
         f"Due since {when(job.run_at, now)} and waiting for a timer to dispatch it.{ahead}",
         details, "A timer sends it to SQS on its next pass.", can_cancel=True)
+
+
+def limit_name(limit: LimitInfo) -> str:
+    """'kind email', 'tenant acme', 'jobs without a tenant'."""
+    if limit.scope == "tenant" and not limit.key:
+        return "jobs without a tenant"
+    return f"{limit.scope} {limit.key}"
+
+
+def has_no_room(limit: LimitInfo) -> bool:
+    """Whether the limit lets nothing more be dispatched now."""
+    slots = limit.max_running is not None and (limit.in_flight or 0) >= limit.max_running
+    return slots or (limit.tokens is not None and limit.tokens < 1)
+
+
+def _held(job: Job, ctx: Context, limit: LimitInfo, details: list[str]) -> Explanation:
+    """Due, but its kind or tenant is at its limit: it waits in Postgres, not in SQS."""
+    name = limit_name(limit)
+    if limit.max_running is not None and (limit.in_flight or 0) >= limit.max_running:
+        summary = (f"Due since {when(job.run_at, ctx.now)} and waiting for a concurrency "
+                   f"slot of {name} ({limit.in_flight}/{limit.max_running} running).")
+        step = ("A timer dispatches it when a job of that limit finishes (an expired lease "
+                "frees its slot too); `tock limits` shows the limits.")
+    else:
+        rate = limit.rate_per_second or 0.0
+        wait = limit.seconds_to_next_token or 0.0
+        summary = (f"Due since {when(job.run_at, ctx.now)} and waiting for a rate token of "
+                   f"{name} (limit {rate:g} per second; the next token in {duration(wait)}).")
+        step = "A timer dispatches it as tokens come, oldest first."
+    if limit.waiting > 1:
+        details.append(f"{limit.waiting} due job(s) of {name} are waiting for it.")
+    return Explanation(job.id, job.state, summary, details, step, can_cancel=True)
 
 
 def _retrying(job: Job, ctx: Context) -> Explanation:
@@ -146,6 +183,8 @@ def _retrying(job: Job, ctx: Context) -> Explanation:
             job.id, job.state, f"In backoff until {when(job.run_at, now)} after {failed}.",
             details, f"Attempt {job.attempt + 1} is dispatched once the backoff ends.",
             can_cancel=True)
+    if ctx.held_by is not None:
+        return _held(job, ctx, ctx.held_by, details)
     return Explanation(
         job.id, job.state,
         f"Backoff ended {when(job.run_at, now)}; waiting for a timer to dispatch attempt "
@@ -186,8 +225,13 @@ def _running(job: Job, ctx: Context) -> Explanation:
                        f"{duration(w.heartbeat_age_seconds)} ago.")
     expires = job.lease_expires_at
     if job.lease_detached:
-        details.append("Its handler ignored its deadline: the job no longer follows its "
-                       "worker's lease.")
+        details.append(
+            "Its handler is stuck past its deadline: it ignored the timeout for more than a "
+            "lease, so the job no longer follows its worker's lease and is recovered "
+            "elsewhere once its own lease expires. On the worker its thread is still busy "
+            "and keeps its handler slot until the handler returns (a thread cannot be "
+            "killed; see the tock_stuck_handlers gauge). Consumers run with --isolation "
+            "process kill such handlers instead.")
     elif w is not None and w.lease_expires_at is not None:
         expires = max(expires, w.lease_expires_at) if expires else w.lease_expires_at
     if expires is not None and expires < now:
@@ -258,6 +302,12 @@ def gather(store: OperatorStore, job: Job, *,
     lease_worker = next((w for w in live if w.id == job.lease_owner), None)
     queue_workers = sum(1 for w in live if w.status == "alive" and job.queue in w.queues)
     ahead = None
+    held_by = None
     if job.state in (JobState.SCHEDULED, JobState.RETRYING) and job.run_at <= now:
         ahead = store.due_ahead(job, now)
-    return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id))
+        flow = store.sibling(FlowStore)
+        limits = [*flow.limits("kind", job.kind, now=now),
+                  *flow.limits("tenant", job.tenant or "", now=now)]
+        held_by = next((limit for limit in limits if has_no_room(limit)), None)
+    return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id),
+                   held_by)

@@ -19,8 +19,11 @@ from shared.core import validation
 from shared.core.config import ProducerConfig
 from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound, Retryable
 from shared.core.jobs import Job
+from shared.core.limits import SCOPES, LimitSpec
+from shared.core.reports import LimitInfo
 from shared.core.states import JobState
 from shared.store.database import Database, adopt_connection
+from shared.store.flow_store import FlowStore
 from shared.store.job_store import JobStore
 from shared.store.known_kinds import KnownKinds
 from shared.store.rows import NewJob
@@ -40,6 +43,7 @@ class Client:
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
                                  name="tock-client")
         self._jobs = JobStore(self.database)
+        self._flow = FlowStore(self.database)
         self.known_kinds = KnownKinds(self._jobs)
 
     def close(self) -> None:
@@ -201,6 +205,55 @@ class Client:
             return self._refused(store, job_id, "retry", "dead or cancelled")
         store.notify_due()
         return job
+
+    # --- fair share ------------------------------------------------------------------------
+
+    def set_tenant_weight(self, tenant: str | None, weight: int) -> None:
+        """Give `tenant` (None: the jobs enqueued without one) `weight` shares of each
+        dispatch batch, against 1 for every tenant without a weight (1..1000). The timers
+        use it from their next pass; jobs already in SQS are not affected."""
+        key, weight = validation.tenant_key(tenant), validation.tenant_weight(weight)
+        self._flow.set_tenant_weight(key, weight)
+
+    def reset_tenant_weight(self, tenant: str | None) -> bool:
+        """Back to the default weight of 1; False if `tenant` had no weight set."""
+        return self._flow.reset_tenant_weight(validation.tenant_key(tenant))
+
+    def tenant_weights(self) -> dict[str | None, int]:
+        """The weights set, by tenant (None: jobs without a tenant)."""
+        return {tenant or None: weight for tenant, weight in self._flow.tenant_weights().items()}
+
+    # --- limits ----------------------------------------------------------------------------
+
+    def set_limit(self, scope: str, key: str | None, *, max_running: int | None = None,
+                  rate: float | None = None, per: Seconds = 1.0,
+                  burst: int | None = None) -> LimitInfo:
+        """Limit a kind (`scope="kind"`) or a tenant (`"tenant"`; key None: the jobs without
+        one) fleet-wide: at most `max_running` jobs dispatched or running at once (0 holds
+        them all back), and/or at most `rate` dispatches per `per` seconds, from a bucket
+        of `burst` tokens (default: one second's worth). Replaces the limit it had. Jobs
+        over a limit wait in Postgres; the timers apply a change from their next pass."""
+        spec = LimitSpec.of(scope, key, max_running=max_running, rate=rate, per=per,
+                            burst=burst)
+        self._flow.set_limit(spec.scope, spec.key, max_running=spec.max_running,
+                             rate_per_second=spec.rate_per_second, burst=spec.burst,
+                             now=self._now)
+        self._jobs.notify_due()  # a raised limit may free due work at once
+        return self._flow.limits(spec.scope, spec.key, now=self._now)[0]
+
+    def remove_limit(self, scope: str, key: str | None) -> bool:
+        """Drop the limit of a kind or tenant; False if it had none."""
+        if scope not in SCOPES:
+            raise InvalidInput(f"scope must be 'kind' or 'tenant', got {scope!r}")
+        name = validation.kind(key) if scope == "kind" else validation.tenant_key(key)
+        removed = self._flow.remove_limit(scope, name)
+        if removed:
+            self._jobs.notify_due()
+        return removed
+
+    def limits(self) -> list[LimitInfo]:
+        """Every limit with its use now: slots held, tokens, due jobs waiting for it."""
+        return self._flow.limits(now=self._now)
 
     @staticmethod
     def _refused(store: JobStore, job_id: int, verb: str, allowed: str) -> Job:

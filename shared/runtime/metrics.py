@@ -2,7 +2,7 @@
 state, oldest due age) are computed from Postgres by the dashboard's /metrics, once, not by
 every replica."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 RUN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
@@ -32,3 +32,10 @@ MESSAGES_DROPPED = Counter("tock_messages_dropped_total",
 SQS_ERRORS = Counter("tock_sqs_errors_total", "Failed SQS calls", ["operation"])
 LEASES_LOST = Counter("tock_leases_lost_total",
                       "In-flight jobs whose lease a heartbeat found gone")
+STUCK_HANDLERS = Gauge("tock_stuck_handlers",
+                       "Handlers still running more than a lease past their deadline (their "
+                       "job was left to expire; their thread and slot stay busy)", ["kind"])
+HANDLER_PROCESSES_REPLACED = Counter(
+    "tock_handler_processes_replaced_total",
+    "Handler processes (--isolation process) killed past their grace, or found dead, and "
+    "replaced", ["reason"])

@@ -208,6 +208,15 @@ class ConsumerSettings(CommonSettings):
                     "handlers run, so one commit covers several (0: write at once).")
     worker_id: str | None = Field(default=None, max_length=200)
     health_port: int | None = Field(default=None, ge=1, le=65535)
+    isolation: Literal["thread", "process"] = Field(
+        default="thread",
+        description="Where handlers run: threads of this process (timeouts are cooperative) "
+                    "or a pool of `concurrency` child processes, one job each at a time (a "
+                    "handler that overruns its timeout is killed and its process replaced).")
+    kill_grace_seconds: float = Field(
+        default=5.0, ge=0, le=300,
+        description="With isolation=process: how long a handler told to stop (deadline, "
+                    "lost lease, shutdown) may go on before its process is killed (SIGKILL).")
 
     @field_validator("queues", mode="before")
     @classmethod
@@ -240,6 +249,11 @@ class ConsumerSettings(CommonSettings):
             )
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        if self.isolation == "process" and self.kill_grace_seconds >= self.lease_seconds:
+            raise ValueError(
+                f"kill_grace_seconds ({self.kill_grace_seconds}) must be under lease_seconds "
+                f"({self.lease_seconds}) with isolation=process, so a handler past its "
+                "deadline is killed before its job is left to expire")
         return self
 
 

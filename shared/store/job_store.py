@@ -19,7 +19,6 @@ from shared.store.rows import (
     AttemptResult,
     Claim,
     ClaimedJob,
-    DueJob,
     ExpiredLease,
     Lease,
     NewJob,
@@ -88,12 +87,6 @@ class JobStore(Store):
         self._run(producer_sql.NOTIFY_DUE)
 
     # --- timer ----------------------------------------------------------------------------
-
-    def claim_due(self, limit: int, now: datetime | None = None) -> list[DueJob]:
-        """Mark up to `limit` due jobs `dispatched` with fresh tokens (SKIP LOCKED: other
-        timers claim other rows). Run it in a transaction that commits after the send."""
-        return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]))
-                for r in self._rows(sql.CLAIM_DUE, {"limit": limit, "now": now})]
 
     def undo_dispatch(self, refused: Sequence[Refused], *, backoff_base_seconds: float,
                       backoff_cap_seconds: float, now: datetime | None = None

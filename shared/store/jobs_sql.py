@@ -20,34 +20,8 @@ __all__ = ["JOB_COLUMNS", "NOW"]  # the statement modules' shared names, also fr
 # The producer's and the operator's statements on one job (insert, read, cancel, retry)
 # are in producer_sql.py: they read and move jobs across the hot table and the history.
 
-# --- timer ------------------------------------------------------------------------------------
-
-# Walk the due index one priority level at a time, highest first: each level is an index
-# range scan in run_at order that stops at LIMIT, so a million far-future rows at a high
-# priority cost nothing when lower levels have due work. SKIP LOCKED lets any number of
-# timers claim side by side: each row goes to exactly one of them.
-CLAIM_DUE = f"""
-WITH due AS (
-    SELECT d.id, d.state AS prev_state
-    FROM generate_series(9, 0, -1) AS p(level)
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.state FROM tock_jobs j
-        WHERE j.state IN ('scheduled', 'retrying') AND j.priority = p.level
-          AND j.run_at <= {NOW}
-        ORDER BY j.run_at, j.id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) d
-    LIMIT %(limit)s
-)
-UPDATE tock_jobs j
-SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {NOW},
-    updated_at = {NOW}
-FROM due
-WHERE j.id = due.id
-RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
-          extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
-"""
+# --- timer ---------------------------------------------------------------------------------
+# The claim of due jobs is in flow_sql.py (fair share and limits).
 
 # Sends that SQS refused: back to the state they came from, in the claiming transaction,
 # and due again only after a backoff of their own (base * 2^failures, capped), so a job

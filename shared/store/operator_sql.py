@@ -156,6 +156,34 @@ GROUP BY queue, kind, n.now
 ORDER BY queue, kind
 """
 
+# Per tenant, the same counts with the weight; the busiest MAX_TENANT_ROWS tenants (by due
+# work), so a fleet of many small tenants keeps a bounded page and metric cardinality.
+MAX_TENANT_ROWS = 200
+TENANT_STATS = f"""
+SELECT coalesce(t.tenant, w.tenant), coalesce(w.weight, 1), coalesce(t.due, 0),
+       coalesce(t.dispatched, 0), coalesce(t.running, 0), coalesce(t.future, 0),
+       coalesce(t.oldest, 0)
+FROM (
+    SELECT coalesce(tenant, '') AS tenant,
+           count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at <= n.now)
+               AS due,
+           count(*) FILTER (WHERE state = 'dispatched') AS dispatched,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at > n.now)
+               AS future,
+           coalesce(extract(epoch FROM n.now - min(run_at) FILTER (
+               WHERE state IN ('scheduled', 'retrying') AND run_at <= n.now)), 0)::float8
+               AS oldest
+    FROM tock_jobs, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
+    WHERE state IN ('scheduled', 'retrying', 'dispatched', 'running')
+    GROUP BY 1, n.now
+) t
+FULL JOIN tock_tenant_weights w ON w.tenant = t.tenant
+ORDER BY t.due DESC NULLS LAST, t.running DESC NULLS LAST, coalesce(t.tenant, w.tenant)
+LIMIT {MAX_TENANT_ROWS}
+"""
+
+
 # Unfinished jobs are few and sit behind the state index; finished ones are the history,
 # so counting them is a pass over its partitions (of the states asked) that callers
 # refresh less often.

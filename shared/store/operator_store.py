@@ -8,7 +8,7 @@ from datetime import datetime
 
 from shared.core.filters import JobFilter
 from shared.core.jobs import Job
-from shared.core.reports import QueueKindStats, WorkerInfo
+from shared.core.reports import QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import JobState
 from shared.store import operator_sql as sql
 from shared.store.base import Store
@@ -57,6 +57,12 @@ class OperatorStore(Store):
         """Per queue and kind: due, dispatched, running and future counts, oldest due age."""
         return [QueueKindStats(r[0], r[1], r[2], r[3], r[4], r[5], max(float(r[6]), 0.0))
                 for r in self._rows(sql.QUEUE_STATS, {"now": now})]
+
+    def tenant_stats(self, now: datetime | None = None) -> list[TenantStats]:
+        """Per tenant with unfinished work or a weight set (the busiest first, at most
+        MAX_TENANT_ROWS): weight, due, dispatched, running, future, oldest due age."""
+        return [TenantStats(r[0], r[1], r[2], r[3], r[4], r[5], max(float(r[6]), 0.0))
+                for r in self._rows(sql.TENANT_STATS, {"now": now})]
 
     def counts_by_state_kind(self, states: Sequence[JobState]) -> dict[tuple[str, str], int]:
         """Jobs in `states` counted by (state, kind). For finished states this is a pass

@@ -28,6 +28,32 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class LimitRoom:
+    """What a limit leaves for one claim: the timer holds its lock (`mine`) or another
+    timer is claiming for it and it has no room this pass."""
+
+    scope: str
+    key: str
+    max_running: int | None
+    in_flight: int | None
+    tokens: float | None
+    rate: float | None
+    mine: bool
+
+    @property
+    def room(self) -> int | None:
+        """Jobs that may be dispatched now; None: no bound."""
+        if not self.mine:
+            return 0
+        bounds = []
+        if self.max_running is not None:
+            bounds.append(max(self.max_running - (self.in_flight or 0), 0))
+        if self.tokens is not None:
+            bounds.append(max(int(self.tokens), 0))
+        return min(bounds) if bounds else None
+
+
+@dataclass(frozen=True)
 class DueJob:
     """A job the timer claimed for dispatch (now `dispatched` with a fresh token)."""
 
@@ -38,6 +64,8 @@ class DueJob:
     prev_state: JobState
     lag_seconds: float
     """How late the dispatch is: now - run_at."""
+    tenant_key: str = ""
+    """Its tenant, '' for none (fair share accounting)."""
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,10 @@ jobs = Table(
     Column("dispatch_failures", Integer, nullable=False, server_default="0"),  # 0004
     Column("lease_detached", Boolean, nullable=False, server_default="false"),  # 0006
     CheckConstraint("priority BETWEEN 0 AND 9"),
+    Index("tock_jobs_fair_idx", "priority", "kind", text("coalesce(tenant, '')"), "run_at",
+          "id", postgresql_where=text("state IN ('scheduled', 'retrying')")),  # 0008
+    Index("tock_jobs_in_flight_idx", "kind", text("coalesce(tenant, '')"),
+          postgresql_where=text("state IN ('dispatched', 'running')")),  # 0008
     Index("tock_jobs_due_idx", "priority", "run_at", "id",
           postgresql_where=text("state IN ('scheduled', 'retrying')")),
     Index("tock_jobs_owner_idx", "lease_owner", postgresql_where=text("state = 'running'")),
@@ -215,6 +219,32 @@ VIEWS = {
 }
 """Both sides of each table, for psql and scripts."""
 
+tenant_weights = Table(  # 0008
+    "tock_tenant_weights", metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("weight", Integer, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    CheckConstraint("weight BETWEEN 1 AND 1000"),
+)
+
+limits = Table(  # 0008
+    "tock_limits", metadata,
+    Column("scope", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("max_running", Integer),
+    Column("rate", DOUBLE_PRECISION),
+    Column("burst", Integer),
+    Column("tokens", DOUBLE_PRECISION, nullable=False),
+    Column("refilled_at", TS, nullable=False),
+    Column("updated_at", TS, nullable=False),
+    CheckConstraint("scope IN ('kind', 'tenant')"),
+    CheckConstraint("max_running >= 0"),
+    CheckConstraint("rate > 0"),
+    CheckConstraint("burst >= 1"),
+    CheckConstraint("max_running IS NOT NULL OR rate IS NOT NULL"),
+    CheckConstraint("(rate IS NULL) = (burst IS NULL)"),
+)
+
 migrations = Table(
     "tock_migrations", metadata,
     Column("name", Text, primary_key=True),
@@ -222,5 +252,5 @@ migrations = Table(
 )
 
 __all__ = ["PARTITIONED", "PARTITIONS_AHEAD_DAYS", "VIEWS", "attempts", "history_attempts",
-           "history_jobs", "jobs", "keys", "metadata", "migrations", "schedule_audit",
-           "schedules", "workers"]
+           "history_jobs", "jobs", "keys", "limits", "metadata", "migrations", "schedule_audit",
+           "schedules", "tenant_weights", "workers"]

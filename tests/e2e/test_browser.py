@@ -189,3 +189,60 @@ def test_schedules_show_next_fires_and_pause_from_the_page(
     page.get_by_test_id("toggle-nightly").click()
     expect(page.locator("h1")).to_contain_text("paused")
     assert client.get_schedule("nightly").paused
+
+
+def test_tenants_panel_shows_the_share_and_operators_change_weights(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    client.schedule_many([{"kind": "email", "tenant": "acme"} for _ in range(3)]
+                         + [{"kind": "email"}])
+    login(page, live_server, OPERATOR)
+    acme = page.get_by_test_id("tenant-acme")
+    expect(acme).to_contain_text("acme")
+    expect(page.get_by_test_id("tenant-")).to_contain_text("(no tenant)")
+    expect(acme.get_by_test_id("tenant-weight")).to_have_text("1")
+    form = page.get_by_test_id("weight-form")
+    form.locator("[name=tenant]").fill("acme")
+    form.locator("[name=weight]").fill("5")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text("acme: weight 5.")
+    expect(acme.get_by_test_id("tenant-weight")).to_have_text("5", timeout=15_000)
+    assert client.tenant_weights() == {"acme": 5}
+    form.locator("[name=weight]").fill("0")  # the browser holds it back: min is 1
+    form.locator("button[type=submit]").click()
+    expect(form.locator("[name=weight]:invalid")).to_have_count(1)
+    assert client.tenant_weights() == {"acme": 5}
+    page.get_by_test_id("weight-reset").click()
+    expect(page.locator("#toast")).to_have_text("acme: weight 1.")
+    assert client.tenant_weights() == {}
+
+
+def test_viewer_sees_tenants_but_no_weight_form(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    client.schedule("email", tenant="acme")
+    login(page, live_server, VIEWER)
+    expect(page.get_by_test_id("tenant-acme")).to_contain_text("acme")
+    expect(page.get_by_test_id("tenants-panel")).to_contain_text("Log in as operator")
+    expect(page.get_by_test_id("weight-form")).to_have_count(0)
+
+
+def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    client.schedule_many([{"kind": "report"} for _ in range(3)])
+    client.set_limit("kind", "report", max_running=0)
+    login(page, live_server, OPERATOR)
+    row = page.get_by_test_id("limit-kind-report")
+    expect(row.get_by_test_id("limit-running")).to_have_text("0 / 0")
+    expect(row.get_by_test_id("limit-waiting")).to_have_text("3")
+    form = page.get_by_test_id("limit-form")
+    form.locator("[name=key]").fill("report")
+    form.locator("[name=max_running]").fill("2")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text("Limit set on kind report.")
+    expect(row.get_by_test_id("limit-running")).to_have_text("0 / 2", timeout=15_000)
+    form.locator("[name=max_running]").fill("")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_contain_text("give max_running, a rate, or both")
+    page.get_by_test_id("limit-remove").click()
+    expect(page.locator("#toast")).to_have_text("Limit removed from kind report.")
+    assert client.limits() == []
+    expect(page.get_by_test_id("limits-panel")).to_contain_text("No limits", timeout=15_000)

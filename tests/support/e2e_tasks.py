@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -47,3 +48,11 @@ def block_first(payload: Any, ctx: TaskContext) -> None:
     """The first run records itself, then blocks until cancelled (or killed)."""
     if _record(ctx) == 1:
         ctx.cancelled.wait(120)
+
+
+@task("hang_first")
+def hang_first(payload: Any, ctx: TaskContext) -> None:
+    """The first run records itself, then hangs past its timeout ignoring ctx.cancelled
+    (only a killed process ends it); later runs record themselves and return."""
+    if _record(ctx) == 1:
+        time.sleep(120)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,9 @@ from consumer.outcomes import (
     MAX_RETRY_AFTER_SECONDS,
     MAX_TRACEBACK_CHARS,
     Backoff,
+    Raised,
     failed,
+    failure,
     no_handler,
     released,
     retry_after_seconds,
@@ -319,3 +322,21 @@ def test_released_gives_the_attempt_back():
     assert later.state is JobState.RETRYING
     assert later.outcome is AttemptOutcome.RELEASED
     assert later.refund
+
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("boom"), Permanent("no"), RetryAfter(12), RetryAfter("soon"),  # type: ignore[arg-type]
+    SystemExit(3), ValueError("a\x00b"),
+], ids=["error", "permanent", "retry-after", "retry-after-text", "system-exit", "nul"])
+def test_what_crosses_from_a_handler_process_is_judged_like_the_exception(exc):
+    """A handler process sends `Raised` (plain data, pickled), not the exception."""
+    exc = raised(exc)
+    crossed = pickle.loads(pickle.dumps(Raised.of(exc)))
+    direct = failed(item(2), exc, 0, BACKOFF).result
+    remote = failure(item(2), crossed, 0, BACKOFF).result
+    assert (remote.state, remote.outcome, remote.error) == \
+        (direct.state, direct.outcome, direct.error)
+    assert remote.traceback == direct.traceback
+    if isinstance(exc, RetryAfter) and exc.seconds == 12:
+        assert remote.delay_seconds == direct.delay_seconds == 12

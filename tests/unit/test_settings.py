@@ -22,10 +22,21 @@ def test_defaults_are_consistent():
     ({"queues": ["ok", "not ok"]}, "queue names must match"),
     ({"concurrency": 0}, "TOCK_CONCURRENCY"),
     ({"backoff_base_seconds": 10, "backoff_cap_seconds": 1}, "backoff_cap_seconds"),
+    ({"isolation": "process", "kill_grace_seconds": 5, "lease_seconds": 3,
+      "heartbeat_seconds": 1}, "kill_grace_seconds .* must be under lease_seconds"),
+    ({"isolation": "fork"}, "TOCK_ISOLATION"),
 ])
 def test_inconsistent_consumer_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ConsumerSettings.load(**overrides)
+
+
+def test_isolation_comes_from_the_environment_and_a_long_grace_is_fine_with_threads(
+        monkeypatch):
+    monkeypatch.setenv("TOCK_ISOLATION", "process")
+    assert ConsumerSettings.load().isolation == "process"
+    monkeypatch.delenv("TOCK_ISOLATION")
+    ConsumerSettings.load(kill_grace_seconds=60, lease_seconds=3, heartbeat_seconds=1)
 
 
 def test_environment_values_are_validated(monkeypatch):

@@ -1,5 +1,5 @@
-"""The `tock` fixture: run the command in-process through cli.main.main (the function the
-entry point calls) against the test's database, with stdin not a terminal."""
+"""The `tock` fixture: the operator commands run in-process through cli.main.main (the
+same function the `tock` entry point calls), on the test's database, with no terminal."""
 
 from __future__ import annotations
 

@@ -186,6 +186,9 @@ def test_queue_stats_workers_and_metrics(operator, anon, db):
     assert 89 <= float(age.rsplit(" ", 1)[1]) < 300
     assert 'tock_workers{status="stale"} 1.0' in text
     assert "tock_worker_slots 4.0" in text
+    assert 'tock_tenant_due{tenant=""} 1.0' in text, "jobs without a tenant: one tenant"
+    assert 'tock_tenant_weight{tenant=""} 1.0' in text
+    assert [t["tenant"] for t in overview["tenants"]] == [None]
 
 
 def test_timeline_counts_finished_attempts(operator, db):
@@ -294,3 +297,15 @@ def test_finished_counts_refresh_on_their_own_slower_clock(app, db, operator):
     assert cache.get().counts == {("scheduled", "report"): 1}
     cache.finished_ttl_seconds = 0
     assert cache.get().counts == {("scheduled", "report"): 1, ("succeeded", "email"): 1}
+
+
+def test_unknown_query_parameters_are_refused_not_ignored(operator):
+    res = operator.get("/api/jobs", params={"stat": "dead"})
+    assert res.status_code == 400
+    assert res.json()["detail"].startswith(
+        "unknown query parameter 'stat'; GET /api/jobs takes: before_id, created_after")
+    res = operator.get("/api/jobs?=null&kind=email")
+    assert res.status_code == 400 and "unknown query parameter ''" in res.json()["detail"]
+    res = operator.get("/api/workers", params={"x": "1"})
+    assert res.status_code == 400 and "GET /api/workers takes: none" in res.json()["detail"]
+    assert operator.get("/api/jobs", params={"state": "dead"}).status_code == 200

@@ -92,6 +92,17 @@ def test_running_leased_and_lease_expired():
     assert "until 2026-12-02 15:00:20 UTC (in 20 s)" in covered.summary, "the worker's lease"
 
 
+def test_running_but_detached_says_the_handler_is_stuck_and_its_thread_busy():
+    j = job(JobState.RUNNING, attempt=1, lease_owner="w1", lease_detached=True,
+            started_at=NOW - timedelta(seconds=70), lease_expires_at=NOW + timedelta(seconds=8))
+    e = explain.explain(j, Context(NOW, lease_worker=worker(
+        lease_until=NOW + timedelta(seconds=25))))
+    assert "until 2026-12-02 15:00:08 UTC (in 8 s)" in e.summary, "its own lease, not the worker's"
+    stuck = next(d for d in e.details if "stuck past its deadline" in d)
+    assert "its thread is still busy and keeps its handler slot" in stuck
+    assert "--isolation process" in stuck
+
+
 @pytest.mark.parametrize(("outcome", "words"), [
     (AttemptOutcome.FAILED, "attempt 3 of 3 failed and no attempts are left: boom"),
     (AttemptOutcome.PERMANENT, "its handler raised a permanent error: boom"),

@@ -13,10 +13,24 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from shared.store.flow_store import FlowStore
 from shared.store.rows import Lease
 from tests.support.wait import wait_for
 
 T = TypeVar("T")
+
+
+def claim(store: Any, limit: int, now: datetime) -> list[Any]:
+    """The timer's claim of up to `limit` due jobs, highest level first, then (kind, tenant)
+    pair by pair, from FlowStore's pieces (due_levels, due_pairs, claim_pairs) on `store`'s
+    connection, without the dispatcher's fair share."""
+    flow = store.sibling(FlowStore)
+    claimed: list[Any] = []
+    for level in flow.due_levels(now):
+        for kind, tenant, _ in flow.due_pairs(level, limit, now=now):
+            if len(claimed) < limit:
+                claimed += flow.claim_pairs(level, [(kind, tenant, limit - len(claimed))], now)
+    return claimed
 
 
 def secs(n: float) -> timedelta:

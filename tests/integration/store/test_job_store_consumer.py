@@ -25,6 +25,7 @@ from tests.integration.store.helpers import (
     add_job,
     add_running,
     attempt_rows,
+    claim,
     count,
     job_row,
     run_blocked,
@@ -107,12 +108,12 @@ def test_claim_messages_waiting_for_locks_sees_the_dispatch_once_it_commits(
         job_store, db, other, now, monkeypatch):
     monkeypatch.setattr(job_store_module, "LOCK_WAIT_MS", 10_000)
     job = add_job(db, run_at=now - secs(1))
-    (due,) = JobStore.on(other).claim_due(1, now=now)  # dispatched, not yet committed
-    claim = Claim(job, due.token, 3, 30.0)
-    assert job_store.claim_messages([claim], "w1", 60, now=now) == [], \
+    (due,) = claim(JobStore.on(other), 1, now)  # dispatched, not yet committed
+    message = Claim(job, due.token, 3, 30.0)
+    assert job_store.claim_messages([message], "w1", 60, now=now) == [], \
         "without waiting, the uncommitted dispatch is invisible"
     claimed = run_blocked(db, other, lambda: job_store.claim_messages(
-        [claim], "w1", 60, now=now, wait_for_locks=True), other.commit)
+        [message], "w1", 60, now=now, wait_for_locks=True), other.commit)
     assert [c.id for c in claimed] == [job]
     assert job_row(db, job)["state"] == "running"
 

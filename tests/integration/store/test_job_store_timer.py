@@ -1,5 +1,6 @@
 """Conformance of `JobStore` (shared.store.job_store / jobs_sql) against the real Postgres,
-the timer's statements: claim_due, undo_dispatch, next_due_at, stuck_queues,
+the timer's statements: the claim (due_levels, claim_tenants; the tenant side is in
+test_job_store_fair_share.py), undo_dispatch, next_due_at, stuck_queues,
 queue_expected, redispatch_stuck, expired_leases and rescue_expired. One test (or a small
 parametrized group) per method, each guard of a guarded statement exercised on its own.
 Rows are arranged and inspected with plain SQL on `db`; time is pinned through `now=` (the
@@ -20,20 +21,21 @@ from tests.integration.store.helpers import (
     add_job,
     add_running,
     attempt_rows,
+    claim,
     count,
     job_row,
     secs,
 )
 from tests.support.drive import db_now
 
-# --- claim_due --------------------------------------------------------------------------------
+# --- claim (due_levels + claim_tenants) -----------------------------------------------------
 
 
 def _ids(due: list[DueJob]) -> list[int]:
     return sorted(d.id for d in due)
 
 
-def test_claim_due_takes_the_highest_priority_first_then_the_oldest(job_store, db, now):
+def test_claim_takes_the_highest_priority_first_then_the_oldest(job_store, db, now):
     m = secs(60)
     low_old = add_job(db, run_at=now - 10 * m, priority=0)
     high_new = add_job(db, run_at=now - 1 * m, priority=9)
@@ -42,28 +44,28 @@ def test_claim_due_takes_the_highest_priority_first_then_the_oldest(job_store, d
     low_new = add_job(db, run_at=now - 9 * m, priority=0)
     later = add_job(db, run_at=now + secs(30), priority=9)
     mid_twin = add_job(db, run_at=now - 5 * m, priority=5)  # same run_at: id order
-    order = [job_store.claim_due(1, now=now) for _ in range(6)]
+    order = [claim(job_store, 1, now) for _ in range(6)]
     assert [_ids(o) for o in order] == [[high_old], [high_new], [mid], [mid_twin], [low_old],
                                         [low_new]]
-    assert job_store.claim_due(10, now=now + secs(29)) == [], "not due yet"
-    assert _ids(job_store.claim_due(10, now=now + secs(30))) == [later]
+    assert claim(job_store, 10, now + secs(29)) == [], "not due yet"
+    assert _ids(claim(job_store, 10, now + secs(30))) == [later]
 
 
-def test_claim_due_respects_the_limit_across_levels(job_store, db, now):
+def test_claim_respects_the_limit_across_levels(job_store, db, now):
     jobs = [add_job(db, run_at=now - secs(i), priority=i % 3) for i in range(1, 7)]
-    first = job_store.claim_due(4, now=now)
+    first = claim(job_store, 4, now)
     assert len(first) == 4
-    rest = job_store.claim_due(4, now=now)
+    rest = claim(job_store, 4, now)
     assert sorted(_ids(first) + _ids(rest)) == sorted(jobs)
 
 
-def test_claim_due_marks_jobs_dispatched_with_fresh_tokens(job_store, db, now):
+def test_claim_marks_jobs_dispatched_with_fresh_tokens(job_store, db, now):
     retrying = add_job(db, run_at=now - secs(5), state="retrying", kind="email", queue="mail",
                        attempt=1)
     scheduled = add_job(db, run_at=now - secs(2))
     for state in ("dispatched", "running", "succeeded", "dead", "cancelled"):
         add_job(db, run_at=now - secs(100), state=state)
-    due = {d.id: d for d in job_store.claim_due(10, now=now)}
+    due = {d.id: d for d in claim(job_store, 10, now)}
     assert set(due) == {retrying, scheduled}, "only scheduled and retrying jobs are claimed"
     d = due[retrying]
     assert (d.kind, d.queue, d.prev_state, d.lag_seconds) == (
@@ -76,20 +78,20 @@ def test_claim_due_marks_jobs_dispatched_with_fresh_tokens(job_store, db, now):
                 row["updated_at"]) == ("dispatched", claimed.token, now, now)
 
 
-def test_claim_due_skips_a_row_another_transaction_holds(impatient, db, other, now):
+def test_claim_skips_a_row_another_transaction_holds(impatient, db, other, now):
     locked = add_job(db, run_at=now - secs(120))
     free = add_job(db, run_at=now - secs(60))
     other.execute("SELECT id FROM tock_jobs WHERE id = %s FOR UPDATE", (locked,))
-    assert _ids(JobStore.on(impatient).claim_due(10, now=now)) == [free]
+    assert _ids(claim(JobStore.on(impatient), 10, now)) == [free]
     assert job_row(db, locked)["state"] == "scheduled"
     other.rollback()
-    assert _ids(JobStore.on(impatient).claim_due(10, now=now)) == [locked]
+    assert _ids(claim(JobStore.on(impatient), 10, now)) == [locked]
 
 
-def test_claim_due_of_two_timers_side_by_side_takes_each_row_once(impatient, db, other, now):
+def test_claim_of_two_timers_side_by_side_takes_each_row_once(impatient, db, other, now):
     jobs = [add_job(db, run_at=now - secs(i)) for i in range(1, 6)]
-    theirs = JobStore.on(other).claim_due(3, now=now)  # not committed yet
-    ours = JobStore.on(impatient).claim_due(10, now=now)
+    theirs = claim(JobStore.on(other), 3, now)  # not committed yet
+    ours = claim(JobStore.on(impatient), 10, now)
     other.commit()
     assert len(theirs) == 3 and len(ours) == 2
     assert sorted(_ids(theirs) + _ids(ours)) == sorted(jobs)
@@ -105,7 +107,7 @@ def test_undo_dispatch_puts_refused_jobs_back_with_the_reason_after_a_backoff(
         job_store, db, now):
     scheduled = add_job(db, run_at=now - secs(5))
     retrying = add_job(db, run_at=now - secs(5), state="retrying", attempt=1)
-    assert _ids(job_store.claim_due(10, now=now)) == sorted([scheduled, retrying])
+    assert _ids(claim(job_store, 10, now)) == sorted([scheduled, retrying])
     failures = job_store.undo_dispatch([Refused(scheduled, JobState.SCHEDULED, "queue missing"),
                                         Refused(retrying, JobState.RETRYING, "throttled")],
                                        now=now + secs(1), **BACKOFF)
@@ -117,14 +119,14 @@ def test_undo_dispatch_puts_refused_jobs_back_with_the_reason_after_a_backoff(
                 row["dispatch_failures"], row["updated_at"]) == (
             state, None, None, error, 1, now + secs(1))
         assert row["run_at"] == now + secs(3), "due again after base * 2^0"
-    assert job_store.claim_due(10, now=now + secs(2)) == [], "waiting out the backoff"
+    assert claim(job_store, 10, now + secs(2)) == [], "waiting out the backoff"
 
 
 def test_undo_dispatch_backs_off_per_failure_in_a_row_up_to_the_cap(job_store, db, now):
     job = add_job(db, run_at=now - secs(5))
     t = now
     for failures, delay in ((1, 2), (2, 4), (3, 8), (4, 10), (5, 10)):
-        assert _ids(job_store.claim_due(10, now=t)) == [job]
+        assert _ids(claim(job_store, 10, t)) == [job]
         assert job_store.undo_dispatch([Refused(job, JobState.SCHEDULED, "refused")],
                                        now=t, **BACKOFF) == {job: failures}
         row = job_row(db, job)

@@ -1,0 +1,177 @@
+"""Fair share between tenants: tenant A has `fair_backlog` jobs overdue, tenant B then
+enqueues 100 due jobs. B's due-to-dispatch p99 against B's with no backlog at all, and A's
+dispatch rate while B is served against A's rate just before.
+
+SQS is replaced by a sink that takes every message: this phase measures the timer's
+claim, the part fair share changes; the path through SQS and the consumers is measured by
+the end-to-end phases. (Fair share is decided at dispatch: once in SQS, messages go in
+SQS order; README, Fair share between tenants.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from bench import noop_tasks, waiting
+from bench.pipeline import Context
+from bench.stats import percentiles, rate
+from shared.runtime.settings import TimerSettings
+from shared.transport.base import EntryFailure, Received
+from timer_service.service import Timer
+
+SMALL = 100
+"""Tenant B's jobs."""
+
+INSERT = """
+INSERT INTO tock_jobs (kind, queue, payload, tenant, run_at)
+SELECT %(kind)s, 'default', '{}', %(tenant)s,
+       coalesce(%(at)s::timestamptz, now() - interval '1 hour')
+       + make_interval(secs => g * 0.000001)
+FROM generate_series(1, %(n)s) AS g
+"""
+
+DISPATCHED = """
+SELECT count(*) FROM tock_jobs WHERE tenant = %(tenant)s AND state = 'dispatched'
+"""
+
+LAGS = """
+SELECT extract(epoch FROM dispatched_at - run_at)::float8 FROM tock_jobs
+WHERE tenant = 'B' AND state = 'dispatched'
+"""
+
+# A's rate over a window of its dispatches: from the timestamps Postgres wrote.
+A_WINDOW = """
+SELECT count(*), extract(epoch FROM max(dispatched_at) - min(dispatched_at))::float8
+FROM tock_jobs WHERE tenant = 'A' AND state = 'dispatched'
+  AND dispatched_at >= %(since)s AND dispatched_at < %(until)s
+"""
+
+DB_NOW = "SELECT now()"
+TARGET_LAG_RATIO = 2.0
+TARGET_RATE_RATIO = 0.9
+
+
+class Sink:
+    """A transport that takes every message and keeps none."""
+
+    def send_batch(self, queue: str, entries: list[tuple[str, str]]) -> list[EntryFailure]:
+        return []
+
+    def receive(self, queue: str, max_messages: int, wait_seconds: int,
+                visibility_timeout: int) -> list[Received]:
+        return []
+
+    def delete_batch(self, queue: str, receipts: list[str]) -> list[EntryFailure]:
+        return []
+
+    def change_visibility_batch(self, queue: str, receipts: list[str],
+                                visibility_timeout: int) -> list[EntryFailure]:
+        return []
+
+    def check(self, queue: str) -> None:
+        return None
+
+    def depth(self, queue: str) -> int:
+        return 0
+
+
+def fairness(ctx: Context) -> None:
+    backlog = ctx.profile.fair_backlog
+    alone = _small_tenant_alone(ctx)
+    ctx.progress.say(f"  B alone: due-to-dispatch p99 {alone['p99_ms']:.1f} ms")
+    url = ctx.services.fresh_database("bench_fair")
+    started = time.monotonic()
+    _insert(url, backlog, "A")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE tock_jobs")
+    ctx.progress.say(f"  {backlog:,} jobs of tenant A overdue "
+                     f"({time.monotonic() - started:.0f} s to insert)")
+    window = ctx.profile.fair_window
+    with _running_timer(url):
+        waiting.until(url, DISPATCHED, lambda v: v >= window, params={"tenant": "A"},
+                      timeout=600, what=f"A's first {window:,} dispatched")
+        before_from = waiting.scalar(url, DB_NOW)
+        waiting.until(url, DISPATCHED, lambda v: v >= 2 * window, params={"tenant": "A"},
+                      timeout=600, what=f"A's next {window:,} dispatched")
+        b_due = waiting.scalar(url, "SELECT now() + interval '200 milliseconds'")
+        _insert(url, SMALL, "B", at=b_due)
+        waiting.until(url, DISPATCHED, lambda v: v >= SMALL, params={"tenant": "B"},
+                      timeout=120, what="B's jobs dispatched")
+        waiting.until(url, DISPATCHED, lambda v: v >= 3 * window, params={"tenant": "A"},
+                      timeout=600, what=f"A's {window:,} after B's")
+    with psycopg.connect(url, autocommit=True) as conn:
+        lags = [r[0] for r in conn.execute(LAGS).fetchall()]
+        a_before = _a_rate(conn, before_from, b_due)
+        a_during = _a_rate(conn, b_due, None)
+    with_backlog = percentiles(lags)
+    ctx.results.series["fairness"] = {
+        "backlog": backlog, "window": window, "b_alone": alone,
+        "b_with_backlog": with_backlog, "a_rate_before": a_before, "a_rate_during": a_during}
+    r = ctx.results
+    r.raw("fair.b_alone.p99", "fairness",
+          f"tenant B ({SMALL} due jobs), nothing else due: due-to-dispatch p99",
+          alone["p99_ms"], "ms")
+    r.raw("fair.b_backlog.p99", "fairness",
+          f"tenant B ({SMALL} due jobs) behind {backlog:,} overdue of tenant A: "
+          "due-to-dispatch p99", with_backlog["p99_ms"], "ms")
+    fig = r.raw("fair.b_lag_ratio", "fairness",
+                "B's p99 with A's backlog / B's p99 alone", _ratio(with_backlog, alone), "x")
+    fig.target, fig.met = f"<= {TARGET_LAG_RATIO:.0f}x", fig.value <= TARGET_LAG_RATIO
+    r.ratio("fair.a_rate_before", "fairness", "tenant A's dispatch rate before B's jobs",
+            a_before, "jobs/s", "raw.pg.claim_b100",
+            note=f"{window:,} jobs; the timer's claim and commit, SQS a sink")
+    r.ratio("fair.a_rate_during", "fairness",
+            f"tenant A's dispatch rate from B's arrival on ({window:,} jobs)", a_during,
+            "jobs/s", "fair.a_rate_before", minimum=TARGET_RATE_RATIO)
+    ctx.progress.say(f"  B behind {backlog:,}: p99 {with_backlog['p99_ms']:.1f} ms; A "
+                     f"{a_before:,.0f} -> {a_during:,.0f} jobs/s")
+
+
+def _small_tenant_alone(ctx: Context) -> dict[str, float]:
+    url = ctx.services.fresh_database("bench_fair_alone")
+    with _running_timer(url):
+        time.sleep(0.5)  # let the timer settle into its idle wait, as in the backlog run
+        b_due = waiting.scalar(url, "SELECT now() + interval '200 milliseconds'")
+        _insert(url, SMALL, "B", at=b_due)
+        waiting.until(url, DISPATCHED, lambda v: v >= SMALL, params={"tenant": "B"},
+                      timeout=60, what="B's jobs dispatched")
+    with psycopg.connect(url, autocommit=True) as conn:
+        return percentiles([r[0] for r in conn.execute(LAGS).fetchall()])
+
+
+class _running_timer:
+    """A real Timer (all its loops) on a thread, sending into the sink."""
+
+    def __init__(self, url: str) -> None:
+        # Nothing reaches a consumer here: the lost-message check must not re-send.
+        settings = TimerSettings(database_url=url, queue_prefix="fair-",
+                                 dispatch_timeout_seconds=3600)
+        self.timer = Timer(settings, Sink())
+        self.thread = threading.Thread(target=self.timer.run_forever, daemon=True)
+
+    def __enter__(self) -> Timer:
+        self.thread.start()
+        return self.timer
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.stop_flag.set()
+        self.thread.join(timeout=30)
+
+
+def _insert(url: str, n: int, tenant: str, *, at: Any = None) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(INSERT, {"kind": noop_tasks.KIND, "tenant": tenant, "n": n, "at": at})
+
+
+def _a_rate(conn: psycopg.Connection[Any], since: Any, until: Any) -> float:
+    row = conn.execute(A_WINDOW, {"since": since,
+                                  "until": until or "infinity"}).fetchone()
+    assert row is not None
+    return rate(row[0], row[1] or 0.0)
+
+
+def _ratio(a: dict[str, float], b: dict[str, float]) -> float:
+    return a["p99_ms"] / b["p99_ms"] if b["p99_ms"] > 0 else float("inf")

@@ -1,0 +1,120 @@
+"""`tock limits [list] | set SCOPE KEY [--max-running N] [--rate R [--per S] [--burst B]]
+| remove SCOPE KEY`: fleet-wide concurrency and rate limits on a kind or a tenant. SCOPE is
+`kind` or `tenant`; `--no-tenant` in place of KEY addresses the jobs without a tenant.
+A change applies from the timers' next pass."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli import connect
+from cli.arguments import Sub, add_common
+from cli.output import print_json, print_table
+from shared.core.errors import InvalidInput
+from shared.core.limits import SCOPES
+from shared.core.reports import LimitInfo
+
+EXIT_OK = 0
+NO_TENANT_LABEL = "(no tenant)"
+
+
+def _key(args: argparse.Namespace) -> str | None:
+    if args.no_tenant:
+        if args.scope != "tenant" or args.key is not None:
+            raise InvalidInput("--no-tenant goes with the scope tenant and no KEY")
+        return None
+    if args.key is None:
+        raise InvalidInput(f"say which {args.scope}: give a KEY"
+                           + (" or --no-tenant" if args.scope == "tenant" else ""))
+    return str(args.key)
+
+
+def _label(limit: LimitInfo) -> str:
+    return NO_TENANT_LABEL if limit.scope == "tenant" and not limit.key else limit.key
+
+
+def _row(limit: LimitInfo) -> list[object]:
+    running = "-" if limit.max_running is None else f"{limit.in_flight}/{limit.max_running}"
+    rate = "-" if limit.rate_per_second is None else f"{limit.rate_per_second:g}/s"
+    tokens = "-" if limit.tokens is None else f"{limit.tokens:.1f}/{limit.burst}"
+    return [limit.scope, _label(limit), running, rate, tokens, limit.waiting]
+
+
+def _list(args: argparse.Namespace) -> int:
+    with connect.client(args) as client:
+        found = client.limits()
+    if args.json:
+        print_json(found)
+        return EXIT_OK
+    if not found:
+        print("no limits: every kind and tenant dispatches as fast as the timers go")
+        return EXIT_OK
+    print_table(["scope", "key", "running/max", "rate", "tokens", "waiting"],
+                [_row(limit) for limit in found])
+    return EXIT_OK
+
+
+def _set(args: argparse.Namespace) -> int:
+    with connect.client(args) as client:
+        limit = client.set_limit(args.scope, _key(args), max_running=args.max_running,
+                                 rate=args.rate, per=args.per, burst=args.burst)
+    if args.json:
+        print_json(limit)
+        return EXIT_OK
+    print_table(["scope", "key", "running/max", "rate", "tokens", "waiting"], [_row(limit)])
+    return EXIT_OK
+
+
+def _remove(args: argparse.Namespace) -> int:
+    with connect.client(args) as client:
+        removed = client.remove_limit(args.scope, _key(args))
+    name = NO_TENANT_LABEL if args.no_tenant else args.key
+    print(f"{args.scope} {name}: limit removed" if removed
+          else f"{args.scope} {name}: had no limit")
+    return EXIT_OK
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def add_parser(sub: Sub) -> None:
+    """Register `tock limits ...`."""
+    p = sub.add_parser("limits", help="concurrency and rate limits per kind or tenant",
+                       description="At most N jobs of a kind or tenant dispatched or "
+                                   "running at once across the fleet, and/or at most R "
+                                   "dispatches per S seconds. Jobs over a limit wait in "
+                                   "Postgres.")
+    add_common(p)
+    p.set_defaults(func=_list)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    a = actions.add_parser("list", help="every limit with its use and the jobs waiting")
+    add_common(a)
+    a.set_defaults(func=_list)
+    for name, text, func in (("set", "create or replace a limit", _set),
+                             ("remove", "drop a limit", _remove)):
+        a = actions.add_parser(name, help=text)
+        a.add_argument("scope", choices=SCOPES)
+        a.add_argument("key", nargs="?", metavar="KEY", help="the kind or the tenant")
+        a.add_argument("--no-tenant", action="store_true",
+                       help="(scope tenant) the jobs enqueued without a tenant")
+        if name == "set":
+            a.add_argument("--max-running", type=_integer, metavar="N",
+                           help="jobs dispatched or running at once (0 holds them all)")
+            a.add_argument("--rate", type=_number, metavar="R", help="dispatches per --per")
+            a.add_argument("--per", type=_number, default=1.0, metavar="SECONDS",
+                           help="the rate's period (default 1 s)")
+            a.add_argument("--burst", type=_integer, metavar="B",
+                           help="tokens the bucket holds (default: one second's worth)")
+        add_common(a, json_flag=name == "set")
+        a.set_defaults(func=func)

@@ -1,0 +1,68 @@
+"""Limits in the API: every concurrency and rate limit with its use (any role); setting
+and removing one (operator role). A change applies from the timers' next pass."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from dashboard import models
+from dashboard.api import ERRORS, Operator, Viewer
+from shared.client import Client
+from shared.runtime.logs import emit
+
+log = logging.getLogger("tock.dashboard")
+
+router = APIRouter(prefix="/api/limits", responses=ERRORS, tags=["limits"])
+Scope = Annotated[str, Field(pattern="^(kind|tenant)$", description="kind or tenant")]
+
+
+class LimitIn(models.StrictIn):
+    scope: Scope
+    key: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        description="the kind or tenant; null (scope tenant): the jobs without a tenant")
+    max_running: models.WholeNumber | None = Field(
+        default=None, description="0..1,000,000 jobs dispatched or running at once")
+    rate: models.PositiveNumber | None = Field(default=None,
+                                               description="dispatches per `per` seconds")
+    per: models.PositiveNumber = Field(default=1.0, description="the rate's period, s")
+    burst: models.WholeNumber | None = Field(
+        default=None, description="tokens the bucket holds (default: a second's worth)")
+
+
+def _client(request: Request) -> Client:
+    c: Client = request.app.state.client
+    return c
+
+
+@router.get("", response_model=list[models.LimitOut], summary="Every limit with its use")
+def list_limits(who: Viewer, request: Request) -> list[models.LimitOut]:
+    return [models.LimitOut.of(limit) for limit in _client(request).limits()]
+
+
+@router.put("", response_model=models.LimitOut, summary="Create or replace a limit")
+def set_limit(body: LimitIn, who: Operator, request: Request) -> models.LimitOut:
+    limit = _client(request).set_limit(body.scope, body.key, max_running=body.max_running,
+                                       rate=body.rate, per=body.per, burst=body.burst)
+    emit(log, "limit_set", scope=limit.scope, key=limit.key, max_running=limit.max_running,
+         rate_per_second=limit.rate_per_second, burst=limit.burst, role=who.role)
+    return models.LimitOut.of(limit)
+
+
+class RemovedOut(BaseModel):
+    removed: bool
+
+
+@router.delete("", response_model=RemovedOut, summary="Remove a limit")
+def remove_limit(who: Operator, request: Request,
+                 scope: Annotated[str, Query(pattern="^(kind|tenant)$")],
+                 key: Annotated[str | None, Query(min_length=1, max_length=128,
+                                                  description="omit with scope tenant: "
+                                                              "the jobs without one")] = None
+                 ) -> RemovedOut:
+    removed = _client(request).remove_limit(scope, key)
+    emit(log, "limit_removed", scope=scope, key=key, removed=removed, role=who.role)
+    return RemovedOut(removed=removed)

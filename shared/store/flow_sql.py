@@ -1,0 +1,193 @@
+"""The timer's claim with flow control: fair share between tenants, concurrency limits and
+rate limits, and the tables that configure them (tock_tenant_weights, tock_limits).
+
+Within a priority level the claim walks the (kind, tenant) pairs with due work through
+`tock_jobs_fair_idx` (priority, kind, coalesce(tenant, ''), run_at, id): a loose index scan
+of the kinds, and inside each kind one of its tenants, one probe per step, every probe
+stopping at the first matching row, so a million far-future or same-tenant rows cost
+nothing. Kinds and tenants at a limit are left out of the walk. The caller shares the
+batch out (timer_service.fair_share) and claims each pair's oldest rows, SKIP LOCKED, so
+any number of timers claim side by side and each row goes to exactly one of them. Jobs
+without a tenant are the tenant ''.
+"""
+
+from shared.store.jobs_sql import NOW
+
+_DUE = "j.state IN ('scheduled', 'retrying')"
+TENANT_KEY = "coalesce(j.tenant, '')"
+IN_FLIGHT = "j.state IN ('dispatched', 'running')"
+"""A job holds a concurrency slot from its dispatch until its outcome (or its rescue)."""
+
+# Levels with something due, highest first: one probe of tock_jobs_due_idx each.
+DUE_LEVELS = f"""
+SELECT p.level FROM generate_series(9, 0, -1) AS p(level)
+WHERE EXISTS (SELECT 1 FROM tock_jobs j
+              WHERE {_DUE} AND j.priority = p.level AND j.run_at <= {NOW})
+ORDER BY p.level DESC
+"""
+
+
+def _due_pairs(bound: str) -> str:
+    """(kind, tenant, weight) with due jobs at one level: kinds not in %(skip_kinds)s, in
+    each at most %(per_kind)s tenants, in key order from `bound` %(after)s, not in
+    %(skip_tenants)s."""
+    return f"""
+WITH RECURSIVE kinds(kind) AS (
+    (SELECT j.kind FROM tock_jobs j WHERE {_DUE} AND j.priority = %(level)s
+     ORDER BY j.kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.kind FROM tock_jobs j
+            WHERE {_DUE} AND j.priority = %(level)s AND j.kind > kinds.kind
+            ORDER BY j.kind LIMIT 1)
+    FROM kinds WHERE kinds.kind IS NOT NULL
+)
+SELECT k.kind, t.tk, coalesce(w.weight, 1)
+FROM kinds k
+CROSS JOIN LATERAL (
+    WITH RECURSIVE t(tk) AS (
+        (SELECT {TENANT_KEY} FROM tock_jobs j
+         WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind
+           AND {TENANT_KEY} {bound} %(after)s
+         ORDER BY {TENANT_KEY} LIMIT 1)
+        UNION ALL
+        SELECT (SELECT {TENANT_KEY} FROM tock_jobs j
+                WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind
+                  AND {TENANT_KEY} > t.tk
+                ORDER BY {TENANT_KEY} LIMIT 1)
+        FROM t WHERE t.tk IS NOT NULL
+    )
+    SELECT t.tk FROM t
+    WHERE t.tk IS NOT NULL AND t.tk <> ALL(%(skip_tenants)s::text[]) AND EXISTS (
+        SELECT 1 FROM tock_jobs j
+        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind AND {TENANT_KEY} = t.tk
+          AND j.run_at <= {NOW})
+    LIMIT %(per_kind)s
+) t
+LEFT JOIN tock_tenant_weights w ON w.tenant = t.tk
+WHERE k.kind IS NOT NULL AND k.kind <> ALL(%(skip_kinds)s::text[])
+ORDER BY k.kind, t.tk
+"""
+
+
+DUE_PAIRS_FROM = _due_pairs(">=")
+DUE_PAIRS_AFTER = _due_pairs(">")
+
+# Up to each pair's quota of its oldest due jobs at one level (SKIP LOCKED, as above).
+CLAIM_PAIRS = f"""
+WITH due AS (
+    SELECT d.id, d.state AS prev_state, q.tk
+    FROM unnest(%(kinds)s::text[], %(tenants)s::text[], %(quotas)s::int[]) AS q(kind, tk, n)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state FROM tock_jobs j
+        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = q.kind AND {TENANT_KEY} = q.tk
+          AND j.run_at <= {NOW}
+        ORDER BY j.run_at, j.id
+        LIMIT q.n
+        FOR UPDATE SKIP LOCKED
+    ) d
+)
+UPDATE tock_jobs j
+SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {NOW},
+    updated_at = {NOW}
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
+          extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds, due.tk
+"""
+
+# --- limits ------------------------------------------------------------------------------------
+# A limit's room: concurrency slots left (max_running - jobs dispatched or running) and
+# rate tokens (refilled by elapsed time, up to burst). Only one timer at a time claims
+# for a limit: its transaction-level advisory lock, tried (never waited for), is held
+# until the claim commits after the send, so the count it read stays true meanwhile.
+# A limit whose lock another timer holds has no room for this pass. The transaction must
+# be READ COMMITTED (the default), so that the count sees the last holder's commit.
+_KIND_IN_FLIGHT = f"""(SELECT count(*) FROM tock_jobs j
+                       WHERE {IN_FLIGHT} AND j.kind = l.key)"""
+# Tenants' in-flight counts: a loose scan of the kinds in tock_jobs_in_flight_idx, then
+# one range per (kind, tenant), so the cost follows the slots held, not the table.
+_TENANT_IN_FLIGHT = f"""(
+    WITH RECURSIVE k(kind) AS (
+        (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} ORDER BY j.kind LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} AND j.kind > k.kind
+                ORDER BY j.kind LIMIT 1)
+        FROM k WHERE k.kind IS NOT NULL
+    )
+    SELECT coalesce(sum((SELECT count(*) FROM tock_jobs j
+                         WHERE {IN_FLIGHT} AND j.kind = k.kind AND {TENANT_KEY} = l.key)),
+                    0)::bigint
+    FROM k WHERE k.kind IS NOT NULL)"""
+
+_IN_FLIGHT_OF = f"""CASE WHEN l.scope = 'kind' THEN {_KIND_IN_FLIGHT}
+                         ELSE {_TENANT_IN_FLIGHT} END"""
+
+_TOKENS_NOW = f"""CASE WHEN l.rate IS NULL THEN NULL
+    ELSE least(l.burst::float8, l.tokens + l.rate
+               * greatest(extract(epoch FROM {NOW} - l.refilled_at), 0)) END"""
+
+# Two statements, not one: READ COMMITTED takes a statement's snapshot when it starts, so a
+# count in the statement that takes the lock could miss what the lock's last holder
+# committed just before letting go.
+LOCK_LIMITS = """
+SELECT l.scope, l.key,
+       pg_try_advisory_xact_lock(hashtext('tock_limit'), hashtext(l.scope || ':' || l.key))
+FROM tock_limits l
+"""
+
+LIMIT_ROOM = f"""
+SELECT l.scope, l.key, l.max_running,
+       CASE WHEN l.max_running IS NOT NULL THEN {_IN_FLIGHT_OF} END, {_TOKENS_NOW}, l.rate
+FROM tock_limits l
+JOIN unnest(%(scopes)s::text[], %(keys)s::text[]) AS m(scope, key)
+  ON m.scope = l.scope AND m.key = l.key
+"""
+
+# Tokens spent by the jobs just claimed, in the claiming transaction.
+TAKE_TOKENS = f"""
+UPDATE tock_limits l
+SET tokens = {_TOKENS_NOW} - t.n, refilled_at = {NOW}
+FROM unnest(%(scopes)s::text[], %(keys)s::text[], %(counts)s::int[]) AS t(scope, key, n)
+WHERE l.scope = t.scope AND l.key = t.key AND l.rate IS NOT NULL
+"""
+
+SET_LIMIT = f"""
+INSERT INTO tock_limits AS l (scope, key, max_running, rate, burst, tokens, refilled_at)
+VALUES (%(scope)s, %(key)s, %(max_running)s, %(rate)s, %(burst)s,
+        coalesce(%(burst)s, 0), {NOW})
+ON CONFLICT (scope, key) DO UPDATE
+SET max_running = EXCLUDED.max_running, rate = EXCLUDED.rate, burst = EXCLUDED.burst,
+    tokens = least(coalesce(EXCLUDED.burst, 0),
+                   CASE WHEN l.rate IS NULL THEN coalesce(EXCLUDED.burst, 0)
+                        ELSE {_TOKENS_NOW} END),
+    refilled_at = {NOW}, updated_at = {NOW}
+"""
+
+DELETE_LIMIT = "DELETE FROM tock_limits WHERE scope = %(scope)s AND key = %(key)s RETURNING 1"
+
+LIMITS = f"""
+SELECT l.scope, l.key, l.max_running, l.rate, l.burst,
+       CASE WHEN l.max_running IS NULL THEN NULL ELSE {_IN_FLIGHT_OF} END,
+       {_TOKENS_NOW},
+       CASE WHEN l.scope = 'kind'
+            THEN (SELECT count(*) FROM tock_jobs j
+                  WHERE j.state IN ('scheduled', 'retrying') AND j.kind = l.key
+                    AND j.run_at <= {NOW})
+            ELSE (SELECT count(*) FROM tock_jobs j
+                  WHERE j.state IN ('scheduled', 'retrying') AND {TENANT_KEY} = l.key
+                    AND j.run_at <= {NOW}) END
+FROM tock_limits l
+WHERE %(scope)s::text IS NULL OR (l.scope = %(scope)s AND l.key = %(key)s)
+ORDER BY l.scope, l.key
+"""
+
+# --- tenant weights ----------------------------------------------------------------------------
+
+SET_TENANT_WEIGHT = """
+INSERT INTO tock_tenant_weights (tenant, weight) VALUES (%(tenant)s, %(weight)s)
+ON CONFLICT (tenant) DO UPDATE SET weight = EXCLUDED.weight, updated_at = now()
+"""
+
+DELETE_TENANT_WEIGHT = "DELETE FROM tock_tenant_weights WHERE tenant = %(tenant)s RETURNING 1"
+
+TENANT_WEIGHTS = "SELECT tenant, weight FROM tock_tenant_weights ORDER BY tenant"

@@ -1,0 +1,95 @@
+"""`FlowStore`: the timer's claim with fair share and limits, and the tables that set
+them (shared.store.flow_sql). Use it on the dispatcher's transaction (`sibling`), so the
+limits' locks last until the claim commits after the send."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from shared.core.reports import LimitInfo
+from shared.core.states import JobState
+from shared.store import flow_sql as sql
+from shared.store.base import Store
+from shared.store.rows import DueJob, LimitRoom
+
+
+class FlowStore(Store):
+    # --- the claim ----------------------------------------------------------------------
+
+    def due_levels(self, now: datetime | None = None) -> list[int]:
+        """Priority levels with a due job, highest first."""
+        return [r[0] for r in self._rows(sql.DUE_LEVELS, {"now": now})]
+
+    def due_pairs(self, level: int, per_kind: int, *, after: str | None = None,
+                  skip_kinds: Sequence[str] = (), skip_tenants: Sequence[str] = (),
+                  now: datetime | None = None) -> list[tuple[str, str, int]]:
+        """(kind, tenant, weight) with due jobs at `level`: in each kind not skipped, up to
+        `per_kind` tenants not skipped, in key order after `after` (from the first when
+        None). '' is the tenant of tenantless jobs."""
+        statement = sql.DUE_PAIRS_FROM if after is None else sql.DUE_PAIRS_AFTER
+        rows = self._rows(statement, {
+            "level": level, "per_kind": per_kind, "after": after or "",
+            "skip_kinds": list(skip_kinds), "skip_tenants": list(skip_tenants), "now": now})
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def claim_pairs(self, level: int, quotas: Sequence[tuple[str, str, int]],
+                    now: datetime | None = None) -> list[DueJob]:
+        """Claim up to each (kind, tenant)'s quota of its oldest due jobs at `level`
+        (dispatched, fresh tokens, SKIP LOCKED)."""
+        rows = self._rows(sql.CLAIM_PAIRS, {
+            "level": level, "kinds": [q[0] for q in quotas], "tenants": [q[1] for q in quotas],
+            "quotas": [q[2] for q in quotas], "now": now})
+        return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6]) for r in rows]
+
+    def limit_rooms(self, now: datetime | None = None) -> list[LimitRoom]:
+        """Every limit's room for this claim. Takes each limit's lock for the rest of the
+        transaction when it is free; a limit another timer holds has no room."""
+        locks = self._rows(sql.LOCK_LIMITS)
+        mine = [(r[0], r[1]) for r in locks if r[2]]
+        rooms = [LimitRoom(r[0], r[1], None, None, None, None, False) for r in locks
+                 if not r[2]]
+        if mine:
+            rows = self._rows(sql.LIMIT_ROOM, {"scopes": [m[0] for m in mine],
+                                               "keys": [m[1] for m in mine], "now": now})
+            rooms += [LimitRoom(r[0], r[1], r[2], r[3], r[4], r[5], True) for r in rows]
+        return rooms
+
+    def take_tokens(self, spent: Sequence[tuple[str, str, int]],
+                    now: datetime | None = None) -> None:
+        """Spend rate tokens: (scope, key, jobs claimed) for the rate-limited ones."""
+        if spent:
+            self._run(sql.TAKE_TOKENS, {"scopes": [s[0] for s in spent],
+                                        "keys": [s[1] for s in spent],
+                                        "counts": [s[2] for s in spent], "now": now})
+
+    # --- configuration ------------------------------------------------------------------
+
+    def set_limit(self, scope: str, key: str, *, max_running: int | None,
+                  rate_per_second: float | None, burst: int | None,
+                  now: datetime | None = None) -> None:
+        """Create or replace the limit of one kind or tenant. Rate tokens carried over,
+        up to the new burst."""
+        self._run(sql.SET_LIMIT, {"scope": scope, "key": key, "max_running": max_running,
+                                  "rate": rate_per_second, "burst": burst, "now": now})
+
+    def remove_limit(self, scope: str, key: str) -> bool:
+        return self._one(sql.DELETE_LIMIT, {"scope": scope, "key": key}) is not None
+
+    def limits(self, scope: str | None = None, key: str | None = None,
+               now: datetime | None = None) -> list[LimitInfo]:
+        """Every limit (or the one of `scope`/`key`) with its slots in use, tokens and
+        due jobs waiting."""
+        rows = self._rows(sql.LIMITS, {"scope": scope, "key": key, "now": now})
+        return [LimitInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+
+    def set_tenant_weight(self, tenant: str, weight: int) -> None:
+        """A tenant's share of each batch relative to the others (default 1)."""
+        self._run(sql.SET_TENANT_WEIGHT, {"tenant": tenant, "weight": weight})
+
+    def reset_tenant_weight(self, tenant: str) -> bool:
+        """Back to the default weight of 1; False if it had none set."""
+        return self._one(sql.DELETE_TENANT_WEIGHT, {"tenant": tenant}) is not None
+
+    def tenant_weights(self) -> dict[str, int]:
+        return {r[0]: r[1] for r in self._rows(sql.TENANT_WEIGHTS)}

@@ -1,0 +1,73 @@
+"""End to end: `python -m consumer --isolation process` kills a handler that hangs past
+its timeout, replaces its process, and the job's retry succeeds in the new one; the
+consumer then drains on SIGTERM and exits 0 with no handler process left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from shared.core.states import AttemptOutcome, JobState
+from tests.support.e2e_tasks import DDL
+from tests.support.processes import Processes, process_env
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def procs(database_url, queue_prefix, transport, sqs_server, db, tmp_path):
+    db.execute(DDL)
+    p = Processes(process_env(database_url, queue_prefix, sqs_server.env(),
+                              lease_seconds="3", heartbeat_seconds="1",
+                              visibility_timeout_seconds="5", receive_wait_seconds="1",
+                              backoff_base_seconds="0.2", backoff_cap_seconds="0.5",
+                              shutdown_grace_seconds="2", kill_grace_seconds="0.5"), tmp_path)
+    yield p
+    p.stop_all()
+
+
+def test_a_handler_hanging_past_its_timeout_is_killed_and_retried(procs, client, db,
+                                                                  tmp_path):
+    procs.timer("timer")
+    consumer = procs.consumer("consumer", "--isolation", "process", "--concurrency", "2")
+    job = client.schedule("hang_first", timeout=1, max_attempts=3)
+    try:
+        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
+                 message="the retry succeeded in a fresh handler process")
+    except AssertionError:
+        print(procs.logs())
+        raise
+    final = client.get(job.id, with_attempts=True)
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT,
+                                                   AttemptOutcome.SUCCEEDED]
+    assert "handler process killed (SIGKILL)" in (final.attempts[0].error or "")
+    runs = db.execute("SELECT attempt, pid FROM e2e_runs WHERE job_id = %s ORDER BY at",
+                      (job.id,)).fetchall()
+    assert [r[0] for r in runs] == [1, 2]
+    assert consumer.pid not in {r[1] for r in runs}, "handlers ran in child processes"
+    assert not psutil.pid_exists(runs[0][1]) or \
+        psutil.Process(runs[0][1]).status() == psutil.STATUS_ZOMBIE, "the hung child is gone"
+    children = psutil.Process(consumer.pid).children(recursive=True)
+    assert procs.terminate("consumer") == 0
+    wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+                             for c in children), timeout=10, message="no child left behind")
+    events = [json.loads(line).get("event") for line in
+              (tmp_path / "consumer.log").read_text().splitlines() if line.startswith("{")]
+    assert "handler_process_killed" in events and "consumer_stopped" in events
+
+
+def test_a_consumer_whose_handler_processes_cannot_start_exits_2(database_url, queue_prefix,
+                                                                 sqs_server):
+    env = process_env(database_url, queue_prefix, sqs_server.env())
+    done = subprocess.run([sys.executable, "-m", "consumer", "--tasks",
+                           "tests.support.parent_only_tasks", "--isolation", "process"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "a handler process could not start: cannot import task module: ImportError" \
+        in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,43 @@
+"""`tock limits`: concurrency and rate limits set, listed and removed from the command
+line, and bad ones refused with the reason, against a real Postgres."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_set_list_and_remove(tock, db):
+    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload, tenant)
+                  SELECT 'email', s::tock_job_state, now() - interval '1 minute', '{}', NULL
+                  FROM unnest(ARRAY['running', 'scheduled', 'scheduled']) s""")
+    code, out, _ = tock("limits", "set", "kind", "email", "--max-running", "5")
+    assert code == 0 and out.splitlines()[1].split() == ["kind", "email", "1/5", "-", "-", "2"]
+    code, out, _ = tock("limits", "set", "tenant", "--no-tenant", "--rate", "100", "--per",
+                        "60", "--json")
+    limit = json.loads(out)
+    assert (limit["scope"], limit["key"], limit["burst"]) == ("tenant", "", 2)
+    assert abs(limit["rate_per_second"] - 100 / 60) < 1e-9
+    code, out, _ = tock("limits")
+    lines = out.splitlines()
+    assert lines[0].split() == ["SCOPE", "KEY", "RUNNING/MAX", "RATE", "TOKENS", "WAITING"]
+    assert lines[2].split()[:4] == ["tenant", "(no", "tenant)", "-"]
+    assert tock("limits", "remove", "kind", "email")[1] == "kind email: limit removed\n"
+    assert tock("limits", "remove", "kind", "email")[1] == "kind email: had no limit\n"
+    assert tock("limits", "remove", "tenant", "--no-tenant")[0] == 0
+    assert "no limits" in tock("limits", "list")[1]
+
+
+def test_bad_limits_are_refused_with_the_reason(tock):
+    for argv, says in (
+            (["kind", "email"], "give max_running, a rate, or both"),
+            (["kind", "email", "--max-running", "-1"], "max_running must be between 0"),
+            (["kind", "email", "--burst", "3"], "burst needs a rate"),
+            (["kind", "email", "--rate", "0"], "rate must be > 0"),
+            (["kind", "email", "--rate", "5", "--per", "0"], "per must be > 0 s"),
+            (["kind", "bad kind!", "--max-running", "1"], "is not a valid kind"),
+            (["kind", "--no-tenant", "--max-running", "1"], "--no-tenant goes with"),
+            (["tenant", "--max-running", "1"], "give a KEY or --no-tenant"),
+            (["queue", "x", "--max-running", "1"], "invalid choice: 'queue'"),
+            (["kind", "email", "--max-running", "many"], "'many' is not an integer")):
+        code, _, err = tock("limits", "set", *argv)
+        assert code == 2 and says in err, (argv, err)

@@ -1,0 +1,42 @@
+"""`tock tenants`: weights set and reset from the command line, and each tenant's
+unfinished work, against a real Postgres."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_weights_set_list_and_reset(tock, db):
+    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload, tenant)
+                  SELECT 'k', 'scheduled', now() - interval '1 minute', '{}', t
+                  FROM unnest(ARRAY['acme', 'acme', NULL]) t""")
+    assert tock("tenants", "weight", "acme", "5")[:2] == (0, "acme: weight 5\n")
+    code, out, _ = tock("tenants", "weight", "--no-tenant", "2")
+    assert code == 0 and out == "(no tenant): weight 2\n"
+    code, out, _ = tock("tenants", "weight", "idle", "3")
+    code, out, _ = tock("tenants", "--json")
+    rows = {t["tenant"]: t for t in json.loads(out)}
+    assert (rows["acme"]["weight"], rows["acme"]["due"]) == (5, 2)
+    assert (rows[None]["weight"], rows[None]["due"]) == (2, 1)
+    assert (rows["idle"]["weight"], rows["idle"]["due"]) == (3, 0), "a weight with no jobs"
+    code, out, _ = tock("tenants", "list")
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["TENANT", "WEIGHT", "DUE"]
+    assert lines[1].split()[:3] == ["acme", "5", "2"], "busiest first"
+    assert tock("tenants", "reset", "acme")[1] == "acme: weight 1 (the default)\n"
+    assert "had no weight set" in tock("tenants", "reset", "acme")[1]
+
+
+def test_bad_weights_and_tenants_are_refused_with_the_reason(tock):
+    code, _, err = tock("tenants", "weight", "acme", "0")
+    assert code == 2 and "weight must be between 1 and 1000, got 0" in err
+    code, _, err = tock("tenants", "weight", "acme", "many")
+    assert code == 2 and "weight must be an integer" in err
+    code, _, err = tock("tenants", "weight", "5")
+    assert code == 2 and "expected TENANT N, got 5" in err
+    code, _, err = tock("tenants", "reset")
+    assert code == 2 and "expected TENANT, got nothing" in err
+    code, _, err = tock("tenants", "weight", "--no-tenant", "acme", "5")
+    assert code == 2 and "give a TENANT or --no-tenant, one of the two" in err
+    code, _, err = tock("tenants", "weight", "x" * 200, "5")
+    assert code == 2 and "tenant must be at most 128 characters" in err

@@ -1,0 +1,53 @@
+"""Limits through the HTTP API: listed for any role, set and removed by operators, bad
+ones refused with the reason (real Postgres)."""
+
+from __future__ import annotations
+
+
+def test_set_list_and_remove(operator, viewer, client):
+    client.schedule("email")
+    res = operator.put("/api/limits", json={"scope": "kind", "key": "email",
+                                            "max_running": 3, "rate": 10, "per": 2})
+    assert res.status_code == 200, res.text
+    body = res.json()
+    assert (body["max_running"], body["in_flight"], body["rate_per_second"], body["burst"],
+            body["waiting"]) == (3, 0, 5.0, 5, 1)
+    operator.put("/api/limits", json={"scope": "tenant", "key": None, "max_running": 0})
+    listed = viewer.get("/api/limits").json()
+    assert [(x["scope"], x["key"]) for x in listed] == [("kind", "email"), ("tenant", None)]
+    assert viewer.delete("/api/limits", params={"scope": "kind", "key": "email"}
+                         ).status_code == 403
+    assert operator.delete("/api/limits", params={"scope": "kind", "key": "email"}
+                           ).json() == {"removed": True}
+    assert operator.delete("/api/limits", params={"scope": "tenant"}).json() == {
+        "removed": True}
+    assert operator.get("/api/limits").json() == []
+
+
+def test_bad_limits_say_why(operator):
+    for body, status, says in (
+            ({"scope": "kind", "key": "email"}, 400, "give max_running, a rate, or both"),
+            ({"scope": "kind", "key": "email", "max_running": -2}, 400,
+             "max_running must be between 0"),
+            ({"scope": "kind", "key": "email", "burst": 2}, 400, "burst needs a rate"),
+            ({"scope": "kind", "key": None, "max_running": 1}, 400,
+             "kind must be a non-empty string"),
+            ({"scope": "kind", "key": "email", "rate": 1e9}, 400, "at most 1,000,000"),
+            ({"scope": "queue", "key": "x", "max_running": 1}, 422, "pattern"),
+            ({"scope": "kind", "key": "email", "rate": 0}, 422, "greater than 0"),
+            ({"scope": "kind", "key": "email", "max_running": "3"}, 422, "valid integer")):
+        res = operator.put("/api/limits", json=body)
+        assert res.status_code == status and says in res.text, (body, res.text)
+    assert operator.delete("/api/limits", params={"scope": "kind"}).status_code == 400
+
+
+def test_limits_have_gauges(operator, client, db):
+    client.set_limit("kind", "email", max_running=3, rate=2)
+    client.schedule("email")
+    db.execute("INSERT INTO tock_jobs (kind, state, run_at, payload) "
+               "VALUES ('email', 'running', now(), '{}')")
+    text = operator.get("/metrics").text
+    assert 'tock_limit_max_running{key="email",scope="kind"} 3.0' in text
+    assert 'tock_limit_in_flight{key="email",scope="kind"} 1.0' in text
+    assert 'tock_limit_rate_per_second{key="email",scope="kind"} 2.0' in text
+    assert 'tock_limit_waiting{key="email",scope="kind"} 1.0' in text

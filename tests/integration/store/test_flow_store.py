@@ -1,0 +1,205 @@
+"""Conformance of `FlowStore` (shared.store.flow_sql) against the real Postgres: the claim's
+pieces (due_levels; due_pairs, the loose scan of (kind, tenant) pairs with due work;
+claim_pairs), the limits' rooms with their locks and tokens, and the configuration
+tables. Time is pinned through `now=`."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.core.errors import DataRejected
+from shared.store import flow_sql
+from shared.store.database import Database
+from shared.store.flow_store import FlowStore
+from tests.integration.store.helpers import add_job, secs
+
+
+@pytest.fixture
+def flow(database: Database) -> FlowStore:
+    return FlowStore(database)
+
+
+def _bulk(db, n: int, *, now, tenant: str | None, kind: str = "k", priority: int = 0,
+          state: str = "scheduled", age: float = 60) -> None:
+    db.execute("""
+        INSERT INTO tock_jobs (kind, state, run_at, payload, tenant, priority)
+        SELECT %s, %s, %s - make_interval(secs => %s + g * 0.001), '{}', %s, %s
+        FROM generate_series(1, %s) g
+    """, (kind, state, now, age, tenant, priority, n))
+
+
+# --- the claim ---------------------------------------------------------------------------
+
+
+def test_due_levels_lists_the_levels_with_due_work_highest_first(flow, db, now):
+    add_job(db, run_at=now - secs(5), priority=2)
+    add_job(db, run_at=now - secs(5), priority=7)
+    add_job(db, run_at=now + secs(60), priority=9)  # not due yet
+    add_job(db, run_at=now - secs(5), priority=8, state="running")  # not waiting
+    assert flow.due_levels(now) == [7, 2]
+    assert flow.due_levels(now + secs(60)) == [9, 7, 2]
+
+
+def test_due_pairs_walks_kinds_then_tenants_in_key_order_with_weights(flow, db, now):
+    for kind, tenant in [("b", "c"), ("a", "a"), ("a", None), ("b", "b"), ("a", "a")]:
+        add_job(db, run_at=now - secs(5), kind=kind, tenant=tenant)
+    add_job(db, run_at=now + secs(60), kind="a", tenant="d")  # waiting, not due yet
+    add_job(db, run_at=now - secs(5), kind="a", tenant="e", priority=3)  # another level
+    flow.set_tenant_weight("b", 4)
+    assert flow.due_pairs(0, 10, now=now) == [
+        ("a", "", 1), ("a", "a", 1), ("b", "b", 4), ("b", "c", 1)]
+    assert flow.due_pairs(0, 1, now=now) == [("a", "", 1), ("b", "b", 4)], "per kind"
+    assert flow.due_pairs(0, 10, after="a", now=now) == [("b", "b", 4), ("b", "c", 1)]
+    assert flow.due_pairs(0, 10, after="c", now=now) == []
+    assert ("a", "d", 1) in flow.due_pairs(0, 10, now=now + secs(60))
+    assert flow.due_pairs(3, 10, now=now) == [("a", "e", 1)]
+
+
+def test_due_pairs_leaves_out_the_kinds_and_tenants_at_their_limit(flow, db, now):
+    for kind, tenant in [("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")]:
+        add_job(db, run_at=now - secs(5), kind=kind, tenant=tenant)
+    assert flow.due_pairs(0, 10, skip_kinds=["a"], now=now) == [("b", "x", 1), ("b", "y", 1)]
+    assert flow.due_pairs(0, 10, skip_tenants=["x"], now=now) == [("a", "y", 1), ("b", "y", 1)]
+
+
+def test_claim_pairs_takes_each_pairs_oldest_up_to_its_quota(flow, db, now):
+    a_old = add_job(db, run_at=now - secs(30), tenant="a")
+    a_new = add_job(db, run_at=now - secs(10), tenant="a")
+    a_newest = add_job(db, run_at=now - secs(5), tenant="a")
+    none_job = add_job(db, run_at=now - secs(20))
+    b_job = add_job(db, run_at=now - secs(1), tenant="b", kind="other")
+    add_job(db, run_at=now - secs(1), tenant="b", priority=5)  # another level
+    with flow.transaction() as tx:
+        got = tx.claim_pairs(0, [("k", "a", 2), ("k", "", 5), ("other", "b", 1),
+                                 ("k", "b", 3)], now)
+    assert sorted((d.tenant_key, d.id) for d in got) == sorted(
+        [("a", a_old), ("a", a_new), ("", none_job), ("b", b_job)])
+    assert all(d.token for d in got)
+    states = dict(db.execute("SELECT id, state FROM tock_jobs").fetchall())
+    assert states[a_newest] == "scheduled" and states[a_old] == "dispatched"
+
+
+def test_claim_pairs_skips_rows_another_transaction_holds(flow, db, other, now):
+    held = add_job(db, run_at=now - secs(30), tenant="a")
+    free = add_job(db, run_at=now - secs(10), tenant="a")
+    other.execute("SELECT 1 FROM tock_jobs WHERE id = %s FOR UPDATE", (held,))
+    with flow.transaction() as tx:
+        assert [d.id for d in tx.claim_pairs(0, [("k", "a", 5)], now)] == [free]
+
+
+def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
+    """With many rows of one tenant, finding the pairs stays a handful of index probes."""
+    _bulk(db, 20_000, now=now, tenant="big")
+    _bulk(db, 3, now=now, tenant="small")
+    _bulk(db, 3, now=now, tenant="small", kind="other")
+    db.execute("ANALYZE tock_jobs")
+    params = {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
+              "skip_kinds": "'{}'", "skip_tenants": "'{}'"}
+    walk = flow_sql.DUE_PAIRS_FROM
+    for name, value in params.items():
+        walk = walk.replace(f"%({name})s", value)
+    plan = "\n".join(r[0] for r in db.execute("EXPLAIN (ANALYZE, FORMAT TEXT) " + walk))
+    assert "tock_jobs_fair_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
+    assert flow.due_pairs(0, 10, now=now) == [("k", "big", 1), ("k", "small", 1),
+                                              ("other", "small", 1)]
+    claim = flow_sql.CLAIM_PAIRS
+    for name, value in {"level": "0", "kinds": "'{k,k}'", "tenants": "'{big,small}'",
+                        "quotas": "'{5,5}'", "now": "now()"}.items():
+        claim = claim.replace(f"%({name})s", value)
+    claim_plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + claim))
+    assert "tock_jobs_fair_idx" in claim_plan, claim_plan
+
+
+# --- limits --------------------------------------------------------------------------------
+
+
+def test_limit_rooms_count_the_slots_held_and_the_tokens(flow, db, now):
+    flow.set_limit("kind", "k", max_running=5, rate_per_second=None, burst=None, now=now)
+    flow.set_limit("tenant", "acme", max_running=None, rate_per_second=2.0, burst=4,
+                   now=now)
+    flow.set_limit("tenant", "", max_running=3, rate_per_second=None, burst=None, now=now)
+    for state in ("dispatched", "running", "running"):
+        add_job(db, run_at=now - secs(5), state=state, tenant="acme")
+    for state in ("scheduled", "retrying", "succeeded", "dead"):  # hold no slot
+        add_job(db, run_at=now - secs(5), state=state)
+    add_job(db, run_at=now - secs(5), state="running", kind="other")
+    with flow.transaction() as tx:
+        rooms = {(r.scope, r.key): r for r in tx.limit_rooms(now)}
+    kind = rooms[("kind", "k")]
+    assert (kind.in_flight, kind.room, kind.tokens) == (3, 2, None)
+    assert rooms[("tenant", "")].in_flight == 1 and rooms[("tenant", "")].room == 2
+    acme = rooms[("tenant", "acme")]
+    assert (acme.tokens, acme.room) == (4.0, 4), "a new bucket starts full"
+
+
+def test_tokens_are_spent_and_refill_at_the_rate_up_to_the_burst(flow, now):
+    flow.set_limit("kind", "api", max_running=None, rate_per_second=2.0, burst=4, now=now)
+    with flow.transaction() as tx:
+        tx.take_tokens([("kind", "api", 3)], now)
+
+    def tokens(at):
+        with flow.transaction() as tx:
+            return next(r.tokens for r in tx.limit_rooms(at) if r.key == "api")
+    assert tokens(now) == pytest.approx(1.0)
+    assert tokens(now + secs(0.5)) == pytest.approx(2.0)
+    assert tokens(now + secs(60)) == pytest.approx(4.0), "never more than the burst"
+    flow.set_limit("kind", "api", max_running=None, rate_per_second=2.0, burst=2,
+                   now=now + secs(60))
+    assert tokens(now + secs(60)) == pytest.approx(2.0), "a smaller burst caps them"
+
+
+def test_a_limit_another_timer_is_claiming_for_has_no_room(flow, database, now):
+    flow.set_limit("kind", "k", max_running=10, rate_per_second=None, burst=None, now=now)
+    other = FlowStore(database)
+    with flow.transaction() as tx:
+        (mine,) = tx.limit_rooms(now)
+        assert mine.mine and mine.room == 10
+        with other.transaction() as tx2:
+            (theirs,) = tx2.limit_rooms(now)
+            assert not theirs.mine and theirs.room == 0
+    with other.transaction() as tx2:
+        assert tx2.limit_rooms(now)[0].mine, "the lock ends with the transaction"
+
+
+def test_limits_list_with_use_waiting_and_remove(flow, db, now):
+    flow.set_limit("kind", "k", max_running=2, rate_per_second=0.5, burst=1, now=now)
+    add_job(db, run_at=now - secs(5), state="running")
+    for _ in range(3):
+        add_job(db, run_at=now - secs(5))
+    add_job(db, run_at=now + secs(60))  # not due: not waiting
+    (info,) = flow.limits(now=now)
+    assert (info.scope, info.key, info.max_running, info.rate_per_second, info.burst) == (
+        "kind", "k", 2, 0.5, 1)
+    assert (info.in_flight, info.waiting, info.tokens) == (1, 3, 1.0)
+    assert info.seconds_to_next_token == 0.0
+    assert flow.limits("kind", "nope", now=now) == []
+    assert flow.remove_limit("kind", "k") is True
+    assert flow.remove_limit("kind", "k") is False
+    assert flow.limits(now=now) == []
+
+
+@pytest.mark.parametrize("max_running, rate, burst", [
+    (-1, None, None), (None, None, None), (None, 0.0, 1), (None, 1.0, None), (None, 1.0, 0)])
+def test_the_schema_refuses_limits_that_mean_nothing(flow, max_running, rate, burst):
+    with pytest.raises(DataRejected):
+        flow.set_limit("kind", "k", max_running=max_running, rate_per_second=rate,
+                       burst=burst)
+
+
+# --- tenant weights ------------------------------------------------------------------------
+
+
+def test_tenant_weights_set_replace_and_reset(flow):
+    flow.set_tenant_weight("acme", 5)
+    flow.set_tenant_weight("acme", 7)
+    flow.set_tenant_weight("", 2)
+    assert flow.tenant_weights() == {"": 2, "acme": 7}
+    assert flow.reset_tenant_weight("acme") is True
+    assert flow.reset_tenant_weight("acme") is False
+    assert flow.tenant_weights() == {"": 2}
+
+
+@pytest.mark.parametrize("weight", [0, 1001])
+def test_tenant_weight_out_of_range_is_refused_by_the_schema(flow, weight):
+    with pytest.raises(DataRejected):
+        flow.set_tenant_weight("acme", weight)

@@ -1,0 +1,219 @@
+"""`async def` handlers (thread isolation): they run on the consumer's one event loop, hold
+handler slots like thread handlers, are cancelled at their deadline, on a lost lease and
+when shutdown releases them, and whatever they raise is a recorded attempt. Real
+consumers (all loops on their threads), real Postgres and SQS."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import pytest
+
+from consumer.async_executor import BLOCKED_LOG_SECONDS
+from consumer.service import Consumer
+from shared.core.states import AttemptOutcome, JobState
+from tests.integration.readings import metric
+from tests.support.drive import dispatch, receive, run_all
+from tests.support.wait import wait_for
+
+
+def _settle(client, timer, job_id, state=JobState.SUCCEEDED, timeout=30):
+    return wait_for(lambda: dispatch(timer) >= 0 and client.get(job_id).state is state,
+                    timeout=timeout, message=f"job {job_id} {state.value}")
+
+
+def test_a_mixed_registry_runs_sync_handlers_in_threads_and_async_ones_on_the_loop(
+        client, timer, registry, running):
+    threads: dict[str, set[str]] = {"sync": set(), "async": set()}
+
+    def plain(payload, ctx):
+        threads["sync"].add(threading.current_thread().name)
+
+    async def coroutine(payload, ctx):
+        await asyncio.sleep(0.01)
+        threads["async"].add(threading.current_thread().name)
+
+    registry.add("sync", plain)
+    registry.add("async", coroutine)
+    assert registry.get("async").is_async and not registry.get("sync").is_async
+    running(concurrency=3)
+    jobs = [client.schedule(kind) for kind in ("sync", "async") * 3]
+    dispatch(timer)
+    for job in jobs:
+        wait_for(lambda j=job: client.get(j.id).state is JobState.SUCCEEDED, timeout=30)
+    assert threads["async"] == {"tock-async-0"}
+    assert all(name.startswith("tock-execute-") for name in threads["sync"])
+
+
+def test_async_jobs_share_one_thread_and_are_bounded_by_the_slots(
+        client, timer, registry, running):
+    now_running, peak, gate = [0], [0], threading.Event()
+
+    async def waits(payload, ctx):
+        now_running[0] += 1
+        peak[0] = max(peak[0], now_running[0])
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+        now_running[0] -= 1
+
+    registry.add("wait", waits)
+    running(concurrency=2)
+    jobs = [client.schedule("wait") for _ in range(4)]
+    dispatch(timer)
+    wait_for(lambda: now_running[0] == 2, message="two at once on the event loop")
+    gate.set()
+    for job in jobs:
+        wait_for(lambda j=job: client.get(j.id).state is JobState.SUCCEEDED, timeout=30)
+    assert peak[0] == 2, "never more async jobs at once than concurrency"
+
+
+def test_an_async_handler_past_its_deadline_is_cancelled_and_timed_out(
+        client, timer, registry, running):
+    seen: list[str] = []
+
+    async def sleeps(payload, ctx):
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append(f"cancelled, ctx.cancelled={ctx.cancelled.is_set()}")
+            raise
+
+    registry.add("sleepy", sleeps)
+    running()
+    job = client.schedule("sleepy", timeout=0.3, max_attempts=2)
+    dispatch(timer)
+    wait_for(lambda: client.get(job.id).state is JobState.RETRYING, timeout=30)
+    final = client.get(job.id, with_attempts=True)
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT]
+    assert final.last_error == ("timed out after 0.3 s (CancelledError: tock cancelled the "
+                                "handler: deadline passed)")
+    assert seen == ["cancelled, ctx.cancelled=True"]
+
+
+def test_cancelling_a_running_async_job_cancels_its_coroutine_and_discards_the_result(
+        client, timer, registry, running):
+    started, seen = threading.Event(), []
+
+    async def swallows(payload, ctx):
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError as exc:
+            seen.append(str(exc))
+        return "a result nobody will write"
+
+    registry.add("long", swallows)
+    running(lease_seconds=2, heartbeat_seconds=0.2, visibility_timeout_seconds=2)
+    stale = metric("tock_stale_completions_total")
+    job = client.schedule("long")
+    dispatch(timer)
+    assert started.wait(30)
+    client.cancel(job.id)
+    wait_for(lambda: seen, message="the coroutine saw CancelledError")
+    assert seen == ["tock cancelled the handler: lease lost"]
+    wait_for(lambda: metric("tock_stale_completions_total") == stale + 1,
+             message="its result discarded")
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.CANCELLED and final.attempts == ()
+
+
+def test_shutdown_releases_a_running_async_job_and_cancels_it(
+        client, timer, registry, consumer_settings, transport):
+    started, seen = threading.Event(), []
+
+    async def stubborn(payload, ctx):
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError as exc:
+            seen.append(str(exc))
+            raise
+
+    registry.add("long", stubborn)
+    consumer = Consumer(consumer_settings.model_copy(update={"shutdown_grace_seconds": 0.3}),
+                        registry, transport)
+    consumer.start()
+    job = client.schedule("long")
+    dispatch(timer)
+    assert started.wait(30)
+    consumer.shutdown()
+    assert seen == ["tock cancelled the handler: released at shutdown"]
+    released = client.get(job.id, with_attempts=True)
+    assert [a.outcome for a in released.attempts] == [AttemptOutcome.RELEASED]
+    assert released.state is JobState.SCHEDULED and released.attempt == 0
+    assert consumer.async_runner is not None and consumer.async_runner.loop.is_closed()
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt(), SystemExit(3),
+                                    asyncio.CancelledError("not from tock")],
+                         ids=["KeyboardInterrupt", "SystemExit", "CancelledError"])
+def test_whatever_an_async_handler_raises_is_a_failed_attempt(
+        client, timer, registry, running, raised):
+    async def risky(payload, ctx):
+        if ctx.attempt == 1:
+            raise raised
+
+    registry.add("risky", risky)
+    consumer = running(backoff_base_seconds=0.1, backoff_cap_seconds=0.1)
+    job = client.schedule("risky", max_attempts=3)
+    _settle(client, timer, job.id)
+    final = client.get(job.id, with_attempts=True)
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.FAILED,
+                                                   AttemptOutcome.SUCCEEDED]
+    assert type(raised).__name__ in (final.attempts[0].error or "")
+    assert consumer.supervisor.live()[0], consumer.supervisor.live()[1]
+
+
+def test_a_handler_blocking_the_event_loop_is_reported(client, timer, registry, running,
+                                                        caplog):
+    async def blocks(payload, ctx):
+        # The fault itself (not a wait of the test): a blocking call inside async def
+        # stalls the loop for longer than BLOCKED_LOG_SECONDS.
+        time.sleep(BLOCKED_LOG_SECONDS + 0.3)
+
+    registry.add("blocks", blocks)
+    caplog.set_level(logging.WARNING, logger="tock.consumer")
+    running()
+    job = client.schedule("blocks", timeout=30)
+    dispatch(timer)
+    wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30)
+    line = wait_for(lambda: next((r for r in caplog.records
+                                  if getattr(r, "event", None) == "event_loop_blocked"), None),
+                    message="the blocked loop reported")
+    assert line.fields["blocked_s"] >= BLOCKED_LOG_SECONDS
+
+
+def test_a_dead_event_loop_thread_stops_the_process_non_zero(
+        consumer_settings, registry, transport):
+    consumer = Consumer(consumer_settings, registry, transport)
+    assert consumer.async_runner is not None
+
+    def broken(now=None):
+        raise RuntimeError("the event loop is gone")
+
+    consumer.async_runner.run_once = broken  # type: ignore[method-assign]
+    code: list[int] = []
+    runner = threading.Thread(target=lambda: code.append(consumer.run_forever()))
+    runner.start()
+    runner.join(60)
+    assert code == [70]
+    live, reason = consumer.supervisor.live()
+    assert not live and "loop async crashed: RuntimeError" in reason
+
+
+def test_step_by_step_drivers_run_async_handlers_too(client, timer, registry, consumers,
+                                                      clock):
+    ran: list[int] = []
+
+    async def coroutine(payload, ctx):
+        ran.append(ctx.attempt)
+
+    registry.add("async", coroutine)
+    job = client.schedule("async")
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    run_all(consumer, receive(consumer, 1))
+    assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED

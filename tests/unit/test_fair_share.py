@@ -1,0 +1,85 @@
+"""The batch split between tenants (timer_service.fair_share): pure arithmetic."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from timer_service.fair_share import plan, quotas, round_from
+
+
+def test_equal_weights_split_evenly_and_the_remainder_goes_somewhere():
+    assert quotas([("a", 1), ("b", 1)], 100) == [("a", 50), ("b", 50)]
+    assert sorted(n for _, n in quotas([("a", 1), ("b", 1), ("c", 1)], 100)) == [33, 33, 34]
+
+
+def test_weights_are_honoured_and_everyone_gets_one():
+    assert quotas([("a", 3), ("b", 1)], 100) == [("a", 75), ("b", 25)]
+    assert dict(quotas([("big", 1000), ("small", 1)], 10)) == {"big": 9, "small": 1}
+
+
+def test_more_tenants_than_slots_serves_the_first_ones_one_each():
+    assert quotas([(str(i), 1) for i in range(5)], 3) == [("0", 1), ("1", 1), ("2", 1)]
+    assert quotas([], 10) == []
+
+
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=50), st.integers(1, 500))
+def test_quotas_use_exactly_the_capacity(weights, capacity):
+    tenants = [(f"t{i}", w) for i, w in enumerate(weights)]
+    split = quotas(tenants, capacity)
+    assert sum(n for _, n in split) == capacity
+    assert all(n >= 1 for _, n in split)
+    assert len(split) == min(len(tenants), capacity)
+
+
+def test_round_from_continues_after_the_cursor_then_wraps():
+    after = [("k", "m", 1), ("k", "z", 1), ("j", "m", 1)]
+    wrapped = [("k", "a", 1), ("k", "m", 1), ("k", "n", 2), ("k", "z", 1)]
+    assert round_from(after, wrapped, "l", 10) == [
+        ("k", "m", 1), ("j", "m", 1), ("k", "z", 1), ("k", "a", 1)]
+    assert [p[1] for p in round_from(after, wrapped, "l", 2)] == ["m", "m", "z"]
+    assert round_from([], wrapped, None, 10) == wrapped
+
+
+def _slots(quota_list):
+    return {(k, t): n for k, t, n in quota_list}
+
+
+def test_plan_shares_by_tenant_weight_and_spreads_a_tenant_over_its_kinds():
+    pairs = [("a", "t1", 3), ("b", "t1", 3), ("a", "t2", 1)]
+    got = _slots(plan(pairs, 100, kind_room={}, tenant_room={}))
+    assert got == {("a", "t1"): 38, ("b", "t1"): 37, ("a", "t2"): 25}
+
+
+def test_plan_never_passes_a_kinds_or_a_tenants_room():
+    pairs = [("limited", "t1", 1), ("limited", "t2", 1), ("free", "t2", 1)]
+    got = _slots(plan(pairs, 100, kind_room={"limited": 3}, tenant_room={"t2": 10}))
+    assert got[("limited", "t1")] + got[("limited", "t2")] == 3
+    assert got[("limited", "t2")] + got[("free", "t2")] == 10
+    assert plan(pairs, 100, kind_room={"limited": 0, "free": 0}, tenant_room={}) == []
+
+
+def test_plan_turns_who_goes_first_round_a_limit_with_room_for_one():
+    pairs = [("one", "t1", 1), ("one", "t2", 1), ("one", "t3", 1)]
+    firsts = {plan(pairs, 10, kind_room={"one": 1}, tenant_room={}, turn=turn)[0][1]
+              for turn in range(3)}
+    assert firsts == {"t1", "t2", "t3"}
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from("xyz"),
+                          st.integers(1, 5)), min_size=1, max_size=9,
+                unique_by=lambda p: (p[0], p[1])),
+       st.integers(1, 200), st.dictionaries(st.sampled_from("abc"), st.integers(0, 50)),
+       st.dictionaries(st.sampled_from("xyz"), st.integers(0, 50)), st.integers(0, 5))
+def test_plan_never_exceeds_capacity_or_rooms(pairs, capacity, kind_room, tenant_room, turn):
+    weights = {t: w for _, t, w in pairs}  # one weight per tenant, as the walk gives
+    pairs = [(k, t, weights[t]) for k, t, _ in pairs]
+    got = plan(pairs, capacity, kind_room=kind_room, tenant_room=tenant_room, turn=turn)
+    assert sum(n for _, _, n in got) <= capacity
+    for kind, room in kind_room.items():
+        assert sum(n for k, _, n in got if k == kind) <= room
+    for tenant, room in tenant_room.items():
+        assert sum(n for _, t, n in got if t == tenant) <= room
+    assert all(n > 0 for _, _, n in got)
+    if not kind_room and not tenant_room:
+        assert sum(n for _, _, n in got) == capacity, "unbounded: the batch is filled"

@@ -1,0 +1,109 @@
+"""How one dispatch pass shares its batch out, within one priority level.
+
+Tenants share the batch in proportion to their weights (largest remainder), never less
+than one slot each. A tenant's share is spread over the kinds it has due, in turn. No kind
+and no tenant gets more than its limit leaves room for. When there are more tenants than
+slots, a cursor carries the round on from the last tenant served, so every tenant is
+reached within ceil(tenants / batch) passes whatever its backlog.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+Pair = tuple[str, str, int]
+"""(kind, tenant, weight) with due work; '' is the tenant of tenantless jobs."""
+Quota = tuple[str, str, int]
+"""(kind, tenant, jobs to claim)."""
+
+UNBOUNDED = 1 << 62
+
+
+def quotas(tenants: Sequence[tuple[str, int]], capacity: int) -> list[tuple[str, int]]:
+    """Split `capacity` slots between (tenant, weight) pairs in proportion to the weights
+    (largest remainder), with at least one slot each. Tenants past `capacity` get nothing
+    (the caller walks at most that many)."""
+    tenants = list(tenants)[:capacity]
+    if not tenants:
+        return []
+    total_weight = sum(weight for _, weight in tenants)
+    shares = [capacity * weight / total_weight for _, weight in tenants]
+    split = [int(share) for share in shares]
+    # The slots lost to rounding down go to the biggest fractions (ties: heavier first).
+    order = sorted(range(len(tenants)), key=lambda i: (split[i] - shares[i], -tenants[i][1]))
+    for i in order[:capacity - sum(split)]:
+        split[i] += 1
+    # Everyone gets a slot: a light tenant's comes from the largest share.
+    for i in range(len(split)):
+        if split[i] == 0:
+            split[max(range(len(split)), key=split.__getitem__)] -= 1
+            split[i] = 1
+    return [(tenant, split[i]) for i, (tenant, _) in enumerate(tenants)]
+
+
+def round_from(after: Sequence[Pair], wrapped: Sequence[Pair], cursor: str | None,
+               limit: int) -> list[Pair]:
+    """The pairs of one pass: those of tenants after `cursor`, then of tenants from the
+    first key up to the cursor, each pair once, at most `limit` distinct tenants."""
+    walk: list[Pair] = []
+    seen: set[tuple[str, str]] = set()
+    tenants: list[str] = []
+    for kind, tenant, weight in [*after, *(p for p in wrapped
+                                            if cursor is None or p[1] <= cursor)]:
+        if (kind, tenant) in seen:
+            continue
+        if tenant not in tenants:
+            if len(tenants) >= limit:
+                continue
+            tenants.append(tenant)
+        seen.add((kind, tenant))
+        walk.append((kind, tenant, weight))
+    # In tenant order of the round (the walk comes kind by kind).
+    rank = {tenant: i for i, tenant in enumerate(_round_order(tenants, cursor))}
+    return sorted(walk, key=lambda p: rank[p[1]])
+
+
+def _round_order(tenants: list[str], cursor: str | None) -> list[str]:
+    later = sorted(t for t in tenants if cursor is None or t > cursor)
+    return later + sorted(t for t in tenants if cursor is not None and t <= cursor)
+
+
+def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
+         tenant_room: Mapping[str, int], turn: int = 0) -> list[Quota]:
+    """Slots per (kind, tenant) for one claim: tenants' weighted shares of `capacity`, each
+    spread over its kinds, one slot at a time round the tenants (starting at `turn`, which
+    the caller advances each pass, so a limit with room for one job does not always go to
+    the same tenant), never past a kind's or a tenant's room (absent: no bound)."""
+    kinds_of: dict[str, list[str]] = {}
+    weights: dict[str, int] = {}
+    for kind, tenant, weight in pairs:
+        kinds_of.setdefault(tenant, []).append(kind)
+        weights[tenant] = weight
+    tenants = list(kinds_of)
+    if not tenants or capacity <= 0:
+        return []
+    left = {tenant: min(n, tenant_room.get(tenant, UNBOUNDED))
+            for tenant, n in quotas([(t, weights[t]) for t in tenants], capacity)}
+    kinds_left = {kind: kind_room.get(kind, UNBOUNDED) for kind, _, _ in pairs}
+    nexts = dict.fromkeys(tenants, 0)
+    order = [tenants[(turn + i) % len(tenants)] for i in range(len(tenants))
+             if tenants[(turn + i) % len(tenants)] in left]
+    assigned: Counter[tuple[str, str]] = Counter()
+    active = [t for t in order if left[t] > 0]
+    while active:
+        still = []
+        for tenant in active:
+            kinds = kinds_of[tenant]
+            for step in range(len(kinds)):  # this tenant's next kind with room
+                kind = kinds[(nexts[tenant] + step) % len(kinds)]
+                if kinds_left[kind] > 0:
+                    assigned[(kind, tenant)] += 1
+                    kinds_left[kind] -= 1
+                    left[tenant] -= 1
+                    nexts[tenant] = (nexts[tenant] + step + 1) % len(kinds)
+                    if left[tenant] > 0:
+                        still.append(tenant)
+                    break
+        active = still
+    return [(kind, tenant, n) for (kind, tenant), n in assigned.items()]
