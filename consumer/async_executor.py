@@ -106,15 +106,22 @@ class AsyncRunner(Loop):
 
     def run_blocking(self, work: Work) -> None:
         """Run the job and wait for its outcome to be queued: on the loop thread when it
-        runs, else in the caller's thread (tests driving the consumer one step at a time)."""
+        runs, else on a short-lived thread (tests driving the consumer one step at a time)."""
         if self._threads and all(t.is_alive() for t in self._threads) and not self.stopping:
             done = threading.Event()
             self.loop.call_soon_threadsafe(self._start, work, done.set)
             done.wait()
             return
-        finished = self.loop.create_future()
-        self._start(work, lambda: finished.set_result(None))
-        self.loop.run_until_complete(finished)
+        # On a thread of its own: the caller's thread may already run a loop (Playwright's
+        # sync API does, and so does a notebook), and one thread runs one loop at a time.
+        def drive() -> None:
+            finished = self.loop.create_future()
+            self._start(work, lambda: finished.set_result(None))
+            self.loop.run_until_complete(finished)
+
+        driver = threading.Thread(target=drive, name="tock-async-step")
+        driver.start()
+        driver.join()
 
     def _start(self, work: Work, then: Callable[[], None] | None) -> None:
         item = work.item

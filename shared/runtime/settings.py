@@ -107,7 +107,6 @@ class TimerSettings(CommonSettings):
         default=1.0, gt=0, le=60,
         description="Longest sleep without a pass, even with nothing due (covers lost NOTIFYs).",
     )
-    notify_horizon_seconds: float = Field(default=60.0, ge=0)
     dispatch_timeout_seconds: float = Field(
         default=60.0, ge=5,
         description="A job still `dispatched` this long after dispatch is sent again, if its "

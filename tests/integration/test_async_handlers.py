@@ -217,3 +217,24 @@ def test_step_by_step_drivers_run_async_handlers_too(client, timer, registry, co
     dispatch(timer, clock.now)
     run_all(consumer, receive(consumer, 1))
     assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED
+
+
+def test_step_by_step_drivers_work_from_a_thread_that_runs_a_loop(client, timer, registry,
+                                                                   consumers, clock):
+    """Playwright's sync API (and a notebook) leave a running loop on the caller's thread;
+    the driver must not try to run the consumer's loop there too."""
+    ran: list[int] = []
+
+    async def coroutine(payload, ctx):
+        ran.append(ctx.attempt)
+
+    registry.add("async", coroutine)
+    job = client.schedule("async")
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+
+    async def caller() -> None:  # synchronous calls made while this thread runs a loop
+        run_all(consumer, receive(consumer, 1))
+
+    asyncio.run(caller())
+    assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED

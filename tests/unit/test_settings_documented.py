@@ -1,0 +1,48 @@
+"""Every variable tock reads is in the README, by name: each field of the settings
+classes, and each `TOCK_*` name the processes read themselves."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+from pydantic_settings import BaseSettings
+
+from dashboard import settings as dashboard_settings
+from shared.runtime import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+SOURCES = ["shared", "timer_service", "consumer", "dashboard", "cli"]
+LITERAL = re.compile(r"""["'](TOCK_[A-Z0-9_]*[A-Z0-9])["']""")
+
+
+def from_settings() -> set[str]:
+    names = set()
+    for module in (settings, dashboard_settings):
+        for cls in vars(module).values():
+            if not (inspect.isclass(cls) and issubclass(cls, BaseSettings)
+                    and cls.__module__ == module.__name__):
+                continue
+            prefix = str(cls.model_config.get("env_prefix", "")).upper()
+            names.update(prefix + field.upper() for field in cls.model_fields)
+    return names
+
+
+def from_sources() -> set[str]:
+    return {name for folder in SOURCES for path in (ROOT / folder).rglob("*.py")
+            for name in LITERAL.findall(path.read_text())}
+
+
+VARIABLES = sorted(from_settings() | from_sources())
+
+
+def test_the_scan_finds_both_kinds() -> None:
+    assert "TOCK_LEASE_SECONDS" in VARIABLES and "TOCK_DASHBOARD_OPERATOR_TOKEN" in VARIABLES
+
+
+@pytest.mark.parametrize("variable", VARIABLES)
+def test_variable_is_documented(variable: str) -> None:
+    assert f"`{variable}`" in README, f"{variable} is read but README.md never names it"
