@@ -233,8 +233,17 @@ def test_step_by_step_drivers_work_from_a_thread_that_runs_a_loop(client, timer,
     consumer = consumers(clock)
     dispatch(timer, clock.now)
 
-    async def caller() -> None:  # synchronous calls made while this thread runs a loop
-        run_all(consumer, receive(consumer, 1))
+    failed: list[BaseException] = []
 
-    asyncio.run(caller())
+    async def caller() -> None:  # synchronous calls made while this thread runs a loop
+        try:
+            run_all(consumer, receive(consumer, 1))
+        except BaseException as exc:
+            failed.append(exc)
+
+    # A thread of its own: the test's thread may run Playwright's loop already.
+    thread = threading.Thread(target=asyncio.run, args=(caller(),))
+    thread.start()
+    thread.join(60)
+    assert not failed, failed
     assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED
