@@ -65,7 +65,7 @@ def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> i
         if args.json:
             print_json({"dry_run": True, **plan.__dict__})
         else:
-            print(f"would {action} {plan.count} job(s) ({plan.description})")
+            print(f"would {action} {plan.shown} job(s) ({plan.description})")
         return EXIT_OK
     if plan.count == 0:
         if args.json:
@@ -75,9 +75,9 @@ def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> i
         return EXIT_OK
     if not args.yes:
         if not sys.stdin.isatty():
-            raise InvalidInput(f"{plan.count} job(s) match; pass --yes to {action} them "
+            raise InvalidInput(f"{plan.shown} job(s) match; pass --yes to {action} them "
                                "without a prompt (or --dry-run to only count)")
-        answer = input(f"{action} {plan.count} job(s) ({plan.description})? [y/N] ")
+        answer = input(f"{action} {plan.shown} job(s) ({plan.description})? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing changed")
             return EXIT_REFUSED

@@ -121,7 +121,7 @@ def _bulk(action: str, body: models.BulkIn, who: Principal,
                            "send \"all\": true to mean it")
     if body.dry_run:
         plan = ops_jobs.plan_bulk(_store(request), action, where)
-        return models.BulkOut(action=action, dry_run=True, count=plan.count,
+        return models.BulkOut(action=action, dry_run=True, count=plan.count, more=plan.more,
                               up_to_id=plan.up_to_id, description=plan.description)
     done = ops_jobs.run_bulk(_store(request), action, where, up_to_id=body.up_to_id)
     emit(log, f"bulk_{action}", jobs=done, filter=where.describe(), up_to_id=body.up_to_id,

@@ -215,6 +215,8 @@ class BulkOut(BaseModel):
     action: str
     dry_run: bool
     count: int = Field(description="jobs that would change (dry run) or changed")
+    more: bool = Field(default=False, description="dry run: more than `count` jobs match "
+                                                  "(counting stops at 100,000)")
     up_to_id: int | None
     description: str
 

@@ -436,8 +436,9 @@ async function bulkAction(action, f) {
     const plan = await api(`/api/jobs/bulk/${action}`, {method: "POST",
                                                          body: {filter, dry_run: true}});
     const verb = action === "retry" ? "Retry" : "Cancel";
-    const ok = await confirmDialog(`${verb} ${plan.count} job(s)?`,
-      `${plan.count} job(s) match (${plan.description}${action === "retry"
+    const shown = plan.more ? `more than ${plan.count.toLocaleString("en")}` : `${plan.count}`;
+    const ok = await confirmDialog(`${verb} ${shown} job(s)?`,
+      `${shown} job(s) match (${plan.description}${action === "retry"
         ? "; only dead and cancelled jobs are retried" : "; only unfinished jobs are cancelled"}).` +
       " Jobs created after this count are left alone.", plan.count > 0);
     if (!ok) return;

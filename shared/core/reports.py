@@ -27,6 +27,13 @@ class BulkPlan:
     count: int
     up_to_id: int | None
     description: str
+    more: bool = False
+    """More than `count` jobs match: the dry run stopped counting there."""
+
+    @property
+    def shown(self) -> str:
+        """The count for people: "37", or "more than 100,000"."""
+        return f"more than {self.count:,}" if self.more else str(self.count)
 
 
 @dataclass(frozen=True)

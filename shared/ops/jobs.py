@@ -15,6 +15,8 @@ from shared.store.operator_store import OperatorStore
 
 BULK_BATCH_SIZE = 1000
 """Rows changed per transaction by a bulk action: short locks, steady progress."""
+BULK_COUNT_CAP = 100_000
+"""A dry run counts this many matching jobs at most, then says "more than"."""
 
 
 def list_jobs(store: OperatorStore, where: JobFilter, *, limit: int = DEFAULT_PAGE_SIZE,
@@ -28,11 +30,14 @@ def list_jobs(store: OperatorStore, where: JobFilter, *, limit: int = DEFAULT_PA
     return Page(jobs, jobs[-1].id if len(rows) > limit and jobs else None)
 
 
-def plan_bulk(store: OperatorStore, action: str, where: JobFilter) -> BulkPlan:
-    """The dry run: how many jobs `action` would change. Retry applies to dead and
-    cancelled jobs, cancel to unfinished ones, whatever else the filter says."""
-    count, max_id = store.count_matching(where, action_states(action))
-    return BulkPlan(action, count, max_id, where.describe())
+def plan_bulk(store: OperatorStore, action: str, where: JobFilter, *,
+              cap: int | None = None) -> BulkPlan:
+    """The dry run: how many jobs `action` would change (counted up to `cap`; past it the
+    plan says "more than"). Retry applies to dead and cancelled jobs, cancel to unfinished
+    ones, whatever else the filter says."""
+    count, more, max_id = store.count_matching(where, action_states(action),
+                                               cap=cap or BULK_COUNT_CAP)
+    return BulkPlan(action, count, max_id, where.describe(), more)
 
 
 def run_bulk(store: OperatorStore, action: str, where: JobFilter, *,

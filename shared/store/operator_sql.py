@@ -66,11 +66,17 @@ def list_jobs(clause: pgsql.Composable, *, with_cursor: bool) -> pgsql.Composed:
                      "LIMIT %(limit)s").format(hot, history)
 
 
+# A bulk dry run counts at most %(cap)s + 1 rows per side (a bulk action over millions of
+# history rows must not start with a count of them all); max(id) is a backward walk of
+# each side's id index that stops at the first match.
 def count_matching(clause: pgsql.Composable) -> pgsql.Composed:
     return pgsql.SQL(
-        "SELECT coalesce(sum(n), 0)::bigint, max(m) FROM ("
-        " SELECT count(*) AS n, max(id) AS m FROM tock_jobs WHERE {where}"
-        " UNION ALL SELECT count(*), max(id) FROM tock_history_jobs WHERE {where}) c"
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM tock_jobs WHERE {where}"
+        " LIMIT %(cap)s + 1) h)"
+        " + (SELECT count(*) FROM (SELECT 1 FROM tock_history_jobs WHERE {where}"
+        " LIMIT %(cap)s + 1) x),"
+        " greatest((SELECT max(id) FROM tock_jobs WHERE {where}),"
+        " (SELECT max(id) FROM tock_history_jobs WHERE {where}))"
     ).format(where=clause)
 
 

@@ -35,12 +35,16 @@ class OperatorStore(Store):
         rows = self._rows(sql.list_jobs(clause, with_cursor=before_id is not None), params)
         return [Job.from_row(r) for r in rows]
 
-    def count_matching(self, where: JobFilter, only_states: tuple[JobState, ...]
-                       ) -> tuple[int, int | None]:
-        """(how many jobs match in `only_states`, the highest id among them)."""
+    def count_matching(self, where: JobFilter, only_states: tuple[JobState, ...], *,
+                       cap: int) -> tuple[int, bool, int | None]:
+        """(how many jobs match in `only_states`, counted up to `cap`; whether more than
+        `cap` match; the highest id among them)."""
         clause, params = sql.where(where, only_states=only_states)
+        params["cap"] = cap
         row = self._one(sql.count_matching(clause), params)
-        return (int(row[0]), row[1]) if row else (0, None)
+        if not row:
+            return 0, False, None
+        return min(int(row[0]), cap), int(row[0]) > cap, row[1]
 
     def bulk_batch(self, action: str, where: JobFilter, action_states: tuple[JobState, ...],
                    *, after: int, up_to_id: int | None, batch_size: int) -> list[int]:

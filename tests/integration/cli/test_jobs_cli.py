@@ -88,6 +88,18 @@ def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
     assert code == 0 and out.strip() == "cancelled 2 job(s)"
 
 
+def test_a_dry_run_past_the_count_cap_says_more_than(tock, db, monkeypatch):
+    monkeypatch.setattr("shared.ops.jobs.BULK_COUNT_CAP", 2)
+    for _ in range(3):
+        tock("enqueue", "flaky")
+    for job_id in (1, 2, 3):
+        make_dead(db, job_id)
+    code, out, _ = tock("retry", "--state", "dead", "--dry-run")
+    assert code == 0 and out.strip() == "would retry more than 2 job(s) (state dead)"
+    code, _, err = tock("retry", "--state", "dead")
+    assert code == 2 and "more than 2 job(s) match" in err
+
+
 def test_stats_and_workers(tock, db):
     tock("enqueue", "email", "--queue", "mail")
     tock("enqueue", "email", "--queue", "mail", "--delay", "3600")

@@ -144,6 +144,20 @@ def test_bulk_retry_dry_run_then_only_what_was_counted(operator, db):
     assert states[late] == "dead" and states[other] == "dead"
 
 
+def test_a_dry_run_past_the_count_cap_says_more_and_the_action_still_takes_all(
+        operator, db, monkeypatch):
+    monkeypatch.setattr("shared.ops.jobs.BULK_COUNT_CAP", 2)
+    dead = [enqueue(operator, kind="flaky")["id"] for _ in range(3)]
+    for job_id in dead:
+        make_dead(db, job_id)
+    body = {"filter": {"state": ["dead"]}}
+    plan = operator.post("/api/jobs/bulk/retry", json=body).json()
+    assert (plan["count"], plan["more"], plan["up_to_id"]) == (2, True, max(dead))
+    done = operator.post("/api/jobs/bulk/retry",
+                         json={**body, "dry_run": False, "up_to_id": plan["up_to_id"]}).json()
+    assert done["count"] == 3 and done["more"] is False
+
+
 def test_bulk_cancel_and_empty_filter_guard(operator, db):
     ids = [enqueue(operator, queue="q1")["id"] for _ in range(4)]
     make_dead(db, ids[0])

@@ -104,3 +104,12 @@ def test_bulk_retry_crosses_batches_and_stops_at_up_to_id(big, operator_store):
     left = big.execute("SELECT min(id) FROM tock_jobs WHERE state = 'dead'").fetchone()[0]
     assert left > cutoff
     assert job_queries.plan_bulk(operator_store, "cancel", JobFilter.of(states="dead")).count == 0
+
+
+def test_a_dry_run_over_more_than_its_cap_says_more_than(big, operator_store):
+    where = JobFilter.of(states="dead", queue="q0")
+    exact = job_queries.plan_bulk(operator_store, "retry", where)
+    capped = job_queries.plan_bulk(operator_store, "retry", where, cap=100)
+    assert (capped.count, capped.more, capped.up_to_id) == (100, True, exact.up_to_id)
+    assert capped.shown == "more than 100" and not exact.more
+    assert exact.shown == str(exact.count)

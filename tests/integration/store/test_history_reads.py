@@ -78,9 +78,15 @@ def test_list_jobs_returns_history_jobs_whole(operator_store, job_store, mixed):
 
 
 def test_count_matching_counts_both_sides(operator_store, mixed):
-    assert operator_store.count_matching(JobFilter(), RETRY) == (3, mixed["h3"])
-    assert operator_store.count_matching(JobFilter.of(kind="a"), CANCEL) == (1, mixed["u1"])
-    assert operator_store.count_matching(JobFilter.of(kind="zzz"), RETRY) == (0, None)
+    count = operator_store.count_matching
+    assert count(JobFilter(), RETRY, cap=10) == (3, False, mixed["h3"])
+    assert count(JobFilter.of(kind="a"), CANCEL, cap=10) == (1, False, mixed["u1"])
+    assert count(JobFilter.of(kind="zzz"), RETRY, cap=10) == (0, False, None)
+
+
+def test_count_matching_caps_the_sum_of_both_sides(operator_store, mixed):
+    # Three retryable jobs across the two sides, each side counted to at most cap + 1.
+    assert operator_store.count_matching(JobFilter(), RETRY, cap=2) == (2, True, mixed["h3"])
 
 
 def test_bulk_batch_retry_brings_history_jobs_back_in_id_order(operator_store, db, now):

@@ -107,8 +107,15 @@ def test_list_jobs_returns_whole_jobs(operator_store, job_store, listed):
 def test_count_matching_counts_the_filter_within_the_action_states(
         operator_store, listed, fields, only, expected):
     ids = [listed[j] for j in expected]
-    assert operator_store.count_matching(JobFilter.of(**fields), only) == (
-        len(ids), max(ids) if ids else None)
+    assert operator_store.count_matching(JobFilter.of(**fields), only, cap=100) == (
+        len(ids), False, max(ids) if ids else None)
+
+
+def test_count_matching_stops_counting_past_its_cap_but_finds_the_highest_id(
+        operator_store, listed):
+    ids = [listed[j] for j in ("j1", "j5")]
+    assert operator_store.count_matching(JobFilter(), CANCEL, cap=1) == (1, True, max(ids))
+    assert operator_store.count_matching(JobFilter(), CANCEL, cap=2) == (2, False, max(ids))
 
 
 # --- bulk_batch -------------------------------------------------------------------------------
