@@ -8,6 +8,7 @@ import argparse
 from cli import connect
 from cli.arguments import Sub, add_common
 from cli.output import print_json, print_table
+from shared.core.filters import FINISHED_STATES, UNFINISHED_STATES
 from shared.core.states import JobState
 
 EXIT_OK = 0
@@ -17,16 +18,21 @@ WORKER_STALE_SECONDS = 30.0
 def _stats(args: argparse.Namespace) -> int:
     with connect.operator_store(args) as store, store.transaction() as tx:
         now = tx.database_now()
-        counts = tx.counts_by_state_kind(tuple(JobState))  # all states: one pass, once
+        counts = tx.counts_by_state_kind(UNFINISHED_STATES)
+        finished, estimated = tx.finished_counts(FINISHED_STATES)
+        counts.update(finished)
         queues = tx.queue_stats(now)
     totals = {s.value: 0 for s in JobState}
     for (state, _), n in counts.items():
         totals[state] += n
     if args.json:
-        print_json({"now": now, "totals": totals,
+        print_json({"now": now, "totals": totals, "estimated": sorted(estimated),
                     "queues": [{**q.__dict__, "depth": q.depth} for q in queues]})
         return EXIT_OK
-    print("  ".join(f"{state} {n}" for state, n in totals.items()))
+    print("  ".join(f"{state} {'~' if state in estimated else ''}{n}"
+                    for state, n in totals.items()))
+    if estimated:
+        print("(~: estimated from the statistics of big history partitions)")
     print()
     if not queues:
         print("no unfinished work")

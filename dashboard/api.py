@@ -198,6 +198,7 @@ def overview(who: Viewer, request: Request) -> models.OverviewOut:
         by_kind.setdefault(kind, {})[state] = n
     return models.OverviewOut(
         now=snap.now, totals=state_totals(snap.counts), by_kind=by_kind,
+        estimated=sorted(snap.estimated),
         queues=[models.QueueStatsOut.of(q) for q in snap.queues],
         tenants=[models.TenantOut.of(t) for t in snap.tenants],
         limits=[models.LimitOut.of(limit) for limit in snap.limits],

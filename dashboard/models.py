@@ -306,6 +306,9 @@ class OverviewOut(BaseModel):
     now: datetime
     totals: dict[str, int] = Field(description="jobs per state")
     by_kind: dict[str, dict[str, int]] = Field(description="kind -> state -> jobs")
+    estimated: list[str] = Field(description="finished states whose counts are estimates "
+                                             "(history partitions past 20,000 rows are "
+                                             "estimated from statistics, not counted)")
     queues: list[QueueStatsOut]
     tenants: list[TenantOut] = Field(description="busiest first; tenant null: no tenant")
     limits: list[LimitOut]

@@ -27,6 +27,8 @@ from shared.store.operator_store import OperatorStore
 class Snapshot:
     now: datetime
     counts: dict[tuple[str, str], int]
+    estimated: set[str]
+    """Finished states whose counts include estimates (big history partitions)."""
     queues: list[QueueKindStats]
     tenants: list[TenantStats]
     limits: list[LimitInfo]
@@ -49,6 +51,7 @@ class StatsCache:
         self._snapshot: Snapshot | None = None
         self._taken = 0.0
         self._finished: dict[tuple[str, str], int] = {}
+        self._finished_estimated: set[str] = set()
         self._finished_taken: float | None = None
 
     def get(self) -> Snapshot:
@@ -69,7 +72,7 @@ class StatsCache:
                     or started - self._finished_taken >= self.finished_ttl_seconds):
                 # The history (succeeded, dead, cancelled) is the expensive part and
                 # changes slowly relative to a scrape: counted less often.
-                self._finished = tx.counts_by_state_kind(FINISHED_STATES)
+                self._finished, self._finished_estimated = tx.finished_counts(FINISHED_STATES)
                 self._finished_taken = started
             counts.update(self._finished)
             queues = tx.queue_stats(now)
@@ -77,8 +80,8 @@ class StatsCache:
             limits = tx.sibling(FlowStore).limits(now=now)
             workers = tx.workers(stale_after_seconds=self.stale_after_seconds, now=now)
             buckets = timeline(tx, now=now)
-        return Snapshot(now, counts, queues, tenants, limits, workers, buckets,
-                        time.monotonic() - started)
+        return Snapshot(now, counts, self._finished_estimated, queues, tenants, limits,
+                        workers, buckets, time.monotonic() - started)
 
 
 class ClusterCollector(Collector):
@@ -102,6 +105,13 @@ class ClusterCollector(Collector):
         for (state, kind), n in sorted(snap.counts.items()):
             jobs.add_metric([state, kind], n)
         yield jobs
+        estimated = GaugeMetricFamily(
+            "tock_jobs_estimated",
+            "1 where the tock_jobs counts of a finished state are estimates (its history "
+            "partitions past 20,000 rows are not counted)", labels=["state"])
+        for state in FINISHED_STATES:
+            estimated.add_metric([state.value], int(state.value in snap.estimated))
+        yield estimated
         depth = GaugeMetricFamily(
             "tock_queue_depth", "Jobs due and not yet running (waiting for a timer or in SQS)",
             labels=["queue", "kind"])

@@ -195,9 +195,13 @@ function renderOverview() {
        el("div", {className: "grid"}, tenants, limits), workers);
   poll(async () => {
     const o = await api("/api/stats/overview");
+    // Big history partitions are estimated, not counted: their states' figures show "≈".
+    const approx = s => o.estimated.includes(s) ? "≈" : "";
     cards.replaceChildren(...STATES.map(s => el("a", {
-      className: `card s-${s}`, href: `#/jobs?state=${s}`, "data-testid": `count-${s}`},
-      el("div", {className: "n"}, o.totals[s] || 0), el("div", {className: "l"}, s))));
+      className: `card s-${s}`, href: `#/jobs?state=${s}`, "data-testid": `count-${s}`,
+      title: approx(s) ? "estimated from the statistics of big history partitions" : ""},
+      el("div", {className: "n"}, `${approx(s)}${o.totals[s] || 0}`),
+      el("div", {className: "l"}, s))));
     charts.replaceChildren(
       el("div", {className: "panel"}, el("h2", {}, "Throughput: finished attempts / 10 s"),
          throughputChart(o.timeline),
@@ -220,7 +224,8 @@ function renderOverview() {
                          STATES.map(s => el("th", {className: "num"}, s)))),
       el("tbody", {}, kindNames.map(k => el("tr", {},
         el("td", {}, el("a", {href: `#/jobs?kind=${encodeURIComponent(k)}`}, k)),
-        STATES.map(s => el("td", {className: "num"}, o.by_kind[k][s] || "")))))) :
+        STATES.map(s => el("td", {className: "num"},
+                           o.by_kind[k][s] ? `${approx(s)}${o.by_kind[k][s]}` : "")))))) :
       el("p", {className: "muted"}, "No jobs yet."));
     tenantRows.replaceChildren(tenantTable(o.tenants));
     limitRows.replaceChildren(limitTable(o.limits));

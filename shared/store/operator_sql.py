@@ -190,18 +190,61 @@ LIMIT {MAX_TENANT_ROWS}
 """
 
 
-# Unfinished jobs are few and sit behind the state index; finished ones are the history,
-# so counting them is a pass over its partitions (of the states asked) that callers
-# refresh less often.
+# Unfinished jobs live in tock_jobs only, behind the state index (finished ones: below).
 COUNTS_BY_STATE_KIND = """
-SELECT state::text, kind, sum(n)::bigint FROM (
-    SELECT state, kind, count(*) AS n FROM tock_jobs
-    WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
-    UNION ALL
-    SELECT state, kind, count(*) FROM tock_history_jobs
-    WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
-) c GROUP BY state, kind
+SELECT state::text, kind, count(*) FROM tock_jobs
+WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
 """
+
+# --- finished counts: exact for small partitions, estimated for big ones -----------------
+# Rows a finished state still has in tock_jobs (left by an earlier version; the retention
+# loop moves them): the state index, a short range.
+HOT_FINISHED_COUNTS = """
+SELECT state::text, kind, count(*) FROM tock_jobs
+WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
+"""
+
+# The history's leaves (a DEFAULT and a partition per day under each final state's table)
+# with the planner's row count from the last ANALYZE (-1: never analyzed).
+HISTORY_LEAVES = """
+SELECT c.relname, substring(p.relname FROM '^tock_history_jobs_(.*)$'), c.reltuples::float8
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+WHERE p.relname = ANY(%(parents)s::text[])
+ORDER BY c.relname
+"""
+
+# The kinds' share of a leaf from its statistics (kinds are plain [A-Za-z0-9_.:-] text, so
+# the array's text form parses as text[]).
+KIND_SHARES = """
+SELECT most_common_vals::text::text[], most_common_freqs::float8[] FROM pg_stats
+WHERE schemaname = current_schema() AND tablename = %(leaf)s AND attname = 'kind'
+  AND NOT inherited
+"""
+
+
+def probe_leaf(leaf: str) -> pgsql.Composed:
+    """At most %(bound)s + 1 rows of one leaf, counted."""
+    return pgsql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %(bound)s + 1) p").format(
+        pgsql.Identifier(leaf))
+
+
+def count_leaf(leaf: str) -> pgsql.Composed:
+    return pgsql.SQL("SELECT kind, count(*) FROM {} GROUP BY kind").format(
+        pgsql.Identifier(leaf))
+
+
+def estimate_leaf(leaf: str) -> pgsql.Composed:
+    """The planner's row estimate of a whole leaf (its reltuples scaled to its pages now)."""
+    return pgsql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {}").format(pgsql.Identifier(leaf))
+
+
+def sample_leaf(leaf: str) -> pgsql.Composed:
+    """Kinds in a sample of %(percent)s of a leaf's pages."""
+    return pgsql.SQL("SELECT kind, count(*) FROM {} TABLESAMPLE SYSTEM (%(percent)s) "
+                     "GROUP BY kind").format(pgsql.Identifier(leaf))
+
 
 WORKERS = """
 SELECT id, host, pid, queues, kinds, concurrency, in_flight, started_at, last_heartbeat,

@@ -3,17 +3,24 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
 from shared.core.filters import JobFilter
 from shared.core.jobs import Job
 from shared.core.reports import QueueKindStats, TenantStats, WorkerInfo
-from shared.core.states import JobState
+from shared.core.states import FINAL_STATES, JobState
 from shared.store import operator_sql as sql
 from shared.store.base import Store
 
 DUE_AHEAD_CAP = 10_000
+FINISHED_EXACT_UP_TO = 20_000
+"""A history partition up to this many rows is counted exactly; a bigger one is estimated
+from its statistics (or a sample of this many rows), so finished counts cost a bounded
+read however long the history is."""
+OTHER_KINDS = "(other)"
+"""The kind label of an estimate's rows whose kinds the statistics do not name."""
 
 
 class OperatorStore(Store):
@@ -69,10 +76,62 @@ class OperatorStore(Store):
                 for r in self._rows(sql.TENANT_STATS, {"now": now})]
 
     def counts_by_state_kind(self, states: Sequence[JobState]) -> dict[tuple[str, str], int]:
-        """Jobs in `states` counted by (state, kind). For finished states this is a pass
-        over the history's partitions of those states: callers cache it."""
+        """Unfinished jobs in `states` counted by (state, kind), exactly (finished ones:
+        `finished_counts`)."""
+        if any(s in FINAL_STATES for s in states):
+            raise ValueError("counts_by_state_kind counts unfinished states; "
+                             "finished ones are finished_counts()")
         rows = self._rows(sql.COUNTS_BY_STATE_KIND, {"states": [s.value for s in states]})
         return {(r[0], r[1]): r[2] for r in rows}
+
+    def finished_counts(self, states: Sequence[JobState], *,
+                        exact_up_to: int = FINISHED_EXACT_UP_TO
+                        ) -> tuple[dict[tuple[str, str], int], set[str]]:
+        """Jobs in the finished `states` by (state, kind), and the states whose figures
+        include an estimate: each history partition of up to `exact_up_to` rows is
+        counted, a bigger one estimated, from its statistics when it has been analyzed
+        (the planner's row count, the kinds' shares), else from a sample of its pages."""
+        params = {"states": [s.value for s in states]}
+        counts: Counter[tuple[str, str]] = Counter(
+            {(r[0], r[1]): int(r[2]) for r in self._rows(sql.HOT_FINISHED_COUNTS, params)})
+        estimated: set[str] = set()
+        leaves = self._rows(sql.HISTORY_LEAVES, {
+            "parents": [f"tock_history_jobs_{s.value}" for s in states]})
+        for leaf, state, reltuples in leaves:
+            if reltuples <= exact_up_to:  # small when last analyzed (or never analyzed)
+                n = self._one(sql.probe_leaf(leaf), {"bound": exact_up_to})
+                if n is not None and n[0] <= exact_up_to:
+                    if n[0]:
+                        counts.update({(state, r[0]): int(r[1])
+                                       for r in self._rows(sql.count_leaf(leaf))})
+                    continue
+            estimated.add(state)
+            counts.update({(state, k): n for k, n in
+                           self._estimate_leaf(leaf, reltuples, exact_up_to).items()})
+        return dict(counts), estimated
+
+    def _estimate_leaf(self, leaf: str, reltuples: float, sample_rows: int) -> dict[str, int]:
+        plan = self._one(sql.estimate_leaf(leaf))
+        assert plan is not None
+        total = max(float(plan[0][0]["Plan"]["Plan Rows"]), sample_rows + 1.0)
+        shares: dict[str, float] = {}
+        stats = self._one(sql.KIND_SHARES, {"leaf": leaf}) if reltuples > sample_rows else None
+        if stats and stats[0]:
+            shares = dict(zip(stats[0], stats[1], strict=True))
+        else:
+            # Not analyzed since it grew: SYSTEM sampling takes whole pages, so the rows
+            # of `percent` of the pages, scaled up, estimate the total as well.
+            percent = min(100.0, 100.0 * sample_rows / total)
+            seen = {r[0]: int(r[1]) for r in self._rows(sql.sample_leaf(leaf),
+                                                         {"percent": percent})}
+            if seen:
+                total = max(sum(seen.values()) * 100.0 / percent, sample_rows + 1.0)
+                shares = {k: n / sum(seen.values()) for k, n in seen.items()}
+        out = {k: round(total * f) for k, f in shares.items()}
+        rest = round(total) - sum(out.values())
+        if rest > 0:
+            out[OTHER_KINDS] = out.get(OTHER_KINDS, 0) + rest
+        return {k: n for k, n in out.items() if n > 0}
 
     def workers(self, *, stale_after_seconds: float, now: datetime | None = None
                 ) -> list[WorkerInfo]:

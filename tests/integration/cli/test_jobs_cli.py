@@ -100,6 +100,21 @@ def test_a_dry_run_past_the_count_cap_says_more_than(tock, db, monkeypatch):
     assert code == 2 and "more than 2 job(s) match" in err
 
 
+def test_stats_marks_estimated_finished_counts(tock, db):
+    db.execute("""
+        INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt,
+            created_at, updated_at, finished_at, dispatch_failures, lease_detached, payload)
+        SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), 'email', 'default', 0,
+               'dead', now(), 1, now(), now(), now(), 0, false, '{}'
+        FROM generate_series(1, 25000)""")
+    db.execute("ANALYZE tock_history_jobs_dead")
+    code, out, _ = tock("stats")
+    assert code == 0 and "succeeded 0  dead ~25000  cancelled 0" in out
+    assert "estimated" in out
+    code, out, _ = tock("stats", "--json")
+    assert json.loads(out)["estimated"] == ["dead"]
+
+
 def test_stats_and_workers(tock, db):
     tock("enqueue", "email", "--queue", "mail")
     tock("enqueue", "email", "--queue", "mail", "--delay", "3600")

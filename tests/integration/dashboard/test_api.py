@@ -205,6 +205,27 @@ def test_queue_stats_workers_and_metrics(operator, anon, db):
     assert [t["tenant"] for t in overview["tenants"]] == [None]
 
 
+def test_a_big_history_partition_is_estimated_and_says_so(operator, anon, db):
+    overview = operator.get("/api/stats/overview").json()
+    assert overview["estimated"] == []
+    db.execute("""
+        INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt,
+            created_at, updated_at, finished_at, dispatch_failures, lease_detached, payload)
+        SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), 'email', 'default', 0,
+               'succeeded', now(), 1, now(), now(), now(), 0, false, '{}'
+        FROM generate_series(1, 25000)""")
+    db.execute("ANALYZE tock_history_jobs_succeeded")
+    fresh = operator.app.state.stats  # a new snapshot, finished counts included
+    fresh._snapshot, fresh._finished_taken = None, None
+    overview = operator.get("/api/stats/overview").json()
+    assert overview["estimated"] == ["succeeded"]
+    assert overview["totals"]["succeeded"] == 25000
+    text = anon.get("/metrics", headers={"Authorization": f"Bearer {METRICS}"}).text
+    assert 'tock_jobs_estimated{state="succeeded"} 1.0' in text
+    assert 'tock_jobs_estimated{state="dead"} 0.0' in text
+    assert 'tock_jobs{kind="email",state="succeeded"} 25000.0' in text
+
+
 def test_timeline_counts_finished_attempts(operator, db):
     job = enqueue(operator)["id"]
     db.execute("UPDATE tock_jobs SET state = 'succeeded', attempt = 1, "

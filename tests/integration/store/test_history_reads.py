@@ -8,9 +8,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from psycopg import sql as pgsql
 
 from shared.core.filters import JobFilter, action_states
-from shared.core.states import JobState
+from shared.core.states import FINAL_STATES, JobState
 from shared.schedules.spec import make_spec
 from shared.store.rows import Cursor
 from tests.integration.store.helpers import (
@@ -130,10 +131,52 @@ def test_bulk_batch_cancel_moves_jobs_to_the_history(operator_store, db, now):
     assert job_row(db, done_dead)["state"] == "dead"
 
 
-def test_counts_by_state_kind_add_up_both_sides(operator_store, mixed):
-    assert operator_store.counts_by_state_kind(list(JobState)) == {
-        ("dead", "a"): 2, ("succeeded", "b"): 1, ("cancelled", "a"): 1,
+def test_counts_add_up_both_sides(operator_store, mixed):
+    unfinished = [s for s in JobState if s not in FINAL_STATES]
+    assert operator_store.counts_by_state_kind(unfinished) == {
         ("scheduled", "a"): 1, ("running", "b"): 1}
+    assert operator_store.finished_counts(FINAL_STATES) == ({
+        ("dead", "a"): 2, ("succeeded", "b"): 1, ("cancelled", "a"): 1}, set())
+
+
+def _bulk_history(db, now, kind: str, n: int) -> None:
+    db.execute("""
+        INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt,
+            created_at, updated_at, finished_at, dispatch_failures, lease_detached, payload)
+        SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), %s, 'default', 0,
+               'succeeded', %s, 1, %s, %s, %s, 0, false, '{}'
+        FROM generate_series(1, %s)""", (kind, now, now, now, now, n))
+
+
+def _leaf(db) -> str:
+    (leaf,) = db.execute("""
+        SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'tock_history_jobs_succeeded'::regclass
+          AND EXISTS (SELECT 1 FROM tock_history_jobs_succeeded s
+                      WHERE s.tableoid = c.oid)""").fetchone()
+    return leaf
+
+
+def test_finished_counts_past_the_bound_come_from_the_statistics(operator_store, db, now):
+    _bulk_history(db, now, "a", 200)
+    _bulk_history(db, now, "b", 100)
+    exact = {("succeeded", "a"): 200, ("succeeded", "b"): 100}
+    assert operator_store.finished_counts([JobState.SUCCEEDED], exact_up_to=300) == (
+        exact, set())
+    db.execute(pgsql.SQL("ANALYZE {}").format(pgsql.Identifier(_leaf(db))))
+    # Analyzed: the row count and the kinds' shares come from the statistics, unread.
+    assert operator_store.finished_counts([JobState.SUCCEEDED], exact_up_to=50) == (
+        exact, {"succeeded"})
+
+
+def test_finished_counts_of_a_never_analyzed_big_partition_are_sampled(
+        operator_store, db, now):
+    _bulk_history(db, now, "a", 30_000)
+    counts, estimated = operator_store.finished_counts([JobState.SUCCEEDED],
+                                                       exact_up_to=3000)
+    assert estimated == {"succeeded"} and set(counts) == {("succeeded", "a")}
+    # Whole pages sampled and scaled: near the truth whatever the planner guessed.
+    assert 15_000 <= counts[("succeeded", "a")] <= 60_000
 
 
 def test_throughput_and_latency_read_the_history(operator_store, db, now):
