@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -37,13 +37,23 @@ class Snapshot:
     compute_seconds: float
 
 
+BUSY_SHARE = 0.1
+"""At most this share of the time goes to computing statistics: a snapshot that took c
+seconds is kept for at least c / BUSY_SHARE, so a big hot table slows the refresh rather
+than keeping a Postgres core busy for the dashboard."""
+
+
 class StatsCache:
-    """Computes a `Snapshot` when the last one is older than `ttl_seconds`; concurrent
-    callers wait for the one computation instead of each running it."""
+    """Computes a `Snapshot` when the last one is older than `ttl_seconds` (or, when that
+    is longer, ten times what the last one took: see BUSY_SHARE); concurrent callers wait
+    for the one computation instead of each running it. `ttl_seconds=0` computes every
+    time."""
 
     def __init__(self, store: OperatorStore, *, ttl_seconds: float,
-                 stale_after_seconds: float, finished_ttl_seconds: float = 15.0) -> None:
+                 stale_after_seconds: float, finished_ttl_seconds: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
+        self.clock = clock
         self.ttl_seconds = ttl_seconds
         self.finished_ttl_seconds = max(finished_ttl_seconds, ttl_seconds)
         self.stale_after_seconds = stale_after_seconds
@@ -54,15 +64,22 @@ class StatsCache:
         self._finished_estimated: set[str] = set()
         self._finished_taken: float | None = None
 
+    @property
+    def refresh_seconds(self) -> float:
+        """How long the current snapshot is kept."""
+        if self.ttl_seconds <= 0 or self._snapshot is None:
+            return self.ttl_seconds
+        return max(self.ttl_seconds, self._snapshot.compute_seconds / BUSY_SHARE)
+
     def get(self) -> Snapshot:
         with self._lock:
-            if self._snapshot is None or time.monotonic() - self._taken >= self.ttl_seconds:
+            if self._snapshot is None or self.clock() - self._taken >= self.refresh_seconds:
                 self._snapshot = self._compute()
-                self._taken = time.monotonic()
+                self._taken = self.clock()
             return self._snapshot
 
     def _compute(self) -> Snapshot:
-        started = time.monotonic()
+        started = self.clock()
         with self.store.transaction() as tx:
             # One snapshot of the database for every number (REPEATABLE READ would need a
             # separate transaction start; the figures are seconds-fresh anyway).
@@ -81,7 +98,7 @@ class StatsCache:
             workers = tx.workers(stale_after_seconds=self.stale_after_seconds, now=now)
             buckets = timeline(tx, now=now)
         return Snapshot(now, counts, self._finished_estimated, queues, tenants, limits,
-                        workers, buckets, time.monotonic() - started)
+                        workers, buckets, self.clock() - started)
 
 
 class ClusterCollector(Collector):
@@ -148,6 +165,10 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily("tock_cluster_stats_seconds",
                                 "Time the last statistics computation took",
                                 value=snap.compute_seconds)
+        yield GaugeMetricFamily("tock_cluster_stats_refresh_seconds",
+                                "How long a statistics snapshot is kept (the TTL, or ten "
+                                "times its computation when that is longer)",
+                                value=self.cache.refresh_seconds)
 
 
 def _tenant_gauges(tenants: list[TenantStats]) -> Iterator[GaugeMetricFamily]:
