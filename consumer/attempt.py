@@ -8,6 +8,7 @@ import logging
 import time
 
 from consumer import outcomes
+from consumer.lease import let_go
 from consumer.outcomes import Backoff, Raised
 from consumer.pipeline import Pipeline, Work
 from shared.runtime import metrics
@@ -30,10 +31,10 @@ def finish(pipe: Pipeline, work: Work, raised: Raised | None, run_seconds: float
                  over_deadline_s=round(time.monotonic() - item.started
                                        - item.timeout_seconds, 1))
         if raised is not None and raised.abandon:
-            item.abandoned = True
             emit(log, "job_abandoned", logging.WARNING, job_id=item.job_id,
                  attempt=item.attempt, worker=pipe.worker_id)
-            pipe.tracker.forget(item)
+            if let_go(pipe, item):  # else the lease keeper detaches it at its next tick
+                pipe.tracker.forget(item)
         else:
             result = outcomes.outcome_of(item, raised, run_seconds, backoff)
     finally:

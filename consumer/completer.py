@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from consumer.lease import let_go
 from consumer.outcomes import Finished
 from consumer.pipeline import Pipeline
 from shared.core.errors import DataRejected, LeaseLost, Retryable
@@ -106,7 +107,8 @@ class Completer(Loop):
         for q, receipts in again.items():
             pipe.make_visible(q, receipts)
         for f in batch:
-            pipe.tracker.forget(f.item)
+            if not (f.item.abandoned and not f.item.detached and not f.item.released):
+                pipe.tracker.forget(f.item)
 
     def _claims_lost(self, discarded: list[Finished]) -> set[int]:
         """Jobs whose result matched no row because the claim itself was lost (a database
@@ -158,7 +160,7 @@ class Completer(Loop):
                     emit(log, "outcome_rejected", logging.ERROR, job_id=f.item.job_id,
                          attempt=f.item.attempt, error=str(exc))
             else:
-                f.item.abandoned = True
+                let_go(pipe, f.item)  # if Postgres is away too: at the lease keeper's tick
         return written
 
     def _report(self, f: Finished, written: bool) -> None:

@@ -26,6 +26,9 @@ class InFlight:
     lease_lost: bool = False
     abandoned: bool = False
     """No more heartbeats: the lease will expire and the timer recovers the job."""
+    detached: bool = False
+    """Its job no longer follows this worker's lease (which every other job it holds
+    hangs off) and expires on its own: how an abandoned job is really let go."""
     released: bool = False
     """Given back at shutdown: only the release is written, not the handler's late result."""
     completing: bool = False
@@ -75,6 +78,11 @@ class InFlight:
         with self._lock:
             self._stuck = not self._returned
             return self._stuck
+
+    @property
+    def handler_done(self) -> bool:
+        with self._lock:
+            return self._returned
 
     def handler_returned(self) -> bool:
         """The handler is done; True if it had been marked stuck (its gauge goes down)."""

@@ -88,8 +88,14 @@ class LeaseKeeper(Loop):
                 item.stop("deadline passed")
                 emit(log, "job_timeout", logging.WARNING, job_id=item.job_id,
                      attempt=item.attempt, timeout_s=item.timeout_seconds)
-            if over > self.pipe.settings.lease_seconds and not item.abandoned:
+            if item.detached or item.released:
+                continue
+            if over > self.pipe.settings.lease_seconds and not item.handler_done:
                 self._detach(item)
+            elif item.abandoned and let_go(self.pipe, item) and item.handler_done:
+                # Given up elsewhere (Abandon, an outcome Postgres refused) while the
+                # database was away: detached now, so let it go.
+                self.pipe.tracker.forget(item)
 
     def _detach(self, item: InFlight) -> None:
         """A handler ignoring its deadline by more than a lease: its job stops following
@@ -97,18 +103,29 @@ class LeaseKeeper(Loop):
         this worker had died (a thread cannot be killed; its slot is freed only when the
         handler returns, since only then is it safe to run another job on it)."""
         pipe = self.pipe
-        try:
-            pipe.store.detach_lease(item.lease, pipe.worker_id, pipe.settings.lease_seconds,
-                                    pipe.clock())
-        except Retryable:
+        if not let_go(pipe, item):
             return  # tried again on the next tick
-        item.abandoned = True
         if item.mark_stuck():
             metrics.STUCK_HANDLERS.labels(item.context.kind).inc()
         emit(log, "handler_stuck", logging.ERROR, job_id=item.job_id, attempt=item.attempt,
              kind=item.context.kind, worker=pipe.worker_id,
              detail="handler ignored its deadline; lease left to expire, so the job is "
                     "recovered elsewhere; its thread and slot stay busy until it returns")
+
+
+def let_go(pipe: Pipeline, item: InFlight) -> bool:
+    """Give a job up as a dead worker would: no more heartbeats for it, and its lease
+    detached from this worker's (which stays alive for the other jobs), so it expires one
+    lease from now and the timer recovers it. False if the database could not be reached:
+    the lease keeper tries again at its next tick."""
+    item.abandoned = True
+    try:
+        pipe.store.detach_lease(item.lease, pipe.worker_id, pipe.settings.lease_seconds,
+                                pipe.clock())
+    except Retryable:
+        return False
+    item.detached = True
+    return True
 
 
 class VisibilityKeeper(Loop):
