@@ -12,23 +12,10 @@ import psutil
 import pytest
 
 from shared.core.states import AttemptOutcome, JobState
-from tests.support.e2e_tasks import DDL
-from tests.support.processes import Processes, process_env
+from tests.support.processes import process_env
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def procs(database_url, queue_prefix, transport, sqs_server, db, tmp_path):
-    db.execute(DDL)
-    p = Processes(process_env(database_url, queue_prefix, sqs_server.env(),
-                              lease_seconds="3", heartbeat_seconds="1",
-                              visibility_timeout_seconds="5", receive_wait_seconds="1",
-                              backoff_base_seconds="0.2", backoff_cap_seconds="0.5",
-                              shutdown_grace_seconds="2", kill_grace_seconds="0.5"), tmp_path)
-    yield p
-    p.stop_all()
 
 
 def test_a_handler_hanging_past_its_timeout_is_killed_and_retried(procs, client, db,

@@ -204,46 +204,38 @@ def test_a_dead_event_loop_thread_stops_the_process_non_zero(
     assert not live and "loop async crashed: RuntimeError" in reason
 
 
-def test_step_by_step_drivers_run_async_handlers_too(client, timer, registry, consumers,
-                                                      clock):
-    ran: list[int] = []
-
-    async def coroutine(payload, ctx):
-        ran.append(ctx.attempt)
-
-    registry.add("async", coroutine)
-    job = client.schedule("async")
-    consumer = consumers(clock)
-    dispatch(timer, clock.now)
-    run_all(consumer, receive(consumer, 1))
-    assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED
-
-
-def test_step_by_step_drivers_work_from_a_thread_that_runs_a_loop(client, timer, registry,
-                                                                   consumers, clock):
-    """Playwright's sync API (and a notebook) leave a running loop on the caller's thread;
-    the driver must not try to run the consumer's loop there too."""
-    ran: list[int] = []
-
-    async def coroutine(payload, ctx):
-        ran.append(ctx.attempt)
-
-    registry.add("async", coroutine)
-    job = client.schedule("async")
-    consumer = consumers(clock)
-    dispatch(timer, clock.now)
-
+def _from_a_thread_running_a_loop(step) -> None:
+    """Run `step` as a synchronous call made while its thread runs an event loop, as under
+    Playwright's sync API or in a notebook (on a thread of its own: the test's thread may
+    hold Playwright's loop already)."""
     failed: list[BaseException] = []
 
-    async def caller() -> None:  # synchronous calls made while this thread runs a loop
+    async def caller() -> None:
         try:
-            run_all(consumer, receive(consumer, 1))
+            step()
         except BaseException as exc:
             failed.append(exc)
 
-    # A thread of its own: the test's thread may run Playwright's loop already.
     thread = threading.Thread(target=asyncio.run, args=(caller(),))
     thread.start()
     thread.join(60)
     assert not failed, failed
+
+
+@pytest.mark.parametrize("caller", ["plain", "inside a running loop"])
+def test_step_by_step_drivers_run_async_handlers_too(client, timer, registry, consumers,
+                                                      clock, caller):
+    ran: list[int] = []
+
+    async def coroutine(payload, ctx):
+        ran.append(ctx.attempt)
+
+    registry.add("async", coroutine)
+    job = client.schedule("async")
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    if caller == "plain":
+        run_all(consumer, receive(consumer, 1))
+    else:  # the driver must not try to run the consumer's loop on the caller's thread
+        _from_a_thread_running_a_loop(lambda: run_all(consumer, receive(consumer, 1)))
     assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED

@@ -11,6 +11,7 @@ import pytest
 
 from devstack.ports import free_port
 from tests.support.dashboard import make_dead
+from tests.support.history import fill_history
 
 
 def test_enqueue_list_and_show(tock, db):
@@ -101,12 +102,7 @@ def test_a_dry_run_past_the_count_cap_says_more_than(tock, db, monkeypatch):
 
 
 def test_stats_marks_estimated_finished_counts(tock, db):
-    db.execute("""
-        INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt,
-            created_at, updated_at, finished_at, dispatch_failures, lease_detached, payload)
-        SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), 'email', 'default', 0,
-               'dead', now(), 1, now(), now(), now(), 0, false, '{}'
-        FROM generate_series(1, 25000)""")
+    fill_history(db, n=25000, state="dead", kind="email")
     db.execute("ANALYZE tock_history_jobs_dead")
     code, out, _ = tock("stats")
     assert code == 0 and "succeeded 0  dead ~25000  cancelled 0" in out

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
 from tests.support.dashboard import METRICS, OPERATOR, TEST_HOSTS, VIEWER, make_dead
+from tests.support.history import fill_history
 
 
 def enqueue(client: TestClient, **body) -> dict:
@@ -208,12 +209,7 @@ def test_queue_stats_workers_and_metrics(operator, anon, db):
 def test_a_big_history_partition_is_estimated_and_says_so(operator, anon, db):
     overview = operator.get("/api/stats/overview").json()
     assert overview["estimated"] == []
-    db.execute("""
-        INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt,
-            created_at, updated_at, finished_at, dispatch_failures, lease_detached, payload)
-        SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), 'email', 'default', 0,
-               'succeeded', now(), 1, now(), now(), now(), 0, false, '{}'
-        FROM generate_series(1, 25000)""")
+    fill_history(db, n=25000, kind="email")
     db.execute("ANALYZE tock_history_jobs_succeeded")
     fresh = operator.app.state.stats  # a new snapshot, finished counts included
     fresh._snapshot, fresh._finished_taken = None, None

@@ -25,6 +25,7 @@ from tests.integration.store.helpers import (
     secs,
     side_of,
 )
+from tests.support.history import fill_history
 
 M = timedelta(minutes=1)
 RETRY = action_states("retry")
@@ -139,15 +140,6 @@ def test_counts_add_up_both_sides(operator_store, mixed):
         ("dead", "a"): 2, ("succeeded", "b"): 1, ("cancelled", "a"): 1}, set())
 
 
-def _bulk_history(db, now, kind: str, n: int) -> None:
-    db.execute("""
-        INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt,
-            created_at, updated_at, finished_at, dispatch_failures, lease_detached, payload)
-        SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), %s, 'default', 0,
-               'succeeded', %s, 1, %s, %s, %s, 0, false, '{}'
-        FROM generate_series(1, %s)""", (kind, now, now, now, now, n))
-
-
 def _leaf(db) -> str:
     (leaf,) = db.execute("""
         SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -158,8 +150,8 @@ def _leaf(db) -> str:
 
 
 def test_finished_counts_past_the_bound_come_from_the_statistics(operator_store, db, now):
-    _bulk_history(db, now, "a", 200)
-    _bulk_history(db, now, "b", 100)
+    fill_history(db, n=200, kind="a", at=now)
+    fill_history(db, n=100, kind="b", at=now)
     exact = {("succeeded", "a"): 200, ("succeeded", "b"): 100}
     assert operator_store.finished_counts([JobState.SUCCEEDED], exact_up_to=300) == (
         exact, set())
@@ -171,7 +163,7 @@ def test_finished_counts_past_the_bound_come_from_the_statistics(operator_store,
 
 def test_finished_counts_of_a_never_analyzed_big_partition_are_sampled(
         operator_store, db, now):
-    _bulk_history(db, now, "a", 30_000)
+    fill_history(db, n=30_000, kind="a", at=now)
     counts, estimated = operator_store.finished_counts([JobState.SUCCEEDED],
                                                        exact_up_to=3000)
     assert estimated == {"succeeded"} and set(counts) == {("succeeded", "a")}
