@@ -67,6 +67,11 @@ GAP_NOTES: dict[str, str] = {
         "RSS grew while the backlog moved: look for caches keyed by job (the consumer's "
         "`_inflight` map is emptied per job; prometheus label sets grow with kinds and queues)."
     ),
+    "scale.history": (
+        "The history lives in its own partitioned tables, so the hot table and the claim's "
+        "indexes do not see it; a drop here would point at the key trigger "
+        "(`tock_claim_key`, only for keyed jobs) or at autovacuum busy on the history."
+    ),
     "scale.claim": (
         "Measure again before acting: each size's claim loop runs for well under a second, "
         "so a spike of other load on the machine moves this ratio more than the table does. "

@@ -35,6 +35,9 @@ class Profile:
     """Tenant A's overdue jobs when tenant B's 100 arrive."""
     fair_window: int
     """A's dispatches per rate window (before B, from B on)."""
+    history_rows: int
+    """Finished jobs put in the history before the claim is measured again at the
+    smallest scale size."""
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.consumer_counts) or not self.consumer_counts:
@@ -57,6 +60,7 @@ QUICK = Profile(
     scale_sizes=(10_000, 100_000, 1_000_000), scale_due=3_000,
     hotspot_jobs=3_000,
     fair_backlog=1_000_000, fair_window=20_000,
+    history_rows=1_000_000,
 )
 
 FULL = Profile(
@@ -69,6 +73,7 @@ FULL = Profile(
     scale_sizes=(10_000, 100_000, 1_000_000, 5_000_000), scale_due=10_000,
     hotspot_jobs=10_000,
     fair_backlog=1_000_000, fair_window=50_000,
+    history_rows=10_000_000,
 )
 
 TINY = Profile(
@@ -81,6 +86,7 @@ TINY = Profile(
     scale_sizes=(1_000, 3_000), scale_due=600,
     hotspot_jobs=100,
     fair_backlog=30_000, fair_window=2_000,
+    history_rows=20_000,
 )
 
 PROFILES = {p.name: p for p in (QUICK, FULL, TINY)}

@@ -1,5 +1,7 @@
 """Scale: tock's claim and dispatch rates as the table grows to 10k, 100k, 1M (5M) pending
 rows, each as a ratio to the smallest size; and the size of the table and its indexes.
+Then the history: with 1M (10M) finished jobs in it, the claim rate at the smallest size
+and the hot table's size, each as a ratio to the same figure without the history.
 
 Pending rows are scheduled in the future (1 hour to 30 days ahead) at every priority, the
 shape of a real backlog of delayed work; the rows claimed at each size are due now."""
@@ -30,6 +32,17 @@ FROM pg_class c
 WHERE c.relname IN ('tock_jobs', 'tock_attempts')
    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'tock_jobs'::regclass)
 ORDER BY c.relname
+"""
+
+# Finished jobs as the outcome statement leaves them, over the last six days.
+ADD_HISTORY = """
+INSERT INTO tock_history_jobs (id, kind, queue, priority, state, run_at, attempt, created_at,
+                               updated_at, finished_at, dispatch_failures, lease_detached,
+                               payload)
+SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')), %(kind)s, 'default', 0,
+       'succeeded', t.at, 1, t.at, t.at, t.at, 0, false, jsonb_build_object('n', t.g)
+FROM (SELECT g, now() - random() * interval '6 days' AS at
+      FROM generate_series(1, %(n)s) AS g) t
 """
 
 BATCH: int = TimerSettings.model_fields["batch_size"].default
@@ -77,12 +90,45 @@ def scale(ctx: Context) -> None:
         ctx.results.ratio(f"scale.dispatch.{n}", "scale", f"timer dispatch at {n:,} pending",
                           point["dispatch_jobs_per_s"], "jobs/s", "scale.dispatch.base")
     largest = points[-1]
+    _with_history(ctx, smallest)
     ctx.results.raw("scale.table_mb", "scale",
                     f"tock_jobs heap at {largest['pending_rows']:,} rows",
                     largest["heap_bytes"] / 2**20, "MB")
     ctx.results.raw("scale.indexes_mb", "scale",
                     f"tock_jobs indexes at {largest['pending_rows']:,} rows",
                     largest["index_bytes"] / 2**20, "MB")
+
+
+def _with_history(ctx: Context, base: dict[str, Any]) -> None:
+    """The claim at the smallest size again, on a fresh database whose history holds
+    `history_rows` finished jobs: the hot table holds only unfinished work, so neither its
+    size nor the claim should move."""
+    url = ctx.services.fresh_database("bench_scale_history")
+    n, pending = ctx.profile.history_rows, int(base["pending_rows"])
+    timer = Timer(TimerSettings(database_url=url, queue_prefix=ctx.phase_queue("history"),
+                                batch_size=BATCH))
+    try:
+        started = time.monotonic()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(ADD_PENDING, {"kind": noop_tasks.KIND, "n": pending})
+            conn.execute(ADD_HISTORY, {"kind": noop_tasks.KIND, "n": n})
+            conn.execute("VACUUM ANALYZE")
+        ctx.progress.say(f"  {n:,} finished jobs in the history ("
+                         f"{time.monotonic() - started:.0f} s)")
+        claim = _claim_rate(url, timer, ctx.profile.scale_due)
+        sizes = _sizes(url)
+    finally:
+        timer.close()
+    ctx.results.ratio("scale.history.claim", "scale",
+                      f"tock claim at {pending:,} pending with {n:,} finished jobs in the "
+                      "history", claim, "jobs/s", "scale.claim.base", minimum=0.9)
+    hot = ctx.results.raw("scale.history.hot_size", "scale",
+                          f"tock_jobs (table + indexes) with {n:,} finished jobs in the "
+                          f"history / without, at {pending:,} pending",
+                          sizes["total_bytes"] / base["total_bytes"], "x")
+    hot.target, hot.met = "<= 1.10 (unchanged)", hot.value <= 1.10
+    ctx.progress.say(f"  with {n:,} in the history: claim {claim:,.0f} jobs/s, tock_jobs "
+                     f"{sizes['total_bytes'] / 2**20:,.0f} MB")
 
 
 def _claim_rate(url: str, timer: Timer, due: int) -> float:
