@@ -4,6 +4,7 @@ report.md and the plots in the output directory."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import traceback
@@ -39,6 +40,11 @@ def run(profile: Profile, out: Path) -> Path:
         settings = results.environment["postgres_settings"]
         progress.say("  Postgres " + ", ".join(f"{k}={v}" for k, v in settings.items()))
         ctx = Context(services, profile, results, progress, sampler, out / "logs")
+        # Loops run in this process (scale, fairness, profile) log here, not to stderr.
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        in_process = logging.FileHandler(out / "logs" / "in-process.log")
+        in_process.setLevel(logging.INFO)
+        logging.getLogger("tock").addHandler(in_process)
         sampler.start()
         best = [max(profile.consumer_counts)]
         try:

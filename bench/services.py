@@ -51,6 +51,12 @@ class Services:
         self._databases.append(name)
         return self.postgres.create_database(name, template=TEMPLATE)
 
+    def drop_database(self, name: str) -> None:
+        """Drop a phase's database once measured, so its autovacuum does not run under the
+        phases after it."""
+        with psycopg.connect(self.admin_url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     def admin_url(self) -> str:
         return self.postgres.url("postgres")
 
