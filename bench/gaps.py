@@ -88,11 +88,15 @@ GAP_NOTES: dict[str, str] = {
         "one batch of 100; behind A's backlog they get half of each batch (fair share "
         "between two tenants), so they need two batches, and each batch of A's rows costs "
         "more (its pair walk and claim run next to a million due rows): hence a ratio above "
-        "2 where the absolute cost is about 1.5 ms. Past dispatch, B's jobs would also "
+        "2 where the absolute cost is a few milliseconds. Past dispatch, B's jobs would also "
         "wait behind whatever of A's backlog is already in SQS: fairness is decided at "
         "dispatch (README, Fair share), and a cap on jobs waiting in SQS per queue is not "
-        "built. A's rate is the claim alone; it drops by the share B takes while B has "
-        "work."
+        "built. A's rate is the claim alone. Over a longer window (the full profile) both "
+        "figures get worse, most likely because every claimed row of A leaves a dead "
+        "entry at the head of A's range in `tock_jobs_fair_idx`, which each later claim "
+        "and pair probe steps over until vacuum runs (autovacuum's naptime is a minute, "
+        "the window a few seconds); a claim that resumes from the last (run_at, id) it "
+        "took, reset every few passes so older arrivals are not skipped, would avoid it."
     ),
     "dispatch.": (
         "The timer holds each claim transaction open across its sends (by design: a crash "
