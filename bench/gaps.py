@@ -79,8 +79,10 @@ GAP_NOTES: dict[str, str] = {
         "walks the (kind, tenant) pairs with due work through `tock_jobs_fair_idx` "
         "(`sql.DUE_PAIRS_*`, one probe per pair) and takes each one's oldest rows "
         "(`sql.CLAIM_PAIRS`), stopping at the first future row, so pending rows cost it one "
-        "B-tree level per 100x; a real slowdown with size would point at dead index "
-        "entries left by claimed rows (vacuum `tock_jobs` more often)."
+        "B-tree level per 100x. At 5M pending the table and its indexes (about 2 GB) no "
+        "longer fit in `shared_buffers` (1 GB here), so probes start to read from the OS "
+        "cache; each size's claims also leave dead index entries at the head of the due "
+        "range that later claims step over until vacuum (see the fair share note)."
     ),
     "fair.": (
         "Both p99s are dispatch lags of a millisecond or two (SQS is a sink here), so the "
