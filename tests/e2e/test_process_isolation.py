@@ -58,3 +58,31 @@ def test_a_consumer_whose_handler_processes_cannot_start_exits_2(database_url, q
     assert "a handler process could not start: cannot import task module: ImportError" \
         in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_kill_9_of_the_consumer_takes_its_handler_processes_and_the_job_is_recovered(
+        procs, client, db):
+    procs.timer("timer")
+    first = procs.consumer("first", "--isolation", "process", "--concurrency", "2")
+    job = client.schedule("block_first", max_attempts=3)
+    wait_for(lambda: db.execute("SELECT count(*) FROM e2e_runs WHERE job_id = %s",
+                                (job.id,)).fetchone()[0] == 1,
+             timeout=60, message="the first run started in a handler process")
+    (child_pid,) = db.execute("SELECT pid FROM e2e_runs WHERE job_id = %s",
+                              (job.id,)).fetchone()
+    assert child_pid != first.pid
+    child = psutil.Process(child_pid)
+    procs.kill("first")
+    # Its parent gone, the handler process leaves by itself: no orphan runs on.
+    wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+             timeout=15, message="the orphaned handler process exited")
+    procs.consumer("second", "--isolation", "process", "--concurrency", "2")
+    try:
+        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
+                 message="the job recovered from the lease and run again")
+    except AssertionError:
+        print(procs.logs())
+        raise
+    final = client.get(job.id, with_attempts=True)
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.LEASE_EXPIRED,
+                                                   AttemptOutcome.SUCCEEDED]
