@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
+from shared.core.errors import DatabaseBug
 from shared.core.filters import JobFilter
 from shared.core.jobs import Job
 from shared.core.reports import QueueKindStats, TenantStats, WorkerInfo
@@ -15,6 +16,7 @@ from shared.store import operator_sql as sql
 from shared.store.base import Store
 
 DUE_AHEAD_CAP = 10_000
+UNDEFINED_TABLE = "42P01"
 FINISHED_EXACT_UP_TO = 20_000
 """A history partition up to this many rows is counted exactly; a bigger one is estimated
 from its statistics (or a sample of this many rows), so finished counts cost a bounded
@@ -95,20 +97,34 @@ class OperatorStore(Store):
         counts: Counter[tuple[str, str]] = Counter(
             {(r[0], r[1]): int(r[2]) for r in self._rows(sql.HOT_FINISHED_COUNTS, params)})
         estimated: set[str] = set()
-        leaves = self._rows(sql.HISTORY_LEAVES, {
-            "parents": [f"tock_history_jobs_{s.value}" for s in states]})
-        for leaf, state, reltuples in leaves:
-            if reltuples <= exact_up_to:  # small when last analyzed (or never analyzed)
-                n = self._one(sql.probe_leaf(leaf), {"bound": exact_up_to})
-                if n is not None and n[0] <= exact_up_to:
-                    if n[0]:
-                        counts.update({(state, r[0]): int(r[1])
-                                       for r in self._rows(sql.count_leaf(leaf))})
-                    continue
-            estimated.add(state)
-            counts.update({(state, k): n for k, n in
-                           self._estimate_leaf(leaf, reltuples, exact_up_to).items()})
+        for leaf, state, reltuples in self._history_leaves(states):
+            try:
+                # A savepoint each: a day the retention loop drops meanwhile is skipped.
+                with self.transaction() as tx:
+                    found, guessed = tx._leaf_counts(leaf, reltuples, exact_up_to)
+            except DatabaseBug as exc:
+                if exc.sqlstate != UNDEFINED_TABLE:
+                    raise
+                continue
+            counts.update({(state, k): n for k, n in found.items()})
+            if guessed:
+                estimated.add(state)
         return dict(counts), estimated
+
+    def _history_leaves(self, states: Sequence[JobState]) -> list[tuple[str, str, float]]:
+        return [(r[0], r[1], float(r[2])) for r in self._rows(sql.HISTORY_LEAVES, {
+            "parents": [f"tock_history_jobs_{s.value}" for s in states]})]
+
+    def _leaf_counts(self, leaf: str, reltuples: float, exact_up_to: int
+                     ) -> tuple[dict[str, int], bool]:
+        """One history partition's jobs by kind, and whether that is an estimate."""
+        if reltuples <= exact_up_to:  # small when last analyzed (or never analyzed)
+            n = self._one(sql.probe_leaf(leaf), {"bound": exact_up_to})
+            if n is not None and n[0] <= exact_up_to:
+                if not n[0]:
+                    return {}, False
+                return {r[0]: int(r[1]) for r in self._rows(sql.count_leaf(leaf))}, False
+        return self._estimate_leaf(leaf, reltuples, exact_up_to), True
 
     def _estimate_leaf(self, leaf: str, reltuples: float, sample_rows: int) -> dict[str, int]:
         plan = self._one(sql.estimate_leaf(leaf))

@@ -13,6 +13,7 @@ from psycopg import sql as pgsql
 from shared.core.filters import JobFilter, action_states
 from shared.core.states import FINAL_STATES, JobState
 from shared.schedules.spec import make_spec
+from shared.store.operator_store import OperatorStore
 from shared.store.rows import Cursor
 from tests.integration.store.helpers import (
     add_finished,
@@ -203,3 +204,19 @@ def test_schedule_runs_read_both_sides_newest_slot_first(schedule_store, db, now
     runs = schedule_store.runs("pulse", 3)
     assert [r.job_id for r in runs] == [pending, done[2], done[1]]
     assert [r.state for r in runs] == ["scheduled", "succeeded", "succeeded"]
+
+
+def test_finished_counts_skip_a_partition_dropped_while_they_read(database, db, now):
+    """The retention loop may drop a day between the listing of the partitions and the
+    count of one: that day is skipped, the rest still counted, in the same transaction."""
+
+    class DroppedMeanwhile(OperatorStore):
+        def _history_leaves(self, states):
+            return [("tock_history_jobs_succeeded_p19990101", "succeeded", 10.0),
+                    *super()._history_leaves(states)]
+
+    fill_history(db, n=5, kind="a", at=now)
+    store = DroppedMeanwhile(database)
+    with store.transaction() as tx:
+        assert tx.finished_counts([JobState.SUCCEEDED]) == ({("succeeded", "a"): 5}, set())
+        assert tx.database_now() is not None, "the transaction is still usable"
