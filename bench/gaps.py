@@ -94,11 +94,13 @@ GAP_NOTES: dict[str, str] = {
         "wait behind whatever of A's backlog is already in SQS: fairness is decided at "
         "dispatch (README, Fair share), and a cap on jobs waiting in SQS per queue is not "
         "built. A's rate is the claim alone. Over a longer window (the full profile) both "
-        "figures get worse, most likely because every claimed row of A leaves a dead "
-        "entry at the head of A's range in `tock_jobs_fair_idx`, which each later claim "
-        "and pair probe steps over until vacuum runs (autovacuum's naptime is a minute, "
-        "the window a few seconds); a claim that resumes from the last (run_at, id) it "
-        "took, reset every few passes so older arrivals are not skipped, would avoid it."
+        "figures get worse: every claimed row of A leaves a dead entry at the head of A's "
+        "range in `tock_jobs_fair_idx`, which each later claim and pair probe steps over "
+        "until vacuum runs (autovacuum's naptime is a minute, the window a few seconds). "
+        "Measured on its own: the claim over successive 10,000-job windows of a 1M "
+        "backlog goes 24.2k, 25.0k, 24.4k, 23.1k, 23.3k, 21.4k jobs/s, and 26.5k after a "
+        "VACUUM. A claim that resumes from the last (run_at, id) it took, reset every few "
+        "passes so older arrivals are not skipped, would avoid it."
     ),
     "dispatch.": (
         "The timer holds each claim transaction open across its sends (by design: a crash "
