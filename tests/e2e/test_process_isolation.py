@@ -23,12 +23,8 @@ def test_a_handler_hanging_past_its_timeout_is_killed_and_retried(procs, client,
     procs.timer("timer")
     consumer = procs.consumer("consumer", "--isolation", "process", "--concurrency", "2")
     job = client.schedule("hang_first", timeout=1, max_attempts=3)
-    try:
-        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
-                 message="the retry succeeded in a fresh handler process")
-    except AssertionError:
-        print(procs.logs())
-        raise
+    procs.wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
+                   message="the retry succeeded in a fresh handler process")
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT,
                                                    AttemptOutcome.SUCCEEDED]
@@ -77,12 +73,8 @@ def test_kill_9_of_the_consumer_takes_its_handler_processes_and_the_job_is_recov
     wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
              timeout=15, message="the orphaned handler process exited")
     procs.consumer("second", "--isolation", "process", "--concurrency", "2")
-    try:
-        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
-                 message="the job recovered from the lease and run again")
-    except AssertionError:
-        print(procs.logs())
-        raise
+    procs.wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
+                   message="the job recovered from the lease and run again")
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.LEASE_EXPIRED,
                                                    AttemptOutcome.SUCCEEDED]

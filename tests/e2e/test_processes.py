@@ -29,12 +29,8 @@ def test_two_timers_three_consumers_run_1000_jobs_exactly_once(procs, client, db
         procs.consumer(f"consumer-{n}", "--concurrency", "8")
     jobs = client.schedule_many([{"kind": "record", "payload": {"n": i}} for i in range(1000)])
     assert len({j.id for j in jobs}) == 1000
-    try:
-        wait_for(lambda: _states(db).get("succeeded") == 1000, timeout=180,
-                 message="1000 jobs succeeded")
-    except AssertionError:
-        print(procs.logs())
-        raise
+    procs.wait_for(lambda: _states(db).get("succeeded") == 1000, timeout=180,
+                   message="1000 jobs succeeded")
     runs = db.execute("SELECT count(*), count(DISTINCT job_id) FROM e2e_runs").fetchone()
     assert runs == (1000, 1000), "every job ran exactly once"
     attempts = db.execute("SELECT count(*), count(DISTINCT job_id) FROM tock_attempts_all "
@@ -50,12 +46,8 @@ def test_consumer_killed_mid_job_loses_nothing(procs, client, db):
     wait_for(lambda: _runs(db, job.id), message="the first attempt started")
     procs.kill("victim")
     procs.consumer("survivor")
-    try:
-        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
-                 message="job recovered after its lease expired")
-    except AssertionError:
-        print(procs.logs())
-        raise
+    procs.wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
+                   message="job recovered after its lease expired")
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.LEASE_EXPIRED,
                                                    AttemptOutcome.SUCCEEDED]
@@ -74,12 +66,8 @@ def test_timer_killed_between_claim_and_commit_loses_nothing(procs, client, db, 
     procs.kill("faulty-timer")
     procs.consumer("consumer")
     procs.timer("timer")
-    try:
-        wait_for(lambda: _states(db).get("succeeded") == 5, timeout=60,
-                 message="all jobs succeeded after the timer died")
-    except AssertionError:
-        print(procs.logs())
-        raise
+    procs.wait_for(lambda: _states(db).get("succeeded") == 5, timeout=60,
+                   message="all jobs succeeded after the timer died")
     assert sorted(r[0] for r in _runs(db)) == sorted(j.id for j in jobs), "each ran once"
 
 

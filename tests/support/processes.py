@@ -6,8 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.wait import wait_for
 
 
 @dataclass
@@ -39,6 +42,16 @@ class Processes:
         proc = self.running[name]
         proc.send_signal(signal.SIGTERM)
         return proc.wait(timeout)
+
+    def wait_for(self, condition: Callable[[], object], *, timeout: float, message: str
+                 ) -> None:
+        """`tests.support.wait.wait_for`, printing every process's log tail if it times
+        out (pytest shows it with the failure)."""
+        try:
+            wait_for(condition, timeout=timeout, message=message)
+        except AssertionError:
+            print(self.logs())
+            raise
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}"
