@@ -52,6 +52,8 @@ LIMIT_POLL_SECONDS = 0.1
 TOP_UP_ROUNDS = 3
 """Claims per level and pass: the fair shares, then up to two rounds handing what light
 tenants left over to the ones that filled their share."""
+KEY_WALK_MIN = 32
+"""Concurrency keys a per-key claim looks at in one pass, at least (4 per job wanted)."""
 
 
 @dataclass
@@ -113,6 +115,8 @@ class Dispatcher(Loop):
         self._reported: dict[str, float] = {}
         self._refusals: dict[str, int] = {}
         self._cursors: dict[int, str | None] = {}  # per level: the last tenant served
+        # Per (level, kind, tenant) with a per-key limit: the last concurrency key looked at.
+        self._key_cursors: dict[tuple[int, str, str], str] = {}
         self._turn = 0  # passes so far: who goes first round a limit with little room
 
     def close(self) -> None:
@@ -199,6 +203,7 @@ class Dispatcher(Loop):
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
         tenant_room = {r.key: r.room for r in rooms
                        if r.scope == "tenant" and r.room is not None}
+        keyed = {r.key: r for r in rooms if r.scope == "kind_key"}
         batch = Batch(rated={(r.scope, r.key) for r in rooms if r.tokens is not None},
                       next_token_seconds=_next_token(rooms))
         with self._lock:
@@ -229,7 +234,7 @@ class Dispatcher(Loop):
                                         tenant_room=tenant_room, turn=turn)
                 if not share:
                     break
-                got = flow.claim_pairs(level, share, now)
+                got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn, now=now)
                 batch.jobs.extend(got)
                 capacity -= len(got)
                 taken = Counter((job.kind, job.tenant_key) for job in got)
@@ -244,6 +249,59 @@ class Dispatcher(Loop):
                 if capacity <= 0 or not pairs:
                     break
         return batch
+
+    def _claim(self, flow: FlowStore, level: int, share: list[fair_share.Quota], *,
+               keyed: dict[str, LimitRoom], batch: Batch, turn: int,
+               now: datetime | None) -> list[DueJob]:
+        """Claim `share` at `level`. A kind with a per-key limit (`keyed`) has its keyed
+        jobs claimed key by key, under the limit's lock (when another timer holds it, only
+        its jobs without a key go this pass); its jobs without a key and its keyed ones
+        take turns going first, so neither starves the other."""
+        unkeyed_first = turn % 2 == 1
+        first = [q for q in share if q[0] not in keyed or unkeyed_first or not keyed[q[0]].mine]
+        got = flow.claim_pairs(level, first, now, unkeyed=keyed) if first else []
+        for kind, tenant, n in share:
+            room = keyed.get(kind)
+            if room is not None and not room.mine:
+                batch.held = batch.next_token_seconds  # its keyed jobs wait for that timer
+            elif room is not None:
+                left = n - sum(1 for j in got if (j.kind, j.tenant_key) == (kind, tenant))
+                if left > 0:
+                    got += self._claim_keyed(flow, level, (kind, tenant, left), room=room,
+                                             batch=batch, now=now)
+        if not unkeyed_first:
+            taken = Counter((job.kind, job.tenant_key) for job in got)
+            rest = [(k, t, n - taken[(k, t)]) for k, t, n in share
+                    if k in keyed and keyed[k].mine and n > taken[(k, t)]]
+            if rest:
+                got += flow.claim_pairs(level, rest, now, unkeyed=keyed)
+        return got
+
+    def _claim_keyed(self, flow: FlowStore, level: int, quota: fair_share.Quota, *,
+                     room: LimitRoom, batch: Batch, now: datetime | None) -> list[DueJob]:
+        """Up to `quota` keyed jobs of its (kind, tenant): the next keys from this timer's
+        cursor, one job per key in turn, none past max_running jobs in flight per key."""
+        kind, tenant, n = quota
+        assert room.max_running is not None  # the schema requires it of a kind_key limit
+        cursor = (level, kind, tenant)
+        walk = max(KEY_WALK_MIN, 4 * n)
+        with self._lock:
+            after = self._key_cursors.get(cursor, "")
+        keys = flow.key_rooms(level, kind, tenant, after=after, walk=walk, now=now)
+        if after and len(keys) < walk:  # past the last key: round again from the first
+            keys += [k for k in flow.key_rooms(level, kind, tenant, after="", walk=walk,
+                                               now=now) if k[0] <= after]
+        rooms = [(key, room.max_running - (in_flight or 0)) for key, due, in_flight in keys
+                 if due]
+        if any(left <= 0 for _, left in rooms):
+            batch.held = batch.next_token_seconds  # a key's slot frees when its job ends
+        quotas = fair_share.per_key(rooms, n)
+        with self._lock:
+            if sum(q[1] for q in quotas) >= n:  # the next pass goes on after the last served
+                self._key_cursors[cursor] = quotas[-1][0]
+            else:
+                self._key_cursors.pop(cursor, None)
+        return flow.claim_keys(level, kind, tenant, quotas, now) if quotas else []
 
     def _send(self, due: list[DueJob]) -> dict[int, str]:
         """Send every job; returns {job id: error} for the ones SQS did not take."""

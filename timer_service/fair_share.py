@@ -107,3 +107,21 @@ def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
                     break
         active = still
     return [(kind, tenant, n) for (kind, tenant), n in assigned.items()]
+
+
+def per_key(rooms: Sequence[tuple[str, int]], capacity: int) -> list[tuple[str, int]]:
+    """Jobs to claim per concurrency key: one per key in turn (in the walk's order), never
+    past a key's room, at most `capacity` in all."""
+    left = {key: room for key, room in rooms if room > 0}
+    given: Counter[str] = Counter()
+    total = 0
+    while left and total < capacity:
+        for key in list(left):
+            if total >= capacity:
+                break
+            given[key] += 1
+            total += 1
+            left[key] -= 1
+            if not left[key]:
+                del left[key]
+    return list(given.items())

@@ -60,6 +60,8 @@ class Job:
     """Sends SQS refused in a row (the timer retries them with a backoff of their own)."""
     lease_detached: bool = False
     """A running job whose handler got stuck: its lease no longer follows its worker's."""
+    concurrency_key: str | None = None
+    """What a per-key concurrency limit of its kind counts it under (README, Limits)."""
     created: bool = True
     attempts: tuple[Attempt, ...] = field(default=())
 

@@ -10,7 +10,8 @@ from datetime import timedelta
 from shared.core import validation
 from shared.core.errors import InvalidInput
 
-SCOPES = ("kind", "tenant")
+SCOPES = ("kind", "tenant", "kind_key")
+"""kind_key: the limit's key is a kind, and max_running bounds each concurrency key of it."""
 MAX_RUNNING_LIMIT = 1_000_000
 MAX_RATE_PER_SECOND = 1_000_000.0
 MAX_PER_SECONDS = 86_400.0
@@ -21,7 +22,8 @@ MAX_BURST = 1_000_000
 class LimitSpec:
     scope: str
     key: str
-    """The kind, or the tenant ('' for the jobs enqueued without one)."""
+    """The kind (scopes kind and kind_key), or the tenant ('' for the jobs enqueued without
+    one)."""
     max_running: int | None
     rate_per_second: float | None
     burst: int | None
@@ -31,11 +33,12 @@ class LimitSpec:
            rate: object = None, per: object = 1.0, burst: object = None) -> LimitSpec:
         """`max_running` jobs dispatched or running at once; `rate` dispatches per `per`
         seconds from a bucket of `burst` tokens (default: one second's worth, at least 1).
-        At least one of the two."""
-        if scope not in SCOPES:
-            raise InvalidInput(f"scope must be 'kind' or 'tenant', got {scope!r}")
-        name = validation.kind(key) if scope == "kind" else validation.tenant_key(key)
+        At least one of the two; a kind_key limit takes `max_running` only."""
+        scope, name = limit_target(scope, key)
         running = _count("max_running", max_running, 0, MAX_RUNNING_LIMIT)
+        if scope == "kind_key" and (running is None or rate is not None or burst is not None):
+            raise InvalidInput("a kind_key limit takes max_running only (running jobs per "
+                               "concurrency key); rate limits are per kind or per tenant")
         per_second = None
         if rate is not None:
             amount = validation.finite_number("rate", rate)
@@ -56,7 +59,15 @@ class LimitSpec:
         bucket = _count("burst", burst, 1, MAX_BURST)
         if per_second is not None and bucket is None:
             bucket = max(1, math.ceil(per_second))
-        return cls(str(scope), name, running, per_second, bucket)
+        return cls(scope, name, running, per_second, bucket)
+
+
+def limit_target(scope: object, key: object) -> tuple[str, str]:
+    """(scope, key) of a limit, validated: the key names a kind, or a tenant (None: '')."""
+    if scope not in SCOPES:
+        raise InvalidInput(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    name = validation.tenant_key(key) if scope == "tenant" else validation.kind(key)
+    return str(scope), name
 
 
 def _count(name: str, value: object, low: int, high: int) -> int | None:

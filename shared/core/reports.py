@@ -78,11 +78,12 @@ class LimitInfo:
     """A concurrency and/or rate limit on a kind or a tenant, with its current use."""
 
     scope: str
-    """'kind' or 'tenant'."""
+    """'kind', 'tenant', or 'kind_key' (a limit on each concurrency key of a kind)."""
     key: str
     """The kind's name, or the tenant ('' for jobs without one)."""
     max_running: int | None
-    """Jobs dispatched or running at once, fleet-wide; None: no concurrency limit."""
+    """Jobs dispatched or running at once, fleet-wide (kind_key: per key); None: no
+    concurrency limit."""
     rate_per_second: float | None
     """Dispatches per second (token bucket); None: no rate limit."""
     burst: int | None
@@ -93,6 +94,10 @@ class LimitInfo:
     """Tokens in the bucket now."""
     waiting: int
     """Due jobs waiting in Postgres."""
+    keys_at_limit: int | None = None
+    """A kind_key limit: concurrency keys with max_running jobs in flight now."""
+    concurrency_key: str | None = None
+    """A kind_key limit as one key sees it (`explain`): in_flight and waiting are its own."""
 
     @property
     def seconds_to_next_token(self) -> float | None:

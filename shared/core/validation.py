@@ -18,6 +18,7 @@ MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 12 * 3600.0
 MAX_KEY_LENGTH = 255
 MAX_TENANT_LENGTH = 128
+MAX_CONCURRENCY_KEY_LENGTH = 255
 MAX_DELAY_SECONDS = 10 * 365 * 86400.0
 MAX_PAYLOAD_DEPTH = 64
 MAX_PAYLOAD_INT = 10**1000
@@ -242,7 +243,7 @@ def job_id(value: object) -> int:
 def spec_fields(spec: dict[str, Any]) -> dict[str, Any]:
     """Used by schedule_many: refuse unknown keys with a hint instead of ignoring them."""
     known = {"kind", "payload", "at", "delay", "key", "priority", "queue", "max_attempts",
-             "timeout", "tenant"}
+             "timeout", "tenant", "concurrency_key"}
     unknown = set(spec) - known
     if unknown:
         raise InvalidInput(f"unknown job field(s) {sorted(unknown)}; known: {sorted(known)}")

@@ -53,7 +53,8 @@ class Context:
     paused_schedule: str | None = None
     """The recurring schedule that made this job, when it is paused (no further runs)."""
     held_by: LimitInfo | None = None
-    """The limit (of its kind or its tenant) that has no room for it now, if it is due."""
+    """The limit (of its kind, its tenant or its concurrency key) that has no room for it
+    now, if it is due."""
 
 
 def duration(seconds: float) -> str:
@@ -138,9 +139,12 @@ def _scheduled(job: Job, ctx: Context) -> Explanation:
 
 
 def limit_name(limit: LimitInfo) -> str:
-    """'kind email', 'tenant acme', 'jobs without a tenant'."""
+    """'kind email', 'tenant acme', 'jobs without a tenant', "kind sync key 'acct-7'"."""
     if limit.scope == "tenant" and not limit.key:
         return "jobs without a tenant"
+    if limit.scope == "kind_key":
+        return (f"kind {limit.key} key {limit.concurrency_key!r}"
+                if limit.concurrency_key is not None else f"each key of kind {limit.key}")
     return f"{limit.scope} {limit.key}"
 
 
@@ -308,6 +312,9 @@ def gather(store: OperatorStore, job: Job, *,
         flow = store.sibling(FlowStore)
         limits = [*flow.limits("kind", job.kind, now=now),
                   *flow.limits("tenant", job.tenant or "", now=now)]
+        if job.concurrency_key is not None:
+            per_key = flow.key_limit(job.kind, job.concurrency_key, now=now)
+            limits += [per_key] if per_key is not None else []
         held_by = next((limit for limit in limits if has_no_room(limit)), None)
     return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id),
                    held_by)

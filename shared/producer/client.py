@@ -19,7 +19,7 @@ from shared.core import validation
 from shared.core.config import ProducerConfig
 from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound, Retryable
 from shared.core.jobs import Job
-from shared.core.limits import SCOPES, LimitSpec
+from shared.core.limits import LimitSpec, limit_target
 from shared.core.reports import LimitInfo
 from shared.core.states import JobState
 from shared.store.database import Database, adopt_connection
@@ -67,16 +67,19 @@ class Client:
                  delay: Seconds | None = None, key: str | None = None, priority: int = 0,
                  queue: str | None = None, max_attempts: int | None = None,
                  timeout: Seconds | None = None, tenant: str | None = None,
+                 concurrency_key: str | None = None,
                  connection: object | None = None) -> Job:
         """Enqueue one job to run now, at `at` (timezone-aware), or after `delay` seconds.
 
         `key` makes the call idempotent: if a job with that key exists, it is returned (with
         `created=False`) and nothing is written. `connection` (psycopg 3, or SQLAlchemy on
         psycopg) enqueues inside the caller's transaction. `max_attempts` and `timeout`
-        default to the task's own defaults (see `consumer.task`).
+        default to the task's own defaults (see `consumer.task`). `concurrency_key` is what a
+        per-key limit of the kind counts the job under (`set_limit("kind_key", kind, ...)`).
         """
         spec = dict(kind=kind, payload=payload, at=at, delay=delay, key=key, priority=priority,
-                    queue=queue, max_attempts=max_attempts, timeout=timeout, tenant=tenant)
+                    queue=queue, max_attempts=max_attempts, timeout=timeout, tenant=tenant,
+                    concurrency_key=concurrency_key)
         return self.schedule_many([spec], connection=connection)[0]
 
     def schedule_many(self, jobs: Iterable[Mapping[str, Any]], *,
@@ -154,7 +157,10 @@ class Client:
                     unique_key=validation.optional_text(
                         "key", spec.get("key"), validation.MAX_KEY_LENGTH),
                     tenant=validation.optional_text(
-                        "tenant", spec.get("tenant"), validation.MAX_TENANT_LENGTH))
+                        "tenant", spec.get("tenant"), validation.MAX_TENANT_LENGTH),
+                    concurrency_key=validation.optional_text(
+                        "concurrency_key", spec.get("concurrency_key"),
+                        validation.MAX_CONCURRENCY_KEY_LENGTH))
                 if job.unique_key is not None:
                     earlier = by_key.setdefault(job.unique_key, job)
                     if earlier != job:
@@ -231,8 +237,10 @@ class Client:
         """Limit a kind (`scope="kind"`) or a tenant (`"tenant"`; key None: the jobs without
         one) fleet-wide: at most `max_running` jobs dispatched or running at once (0 holds
         them all back), and/or at most `rate` dispatches per `per` seconds, from a bucket
-        of `burst` tokens (default: one second's worth). Replaces the limit it had. Jobs
-        over a limit wait in Postgres; the timers apply a change from their next pass."""
+        of `burst` tokens (default: one second's worth). `"kind_key"` limits each
+        concurrency key of the kind `key` to `max_running` (jobs without a key are not
+        counted). Replaces the limit it had. Jobs over a limit wait in Postgres; the timers
+        apply a change from their next pass."""
         spec = LimitSpec.of(scope, key, max_running=max_running, rate=rate, per=per,
                             burst=burst)
         self._flow.set_limit(spec.scope, spec.key, max_running=spec.max_running,
@@ -242,10 +250,9 @@ class Client:
         return self._flow.limits(spec.scope, spec.key, now=self._now)[0]
 
     def remove_limit(self, scope: str, key: str | None) -> bool:
-        """Drop the limit of a kind or tenant; False if it had none."""
-        if scope not in SCOPES:
-            raise InvalidInput(f"scope must be 'kind' or 'tenant', got {scope!r}")
-        name = validation.kind(key) if scope == "kind" else validation.tenant_key(key)
+        """Drop the limit of a kind or tenant (or a kind's per-key limit); False if it had
+        none."""
+        scope, name = limit_target(scope, key)
         removed = self._flow.remove_limit(scope, name)
         if removed:
             self._jobs.notify_due()

@@ -8,7 +8,7 @@ JOB_COLUMNS = (
     "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
     "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "
     "dispatched_at, last_error, created_at, updated_at, started_at, finished_at, "
-    "dispatch_failures, lease_detached"
+    "dispatch_failures, lease_detached, concurrency_key"
 )
 """What `Job.from_row` reads, in its order."""
 
@@ -17,7 +17,7 @@ JOB_TABLE_COLUMNS = (
     "max_attempts", "timeout_seconds", "unique_key", "tenant", "lease_owner",
     "lease_expires_at", "dispatch_token", "dispatched_at", "last_error", "created_at",
     "updated_at", "started_at", "finished_at", "schedule_name", "dispatch_failures",
-    "lease_detached",
+    "lease_detached", "concurrency_key",
 )
 """Every column of tock_jobs, in table order; tock_history_jobs has the same ones."""
 

@@ -72,20 +72,11 @@ ORDER BY k.kind, t.tk
 DUE_PAIRS_FROM = _due_pairs(">=")
 DUE_PAIRS_AFTER = _due_pairs(">")
 
-# Up to each pair's quota of its oldest due jobs at one level (SKIP LOCKED, as above).
-CLAIM_PAIRS = f"""
-WITH due AS (
-    SELECT d.id, d.state AS prev_state, q.tk
-    FROM unnest(%(kinds)s::text[], %(tenants)s::text[], %(quotas)s::int[]) AS q(kind, tk, n)
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.state FROM tock_jobs j
-        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = q.kind AND {TENANT_KEY} = q.tk
-          AND j.run_at <= {NOW}
-        ORDER BY j.run_at, j.id
-        LIMIT q.n
-        FOR UPDATE SKIP LOCKED
-    ) d
-)
+
+def _dispatch(due: str) -> str:
+    """Mark the rows of the CTE `due` (id, prev_state, tk) dispatched, with fresh tokens."""
+    return f"""
+WITH due AS ({due})
 UPDATE tock_jobs j
 SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {NOW},
     updated_at = {NOW}
@@ -94,6 +85,69 @@ WHERE j.id = due.id
 RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
           extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds, due.tk
 """
+
+
+# Up to each pair's quota of its oldest due jobs at one level (SKIP LOCKED, as above); for
+# a pair whose kind has a per-key limit (`unkeyed`), only its jobs without a key.
+CLAIM_PAIRS = _dispatch(f"""
+    SELECT d.id, d.state AS prev_state, q.tk
+    FROM unnest(%(kinds)s::text[], %(tenants)s::text[], %(quotas)s::int[],
+                %(unkeyed)s::bool[]) AS q(kind, tk, n, unkeyed)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state FROM tock_jobs j
+        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = q.kind AND {TENANT_KEY} = q.tk
+          AND j.run_at <= {NOW} AND (NOT q.unkeyed OR j.concurrency_key IS NULL)
+        ORDER BY j.run_at, j.id
+        LIMIT q.n
+        FOR UPDATE SKIP LOCKED
+    ) d""")
+
+# --- per-key limits ----------------------------------------------------------------------------
+# A kind with a kind_key limit has its keyed jobs claimed key by key: a walk of the keys
+# with due work of one (kind, tenant) at a level through tock_jobs_key_due_idx, from a
+# cursor (so every key gets its turn however many there are), one probe per key, then each
+# key's oldest jobs up to the room its limit leaves. The kind_key limit's advisory lock
+# (LOCK_LIMITS) keeps the counts true until the claim commits, as for the other limits.
+_KEYED_DUE = "j.concurrency_key IS NOT NULL AND j.state IN ('scheduled', 'retrying')"
+_KEYED_PAIR = (f"{_KEYED_DUE} AND j.kind = %(kind)s AND j.priority = %(level)s "
+               f"AND {TENANT_KEY} = %(tenant)s")
+
+# Up to %(walk)s keys after %(after)s: (key, has due work now, jobs of the key in flight).
+KEY_ROOMS = f"""
+WITH RECURSIVE keys(ck) AS (
+    (SELECT j.concurrency_key FROM tock_jobs j
+     WHERE {_KEYED_PAIR} AND j.concurrency_key > %(after)s
+     ORDER BY j.concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.concurrency_key FROM tock_jobs j
+            WHERE {_KEYED_PAIR} AND j.concurrency_key > keys.ck
+            ORDER BY j.concurrency_key LIMIT 1)
+    FROM keys WHERE keys.ck IS NOT NULL
+), walked AS (
+    SELECT k.ck, EXISTS (SELECT 1 FROM tock_jobs j
+                         WHERE {_KEYED_PAIR} AND j.concurrency_key = k.ck
+                           AND j.run_at <= {NOW}) AS due
+    FROM keys k WHERE k.ck IS NOT NULL
+    LIMIT %(walk)s
+)
+SELECT w.ck, w.due,
+       CASE WHEN w.due THEN (SELECT count(*) FROM tock_jobs j
+                             WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL
+                               AND j.kind = %(kind)s AND j.concurrency_key = w.ck) END
+FROM walked w
+"""
+
+# Up to each key's quota of its oldest due jobs of one (kind, tenant) at one level.
+CLAIM_KEYS = _dispatch(f"""
+    SELECT d.id, d.state AS prev_state, %(tenant)s::text AS tk
+    FROM unnest(%(keys)s::text[], %(quotas)s::int[]) AS q(ck, n)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state FROM tock_jobs j
+        WHERE {_KEYED_PAIR} AND j.concurrency_key = q.ck AND j.run_at <= {NOW}
+        ORDER BY j.run_at, j.id
+        LIMIT q.n
+        FOR UPDATE SKIP LOCKED
+    ) d""")
 
 # --- limits ------------------------------------------------------------------------------------
 # A limit's room: concurrency slots left (max_running - jobs dispatched or running) and
@@ -119,7 +173,13 @@ _TENANT_IN_FLIGHT = f"""(
                     0)::bigint
     FROM k WHERE k.kind IS NOT NULL)"""
 
+# A kind_key limit's slots are counted per key (KEY_ROOMS); here, all its keys' together.
+_KEYED_IN_FLIGHT = f"""(SELECT count(*) FROM tock_jobs j
+                        WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL
+                          AND j.kind = l.key)"""
+
 _IN_FLIGHT_OF = f"""CASE WHEN l.scope = 'kind' THEN {_KIND_IN_FLIGHT}
+                         WHEN l.scope = 'kind_key' THEN {_KEYED_IN_FLIGHT}
                          ELSE {_TENANT_IN_FLIGHT} END"""
 
 _TOKENS_NOW = f"""CASE WHEN l.rate IS NULL THEN NULL
@@ -137,7 +197,8 @@ FROM tock_limits l
 
 LIMIT_ROOM = f"""
 SELECT l.scope, l.key, l.max_running,
-       CASE WHEN l.max_running IS NOT NULL THEN {_IN_FLIGHT_OF} END, {_TOKENS_NOW}, l.rate
+       CASE WHEN l.max_running IS NOT NULL AND l.scope <> 'kind_key' THEN {_IN_FLIGHT_OF} END,
+       {_TOKENS_NOW}, l.rate
 FROM tock_limits l
 JOIN unnest(%(scopes)s::text[], %(keys)s::text[]) AS m(scope, key)
   ON m.scope = l.scope AND m.key = l.key
@@ -173,12 +234,35 @@ SELECT l.scope, l.key, l.max_running, l.rate, l.burst,
             THEN (SELECT count(*) FROM tock_jobs j
                   WHERE j.state IN ('scheduled', 'retrying') AND j.kind = l.key
                     AND j.run_at <= {NOW})
+            WHEN l.scope = 'kind_key'
+            THEN (SELECT count(*) FROM tock_jobs j
+                  WHERE {_KEYED_DUE} AND j.kind = l.key AND j.run_at <= {NOW})
             ELSE (SELECT count(*) FROM tock_jobs j
                   WHERE j.state IN ('scheduled', 'retrying') AND {TENANT_KEY} = l.key
-                    AND j.run_at <= {NOW}) END
+                    AND j.run_at <= {NOW}) END,
+       CASE WHEN l.scope = 'kind_key'
+            THEN (SELECT count(*) FROM (
+                      SELECT 1 FROM tock_jobs j
+                      WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL AND j.kind = l.key
+                      GROUP BY j.concurrency_key HAVING count(*) >= l.max_running) full_keys)
+       END
 FROM tock_limits l
 WHERE %(scope)s::text IS NULL OR (l.scope = %(scope)s AND l.key = %(key)s)
 ORDER BY l.scope, l.key
+"""
+
+# One key's use of its kind's kind_key limit (for `explain`): the limit, the key's jobs in
+# flight, and its due jobs.
+KEY_LIMIT = f"""
+SELECT l.max_running,
+       (SELECT count(*) FROM tock_jobs j
+        WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL AND j.kind = l.key
+          AND j.concurrency_key = %(ck)s),
+       (SELECT count(*) FROM tock_jobs j
+        WHERE {_KEYED_DUE} AND j.kind = l.key AND j.concurrency_key = %(ck)s
+          AND j.run_at <= {NOW})
+FROM tock_limits l
+WHERE l.scope = 'kind_key' AND l.key = %(kind)s
 """
 
 # --- tenant weights ----------------------------------------------------------------------------

@@ -4,13 +4,13 @@ limits' locks last until the claim commits after the send."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from shared.core.reports import LimitInfo
 from shared.core.states import JobState
 from shared.store import flow_sql as sql
-from shared.store.base import Store
+from shared.store.base import Row, Store
 from shared.store.rows import DueJob, LimitRoom
 
 
@@ -34,13 +34,35 @@ class FlowStore(Store):
         return [(r[0], r[1], r[2]) for r in rows]
 
     def claim_pairs(self, level: int, quotas: Sequence[tuple[str, str, int]],
-                    now: datetime | None = None) -> list[DueJob]:
+                    now: datetime | None = None, *,
+                    unkeyed: Collection[str] = ()) -> list[DueJob]:
         """Claim up to each (kind, tenant)'s quota of its oldest due jobs at `level`
-        (dispatched, fresh tokens, SKIP LOCKED)."""
+        (dispatched, fresh tokens, SKIP LOCKED); of the kinds in `unkeyed`, only jobs
+        without a concurrency key."""
         rows = self._rows(sql.CLAIM_PAIRS, {
             "level": level, "kinds": [q[0] for q in quotas], "tenants": [q[1] for q in quotas],
-            "quotas": [q[2] for q in quotas], "now": now})
-        return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6]) for r in rows]
+            "quotas": [q[2] for q in quotas], "unkeyed": [q[0] in unkeyed for q in quotas],
+            "now": now})
+        return _due_jobs(rows)
+
+    def key_rooms(self, level: int, kind: str, tenant: str, *, after: str, walk: int,
+                  now: datetime | None = None) -> list[tuple[str, bool, int | None]]:
+        """The next `walk` concurrency keys after `after` ('' : from the first) with due
+        or future work of (kind, tenant) at `level`: (key, has due jobs now, jobs of the
+        key in flight when it has)."""
+        rows = self._rows(sql.KEY_ROOMS, {"level": level, "kind": kind, "tenant": tenant,
+                                          "after": after, "walk": walk, "now": now})
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def claim_keys(self, level: int, kind: str, tenant: str,
+                   quotas: Sequence[tuple[str, int]],
+                   now: datetime | None = None) -> list[DueJob]:
+        """Claim up to each concurrency key's quota of its oldest due jobs of (kind,
+        tenant) at `level`."""
+        rows = self._rows(sql.CLAIM_KEYS, {
+            "level": level, "kind": kind, "tenant": tenant, "keys": [q[0] for q in quotas],
+            "quotas": [q[1] for q in quotas], "now": now})
+        return _due_jobs(rows)
 
     def limit_rooms(self, now: datetime | None = None) -> list[LimitRoom]:
         """Every limit's room for this claim. Takes each limit's lock for the rest of the
@@ -81,7 +103,16 @@ class FlowStore(Store):
         """Every limit (or the one of `scope`/`key`) with its slots in use, tokens and
         due jobs waiting."""
         rows = self._rows(sql.LIMITS, {"scope": scope, "key": key, "now": now})
-        return [LimitInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+        return [LimitInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows]
+
+    def key_limit(self, kind: str, concurrency_key: str,
+                  now: datetime | None = None) -> LimitInfo | None:
+        """The kind_key limit of `kind` as one of its keys sees it (None: no such limit)."""
+        row = self._one(sql.KEY_LIMIT, {"kind": kind, "ck": concurrency_key, "now": now})
+        if row is None:
+            return None
+        return LimitInfo("kind_key", kind, row[0], None, None, row[1], None, row[2],
+                         concurrency_key=concurrency_key)
 
     def set_tenant_weight(self, tenant: str, weight: int) -> None:
         """A tenant's share of each batch relative to the others (default 1)."""
@@ -93,3 +124,7 @@ class FlowStore(Store):
 
     def tenant_weights(self) -> dict[str, int]:
         return {r[0]: r[1] for r in self._rows(sql.TENANT_WEIGHTS)}
+
+
+def _due_jobs(rows: Sequence[Row]) -> list[DueJob]:
+    return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6]) for r in rows]

@@ -46,7 +46,7 @@ class JobStore(Store):
             "max_attempts": [j.max_attempts for j in jobs],
             "timeout_seconds": [j.timeout_seconds for j in jobs],
             "unique_key": [j.unique_key for j in jobs], "tenant": [j.tenant for j in jobs],
-            "now": now,
+            "concurrency_key": [j.concurrency_key for j in jobs], "now": now,
         })
         return [Job.from_row(r) for r in rows]
 

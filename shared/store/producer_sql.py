@@ -9,15 +9,16 @@ from shared.store.history_sql import back_to_hot, final_row, from_history, movab
 
 INSERT_JOBS = f"""
 INSERT INTO tock_jobs (kind, queue, payload, priority, run_at, max_attempts, timeout_seconds,
-                       unique_key, tenant)
+                       unique_key, tenant, concurrency_key)
 SELECT t.kind, t.queue, t.payload::jsonb, t.priority,
        coalesce(t.at, {NOW} + make_interval(secs => t.delay)),
-       t.max_attempts, t.timeout_seconds, t.unique_key, t.tenant
+       t.max_attempts, t.timeout_seconds, t.unique_key, t.tenant, t.concurrency_key
 FROM unnest(%(kind)s::text[], %(queue)s::text[], %(payload)s::text[], %(priority)s::smallint[],
             %(at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
-            %(timeout_seconds)s::float8[], %(unique_key)s::text[], %(tenant)s::text[])
+            %(timeout_seconds)s::float8[], %(unique_key)s::text[], %(tenant)s::text[],
+            %(concurrency_key)s::text[])
      AS t(kind, queue, payload, priority, at, delay, max_attempts, timeout_seconds,
-          unique_key, tenant)
+          unique_key, tenant, concurrency_key)
 -- A key already taken inserts nothing (even by a row another transaction is inserting right
 -- now: we wait for it), and the caller reads the existing job. The authority is tock_keys
 -- (the trigger tock_jobs_claim_key, migration 0007), which holds the key of a finished job

@@ -25,6 +25,7 @@ class NewJob:
     timeout_seconds: float | None = None
     unique_key: str | None = None
     tenant: str | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)

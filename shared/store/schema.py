@@ -59,11 +59,19 @@ jobs = Table(
     Column("schedule_name", Text),  # 0002: which recurring schedule made the job
     Column("dispatch_failures", Integer, nullable=False, server_default="0"),  # 0004
     Column("lease_detached", Boolean, nullable=False, server_default="false"),  # 0006
+    Column("concurrency_key", Text),  # 0009
     CheckConstraint("priority BETWEEN 0 AND 9"),
     Index("tock_jobs_fair_idx", "priority", "kind", text("coalesce(tenant, '')"), "run_at",
           "id", postgresql_where=text("state IN ('scheduled', 'retrying')")),  # 0008
     Index("tock_jobs_in_flight_idx", "kind", text("coalesce(tenant, '')"),
           postgresql_where=text("state IN ('dispatched', 'running')")),  # 0008
+    Index("tock_jobs_key_due_idx", "kind", "priority", text("coalesce(tenant, '')"),
+          "concurrency_key", "run_at", "id",
+          postgresql_where=text("concurrency_key IS NOT NULL AND "
+                                "state IN ('scheduled', 'retrying')")),  # 0009
+    Index("tock_jobs_key_in_flight_idx", "kind", "concurrency_key",
+          postgresql_where=text("concurrency_key IS NOT NULL AND "
+                                "state IN ('dispatched', 'running')")),  # 0009
     Index("tock_jobs_due_idx", "priority", "run_at", "id",
           postgresql_where=text("state IN ('scheduled', 'retrying')")),
     Index("tock_jobs_owner_idx", "lease_owner", postgresql_where=text("state = 'running'")),
@@ -237,7 +245,8 @@ limits = Table(  # 0008
     Column("tokens", DOUBLE_PRECISION, nullable=False),
     Column("refilled_at", TS, nullable=False),
     Column("updated_at", TS, nullable=False),
-    CheckConstraint("scope IN ('kind', 'tenant')"),
+    CheckConstraint("scope IN ('kind', 'tenant', 'kind_key')"),  # 0009: kind_key
+    CheckConstraint("scope <> 'kind_key' OR (max_running IS NOT NULL AND rate IS NULL)"),
     CheckConstraint("max_running >= 0"),
     CheckConstraint("rate > 0"),
     CheckConstraint("burst >= 1"),

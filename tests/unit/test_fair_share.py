@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timer_service.fair_share import plan, quotas, round_from
+from timer_service.fair_share import per_key, plan, quotas, round_from
 
 
 def test_equal_weights_split_evenly_and_the_remainder_goes_somewhere():
@@ -83,3 +83,18 @@ def test_plan_never_exceeds_capacity_or_rooms(pairs, capacity, kind_room, tenant
     assert all(n > 0 for _, _, n in got)
     if not kind_room and not tenant_room:
         assert sum(n for _, _, n in got) == capacity, "unbounded: the batch is filled"
+
+
+def test_per_key_gives_one_job_per_key_in_turn_within_each_room():
+    assert per_key([("a", 3), ("b", 0), ("c", 1), ("d", 2)], 5) == [("a", 2), ("c", 1),
+                                                                      ("d", 2)]
+    assert per_key([("a", 3), ("b", 3)], 3) == [("a", 2), ("b", 1)]
+    assert per_key([("a", -1)], 5) == [], "a key past its limit (it was lowered) gets none"
+
+
+@given(st.lists(st.integers(-2, 5), max_size=12), st.integers(0, 40))
+def test_per_key_never_passes_a_room_or_the_capacity(rooms, capacity):
+    keyed = [(f"k{i}", room) for i, room in enumerate(rooms)]
+    given_out = dict(per_key(keyed, capacity))
+    assert sum(given_out.values()) == min(capacity, sum(max(r, 0) for r in rooms))
+    assert all(0 < given_out[k] <= room for k, room in keyed if k in given_out)

@@ -104,10 +104,68 @@ def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
                                               ("other", "small", 1)]
     claim = flow_sql.CLAIM_PAIRS
     for name, value in {"level": "0", "kinds": "'{k,k}'", "tenants": "'{big,small}'",
-                        "quotas": "'{5,5}'", "now": "now()"}.items():
+                        "quotas": "'{5,5}'", "unkeyed": "'{f,f}'", "now": "now()"}.items():
         claim = claim.replace(f"%({name})s", value)
     claim_plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + claim))
     assert "tock_jobs_fair_idx" in claim_plan, claim_plan
+
+
+def test_key_rooms_walk_the_keys_with_due_work_from_a_cursor(flow, db, now):
+    for key, state in [("b", "scheduled"), ("a", "scheduled"), ("a", "retrying"),
+                       ("c", "scheduled"), ("a", "running"), ("d", "running")]:
+        add_job(db, run_at=now - secs(5), state=state, concurrency_key=key)
+    add_job(db, run_at=now + secs(60), concurrency_key="e")  # keyed, not due yet
+    add_job(db, run_at=now - secs(5), concurrency_key="f", tenant="t")  # another tenant
+    add_job(db, run_at=now - secs(5), concurrency_key="g", priority=3)  # another level
+    add_job(db, run_at=now - secs(5))  # no key
+    assert flow.key_rooms(0, "k", "", after="", walk=10, now=now) == [
+        ("a", True, 1), ("b", True, 0), ("c", True, 0), ("e", False, None)]
+    assert flow.key_rooms(0, "k", "", after="a", walk=2, now=now) == [
+        ("b", True, 0), ("c", True, 0)]
+    assert flow.key_rooms(0, "k", "t", after="", walk=10, now=now) == [("f", True, 0)]
+    assert flow.key_rooms(3, "k", "", after="", walk=10, now=now) == [("g", True, 0)]
+
+
+def test_claim_keys_takes_each_keys_oldest_up_to_its_quota(flow, db, now):
+    a_old = add_job(db, run_at=now - secs(30), concurrency_key="a")
+    add_job(db, run_at=now - secs(10), concurrency_key="a")
+    b_job = add_job(db, run_at=now - secs(10), concurrency_key="b")
+    add_job(db, run_at=now - secs(40))  # no key: not for this claim
+    add_job(db, run_at=now - secs(40), concurrency_key="a", tenant="t")  # other tenant
+    with flow.transaction() as tx:
+        got = tx.claim_keys(0, "k", "", [("a", 1), ("b", 5)], now)
+    assert sorted(d.id for d in got) == [a_old, b_job]
+    assert {d.tenant_key for d in got} == {""}
+
+
+def test_claim_pairs_of_a_keyed_kind_takes_only_the_jobs_without_a_key(flow, db, now):
+    add_job(db, run_at=now - secs(30), concurrency_key="a")
+    plain = add_job(db, run_at=now - secs(10))
+    other = add_job(db, run_at=now - secs(30), kind="other", concurrency_key="a")
+    with flow.transaction() as tx:
+        got = tx.claim_pairs(0, [("k", "", 5), ("other", "", 5)], now, unkeyed={"k"})
+    assert sorted(d.id for d in got) == sorted([plain, other])
+
+
+def test_the_key_walk_and_its_claim_use_the_key_index(flow, db, now):
+    """A key with a big backlog costs the walk one probe, like any other key."""
+    db.execute("""
+        INSERT INTO tock_jobs (kind, state, run_at, payload, concurrency_key)
+        SELECT 'k', 'scheduled', %s - make_interval(secs => g * 0.001), '{}',
+               CASE WHEN g <= 20000 THEN 'big' ELSE 'key-' || g END
+        FROM generate_series(1, 20010) g
+    """, (now,))
+    db.execute("ANALYZE tock_jobs")
+    values = {"level": "0", "kind": "'k'", "tenant": "''", "after": "''", "walk": "64",
+              "now": "now()", "keys": "'{big,key-20001}'", "quotas": "'{1,1}'"}
+    for template in (flow_sql.KEY_ROOMS, flow_sql.CLAIM_KEYS):
+        statement = template
+        for name, value in values.items():
+            statement = statement.replace(f"%({name})s", value)
+        plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + statement))
+        assert "tock_jobs_key_due_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
+    rooms = flow.key_rooms(0, "k", "", after="", walk=64, now=now)
+    assert len(rooms) == 11 and rooms[0] == ("big", True, 0)
 
 
 # --- limits --------------------------------------------------------------------------------
@@ -161,6 +219,24 @@ def test_a_limit_another_timer_is_claiming_for_has_no_room(flow, database, now):
         assert tx2.limit_rooms(now)[0].mine, "the lock ends with the transaction"
 
 
+def test_a_kind_key_limit_lists_its_keys_at_the_limit_and_one_keys_use(flow, db, now):
+    flow.set_limit("kind_key", "k", max_running=1, rate_per_second=None, burst=None, now=now)
+    for key in ("a", "b"):
+        add_job(db, run_at=now - secs(5), state="running", concurrency_key=key)
+    add_job(db, run_at=now - secs(5), state="running")  # no key: not counted
+    for key in ("a", "a", "c"):
+        add_job(db, run_at=now - secs(5), concurrency_key=key)
+    with flow.transaction() as tx:
+        (room,) = tx.limit_rooms(now)
+    assert (room.scope, room.mine, room.in_flight) == ("kind_key", True, None)
+    (info,) = flow.limits(now=now)
+    assert (info.in_flight, info.keys_at_limit, info.waiting) == (2, 2, 3)
+    one = flow.key_limit("k", "a", now=now)
+    assert one is not None and (one.in_flight, one.waiting, one.max_running) == (1, 2, 1)
+    assert one.concurrency_key == "a"
+    assert flow.key_limit("other", "a", now=now) is None
+
+
 def test_limits_list_with_use_waiting_and_remove(flow, db, now):
     flow.set_limit("kind", "k", max_running=2, rate_per_second=0.5, burst=1, now=now)
     add_job(db, run_at=now - secs(5), state="running")
@@ -178,11 +254,13 @@ def test_limits_list_with_use_waiting_and_remove(flow, db, now):
     assert flow.limits(now=now) == []
 
 
-@pytest.mark.parametrize("max_running, rate, burst", [
-    (-1, None, None), (None, None, None), (None, 0.0, 1), (None, 1.0, None), (None, 1.0, 0)])
-def test_the_schema_refuses_limits_that_mean_nothing(flow, max_running, rate, burst):
+@pytest.mark.parametrize("scope, max_running, rate, burst", [
+    ("kind", -1, None, None), ("kind", None, None, None), ("kind", None, 0.0, 1),
+    ("kind", None, 1.0, None), ("kind", None, 1.0, 0), ("kind_key", None, 1.0, 1),
+    ("kind_key", 1, 1.0, 1), ("queue", 1, None, None)])
+def test_the_schema_refuses_limits_that_mean_nothing(flow, scope, max_running, rate, burst):
     with pytest.raises(DataRejected):
-        flow.set_limit("kind", "k", max_running=max_running, rate_per_second=rate,
+        flow.set_limit(scope, "k", max_running=max_running, rate_per_second=rate,
                        burst=burst)
 
 
