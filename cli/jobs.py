@@ -28,7 +28,7 @@ def _enqueue(args: argparse.Namespace) -> int:
         job = client.schedule(args.kind, payload, at=args.at, delay=args.delay, key=args.key,
                               priority=args.priority, queue=args.queue,
                               max_attempts=args.max_attempts, timeout=args.timeout,
-                              tenant=args.tenant)
+                              tenant=args.tenant, concurrency_key=args.concurrency_key)
     if args.json:
         print_json(job)
     elif job.created:
@@ -73,6 +73,7 @@ def _show(args: argparse.Namespace) -> int:
     rows = [("queue", job.queue), ("priority", job.priority),
             ("attempt", f"{job.attempt} of {job.max_attempts or '(task default)'}"),
             ("run at", job.run_at), ("key", job.unique_key), ("tenant", job.tenant),
+            ("concurrency key", job.concurrency_key),
             ("lease", f"{job.lease_owner} until {cell(job.lease_expires_at)}"
              if job.lease_owner else None),
             ("created", job.created_at), ("finished", job.finished_at),
@@ -104,6 +105,8 @@ def add_parser(sub: Sub) -> None:
     p.add_argument("--max-attempts", type=int)
     p.add_argument("--timeout", type=float, help="seconds per attempt")
     p.add_argument("--tenant")
+    p.add_argument("--concurrency-key", metavar="KEY",
+                   help="what a per-key limit of the kind counts the job under")
     add_common(p)
     p.set_defaults(func=_enqueue)
 

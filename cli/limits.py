@@ -1,7 +1,8 @@
 """`tock limits [list] | set SCOPE KEY [--max-running N] [--rate R [--per S] [--burst B]]
-| remove SCOPE KEY`: fleet-wide concurrency and rate limits on a kind or a tenant. SCOPE is
-`kind` or `tenant`; `--no-tenant` in place of KEY addresses the jobs without a tenant.
-A change applies from the timers' next pass."""
+| remove SCOPE KEY`: fleet-wide concurrency and rate limits on a kind or a tenant, and
+concurrency limits on each concurrency key of a kind. SCOPE is `kind`, `tenant` or
+`kind_key` (KEY is then the kind); `--no-tenant` in place of KEY addresses the jobs without
+a tenant. A change applies from the timers' next pass."""
 
 from __future__ import annotations
 
@@ -33,8 +34,17 @@ def _label(limit: LimitInfo) -> str:
     return NO_TENANT_LABEL if limit.scope == "tenant" and not limit.key else limit.key
 
 
+def _running(limit: LimitInfo) -> str:
+    if limit.max_running is None:
+        return "-"
+    if limit.scope == "kind_key":
+        return (f"{limit.in_flight} ({limit.keys_at_limit} keys full)/"
+                f"{limit.max_running} per key")
+    return f"{limit.in_flight}/{limit.max_running}"
+
+
 def _row(limit: LimitInfo) -> list[object]:
-    running = "-" if limit.max_running is None else f"{limit.in_flight}/{limit.max_running}"
+    running = _running(limit)
     rate = "-" if limit.rate_per_second is None else f"{limit.rate_per_second:g}/s"
     tokens = "-" if limit.tokens is None else f"{limit.tokens:.1f}/{limit.burst}"
     return [limit.scope, _label(limit), running, rate, tokens, limit.waiting]
@@ -90,8 +100,10 @@ def _integer(text: str) -> int:
 
 def add_parser(sub: Sub) -> None:
     """Register `tock limits ...`."""
-    p = sub.add_parser("limits", help="concurrency and rate limits per kind or tenant",
-                       description="At most N jobs of a kind or tenant dispatched or "
+    p = sub.add_parser("limits",
+                       help="concurrency and rate limits per kind, tenant or key of a kind",
+                       description="At most N jobs of a kind or tenant (or of each "
+                                   "concurrency key of a kind: scope kind_key) dispatched or "
                                    "running at once across the fleet, and/or at most R "
                                    "dispatches per S seconds. Jobs over a limit wait in "
                                    "Postgres.")
@@ -105,12 +117,14 @@ def add_parser(sub: Sub) -> None:
                              ("remove", "drop a limit", _remove)):
         a = actions.add_parser(name, help=text)
         a.add_argument("scope", choices=SCOPES)
-        a.add_argument("key", nargs="?", metavar="KEY", help="the kind or the tenant")
+        a.add_argument("key", nargs="?", metavar="KEY",
+                       help="the kind (scopes kind, kind_key) or the tenant")
         a.add_argument("--no-tenant", action="store_true",
                        help="(scope tenant) the jobs enqueued without a tenant")
         if name == "set":
             a.add_argument("--max-running", type=_integer, metavar="N",
-                           help="jobs dispatched or running at once (0 holds them all)")
+                           help="jobs dispatched or running at once (kind_key: per "
+                                "concurrency key; 0 holds them all)")
             a.add_argument("--rate", type=_number, metavar="R", help="dispatches per --per")
             a.add_argument("--per", type=_number, default=1.0, metavar="SECONDS",
                            help="the rate's period (default 1 s)")

@@ -78,7 +78,7 @@ def enqueue(body: models.EnqueueIn, who: Operator, request: Request) -> models.J
     job = _client(request).schedule(
         body.kind, body.payload, at=body.at, delay=body.delay, key=body.key,
         priority=body.priority, queue=body.queue, max_attempts=body.max_attempts,
-        timeout=body.timeout, tenant=body.tenant)
+        timeout=body.timeout, tenant=body.tenant, concurrency_key=body.concurrency_key)
     emit(log, "job_enqueued", job_id=job.id, kind=job.kind, created=job.created,
          via="api", role=who.role)
     return models.JobOut.of(job)

@@ -1,5 +1,6 @@
-"""Limits in the API: every concurrency and rate limit with its use (any role); setting
-and removing one (operator role). A change applies from the timers' next pass."""
+"""Limits in the API: every concurrency and rate limit (per kind, per tenant, per
+concurrency key of a kind) with its use (any role); setting and removing one (operator
+role). A change applies from the timers' next pass."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from shared.runtime.logs import emit
 log = logging.getLogger("tock.dashboard")
 
 router = APIRouter(prefix="/api/limits", responses=ERRORS, tags=["limits"])
-Scope = Annotated[str, Field(pattern="^(kind|tenant)$", description="kind or tenant")]
+SCOPE_PATTERN = "^(kind|tenant|kind_key)$"
+Scope = Annotated[str, Field(pattern=SCOPE_PATTERN,
+                             description="kind, tenant, or kind_key (each concurrency key "
+                                         "of the kind `key`: max_running only)")]
 
 
 class LimitIn(models.StrictIn):
@@ -58,7 +62,7 @@ class RemovedOut(BaseModel):
 
 @router.delete("", response_model=RemovedOut, summary="Remove a limit")
 def remove_limit(who: Operator, request: Request,
-                 scope: Annotated[str, Query(pattern="^(kind|tenant)$")],
+                 scope: Annotated[str, Query(pattern=SCOPE_PATTERN)],
                  key: Annotated[str | None, Query(min_length=1, max_length=128,
                                                   description="omit with scope tenant: "
                                                               "the jobs without one")] = None

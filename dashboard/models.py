@@ -70,6 +70,8 @@ Kind = Annotated[str, Field(pattern=validation.KIND.pattern)]
 Queue = Annotated[str, Field(pattern=QUEUE_NAME.pattern)]
 Key = Annotated[str, Field(min_length=1, max_length=validation.MAX_KEY_LENGTH)]
 Tenant = Annotated[str, Field(min_length=1, max_length=validation.MAX_TENANT_LENGTH)]
+ConcurrencyKey = Annotated[str, Field(min_length=1,
+                                      max_length=validation.MAX_CONCURRENCY_KEY_LENGTH)]
 
 
 class StrictIn(BaseModel):
@@ -96,6 +98,8 @@ class EnqueueIn(StrictIn):
     timeout: float | None = Field(default=None, gt=0, le=validation.MAX_TIMEOUT_SECONDS,
                                   description="seconds")
     tenant: Tenant | None = None
+    concurrency_key: ConcurrencyKey | None = Field(
+        default=None, description="what a per-key limit of the kind counts the job under")
 
 
 class AttemptOut(BaseModel):
@@ -125,6 +129,7 @@ class JobSummary(BaseModel):
     max_attempts: int | None
     key: str | None
     tenant: str | None
+    concurrency_key: str | None
     lease_owner: str | None
     last_error: str | None
     created_at: datetime
@@ -134,7 +139,8 @@ class JobSummary(BaseModel):
     def of(cls, j: Job) -> JobSummary:
         return cls(id=j.id, kind=j.kind, queue=j.queue, state=j.state, priority=j.priority,
                    run_at=j.run_at, attempt=j.attempt, max_attempts=j.max_attempts,
-                   key=j.unique_key, tenant=j.tenant, lease_owner=j.lease_owner,
+                   key=j.unique_key, tenant=j.tenant, concurrency_key=j.concurrency_key,
+                   lease_owner=j.lease_owner,
                    last_error=j.last_error, created_at=j.created_at,
                    finished_at=j.finished_at)
 
@@ -283,10 +289,15 @@ class TenantOut(BaseModel):
 
 
 class LimitOut(BaseModel):
-    scope: str
+    scope: str = Field(description="kind, tenant, or kind_key (each concurrency key of a "
+                                   "kind)")
     key: str | None = Field(description="the kind or tenant; null: jobs without a tenant")
-    max_running: int | None = Field(description="jobs dispatched or running at once")
-    in_flight: int | None = Field(description="jobs holding a slot now")
+    max_running: int | None = Field(description="jobs dispatched or running at once "
+                                                "(kind_key: per key)")
+    in_flight: int | None = Field(description="jobs holding a slot now (kind_key: of all "
+                                              "its keys)")
+    keys_at_limit: int | None = Field(default=None,
+                                      description="kind_key: keys with max_running in flight")
     rate_per_second: float | None
     burst: int | None
     tokens: float | None
@@ -299,7 +310,8 @@ class LimitOut(BaseModel):
         return cls(scope=limit.scope, key=key, max_running=limit.max_running,
                    in_flight=limit.in_flight, rate_per_second=limit.rate_per_second,
                    burst=limit.burst, tokens=limit.tokens,
-                   seconds_to_next_token=limit.seconds_to_next_token, waiting=limit.waiting)
+                   seconds_to_next_token=limit.seconds_to_next_token, waiting=limit.waiting,
+                   keys_at_limit=limit.keys_at_limit)
 
 
 class OverviewOut(BaseModel):

@@ -188,7 +188,8 @@ def _tenant_gauges(tenants: list[TenantStats]) -> Iterator[GaugeMetricFamily]:
 
 
 def _limit_gauges(limits: list[LimitInfo]) -> Iterator[GaugeMetricFamily]:
-    """Per limit (scope kind or tenant, key): its bound, its use and the jobs it holds."""
+    """Per limit (scope kind, tenant or kind_key; key): its bound, its use and the jobs it
+    holds (kind_key: max_running is per key, in_flight all its keys' together)."""
     labels = ["scope", "key"]
     maximum = GaugeMetricFamily("tock_limit_max_running",
                                 "Concurrency limit: jobs dispatched or running at once",
@@ -203,8 +204,13 @@ def _limit_gauges(limits: list[LimitInfo]) -> Iterator[GaugeMetricFamily]:
     waiting = GaugeMetricFamily("tock_limit_waiting",
                                 "Due jobs of the limit's kind or tenant waiting in Postgres",
                                 labels=labels)
+    keys_full = GaugeMetricFamily("tock_limit_keys_at_limit",
+                                  "Per-key limit: concurrency keys with max_running in flight",
+                                  labels=labels)
     for limit in limits:
         key = [limit.scope, limit.key]
+        if limit.keys_at_limit is not None:
+            keys_full.add_metric(key, limit.keys_at_limit)
         if limit.max_running is not None:
             maximum.add_metric(key, limit.max_running)
             in_flight.add_metric(key, limit.in_flight or 0)
@@ -212,7 +218,7 @@ def _limit_gauges(limits: list[LimitInfo]) -> Iterator[GaugeMetricFamily]:
             rate.add_metric(key, limit.rate_per_second)
             tokens.add_metric(key, limit.tokens or 0.0)
         waiting.add_metric(key, limit.waiting)
-    yield from (maximum, in_flight, rate, tokens, waiting)
+    yield from (maximum, in_flight, rate, tokens, waiting, keys_full)
 
 
 def state_totals(counts: dict[tuple[str, str], int]) -> dict[str, int]:

@@ -273,6 +273,12 @@ async function setWeight(form, reset) {
 
 function limitName(l) { return l.key === null ? "(no tenant)" : l.key; }
 
+function limitRunning(l) {
+  if (l.max_running === null) return "–";
+  if (l.scope === "kind_key") return `${l.in_flight} (${l.keys_at_limit} keys full) / ${l.max_running} per key`;
+  return `${l.in_flight} / ${l.max_running}`;
+}
+
 function limitTable(list) {
   if (!list.length) return el("p", {className: "muted"}, "No limits: every kind and tenant dispatches freely.");
   return el("table", {}, el("thead", {}, el("tr", {},
@@ -281,7 +287,7 @@ function limitTable(list) {
     el("tbody", {}, list.map(l => el("tr", {"data-testid": `limit-${l.scope}-${l.key ?? ""}`},
       el("td", {}, l.scope), el("td", {}, limitName(l)),
       el("td", {className: "num", "data-testid": "limit-running"},
-         l.max_running === null ? "–" : `${l.in_flight} / ${l.max_running}`),
+         limitRunning(l)),
       el("td", {className: "num"}, l.rate_per_second === null ? "–" : `${+l.rate_per_second.toFixed(3)}/s`),
       el("td", {className: "num"}, l.tokens === null ? "–" : `${l.tokens.toFixed(1)} / ${l.burst}`),
       el("td", {className: "num", "data-testid": "limit-waiting"}, l.waiting)))));
@@ -291,7 +297,8 @@ function limitForm() {
   if (!canWrite()) return el("p", {className: "muted"}, "Log in as operator to change limits.");
   const form = el("form", {className: "inline", "data-testid": "limit-form"},
     el("select", {name: "scope"}, el("option", {value: "kind"}, "kind"),
-       el("option", {value: "tenant"}, "tenant")),
+       el("option", {value: "tenant"}, "tenant"),
+       el("option", {value: "kind_key"}, "each key of kind")),
     el("input", {name: "key", placeholder: "kind or tenant (empty tenant: none)"}),
     el("input", {name: "max_running", type: "number", min: 0, placeholder: "max running"}),
     el("input", {name: "rate", type: "number", min: 0, step: "any", placeholder: "rate"}),
@@ -498,6 +505,7 @@ function renderJob(id) {
     const fields = [["queue", j.queue], ["priority", j.priority],
       ["attempt", j.max_attempts ? `${j.attempt} of ${j.max_attempts}` : j.attempt],
       ["run at", `${stamp(j.run_at)} (${ago(j.run_at)})`], ["key", j.key], ["tenant", j.tenant],
+      ["concurrency key", j.concurrency_key],
       ["timeout", j.timeout_seconds ? `${j.timeout_seconds} s` : null],
       ["lease", j.lease_owner ? `${j.lease_owner} until ${stamp(j.lease_expires_at)}` : null],
       ["dispatched", j.dispatched_at ? stamp(j.dispatched_at) : null],

@@ -246,3 +246,21 @@ def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
     expect(page.locator("#toast")).to_have_text("Limit removed from kind report.")
     assert client.limits() == []
     expect(page.get_by_test_id("limits-panel")).to_contain_text("No limits", timeout=15_000)
+
+
+def test_an_operator_sets_a_per_key_limit_and_a_job_shows_its_key(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    job = client.schedule("sync", concurrency_key="acct-7")
+    login(page, live_server, OPERATOR)
+    form = page.get_by_test_id("limit-form")
+    form.locator("[name=scope]").select_option("kind_key")
+    form.locator("[name=key]").fill("sync")
+    form.locator("[name=max_running]").fill("1")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text("Limit set on kind_key sync.")
+    row = page.get_by_test_id("limit-kind_key-sync")
+    expect(row.get_by_test_id("limit-running")).to_have_text("0 (0 keys full) / 1 per key",
+                                                             timeout=15_000)
+    expect(row.get_by_test_id("limit-waiting")).to_have_text("1")
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.locator("dl.fields")).to_contain_text("concurrency keyacct-7")

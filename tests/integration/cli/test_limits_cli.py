@@ -41,3 +41,18 @@ def test_bad_limits_are_refused_with_the_reason(tock):
             (["kind", "email", "--max-running", "many"], "'many' is not an integer")):
         code, _, err = tock("limits", "set", *argv)
         assert code == 2 and says in err, (argv, err)
+
+
+def test_a_per_key_limit_from_the_command_line(tock, db):
+    code, out, _ = tock("enqueue", "sync", "--concurrency-key", "acct-1")
+    assert code == 0, out
+    job_id = int(out.split()[2])
+    db.execute("UPDATE tock_jobs SET state = 'running' WHERE id = %s", (job_id,))
+    tock("enqueue", "sync", "--concurrency-key", "acct-1")
+    code, out, _ = tock("limits", "set", "kind_key", "sync", "--max-running", "1")
+    assert code == 0 and "1 (1 keys full)/1 per key" in out, out
+    code, out, _ = tock("show", str(job_id))
+    assert "concurrency key" in out and "acct-1" in out, out
+    code, _, err = tock("limits", "set", "kind_key", "sync", "--rate", "2")
+    assert code == 2 and "takes max_running only" in err
+    assert tock("limits", "remove", "kind_key", "sync")[1] == "kind_key sync: limit removed\n"

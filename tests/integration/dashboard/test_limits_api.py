@@ -51,3 +51,26 @@ def test_limits_have_gauges(operator, client, db):
     assert 'tock_limit_in_flight{key="email",scope="kind"} 1.0' in text
     assert 'tock_limit_rate_per_second{key="email",scope="kind"} 2.0' in text
     assert 'tock_limit_waiting{key="email",scope="kind"} 1.0' in text
+
+
+def test_a_per_key_limit_through_the_api_with_its_gauges(operator, viewer, client, db):
+    res = operator.post("/api/jobs", json={"kind": "sync", "concurrency_key": "acct-1"})
+    assert res.status_code == 201 and res.json()["concurrency_key"] == "acct-1", res.text
+    db.execute("INSERT INTO tock_jobs (kind, state, run_at, payload, concurrency_key) "
+               "VALUES ('sync', 'running', now(), '{}', 'acct-1')")
+    res = operator.put("/api/limits", json={"scope": "kind_key", "key": "sync",
+                                            "max_running": 1})
+    assert res.status_code == 200, res.text
+    assert {k: res.json()[k] for k in ("scope", "in_flight", "keys_at_limit", "waiting")} == {
+        "scope": "kind_key", "in_flight": 1, "keys_at_limit": 1, "waiting": 1}
+    job = viewer.get("/api/jobs", params={"kind": "sync"}).json()["jobs"][0]
+    assert "concurrency_key" in job
+    text = operator.get("/metrics").text
+    assert 'tock_limit_keys_at_limit{key="sync",scope="kind_key"} 1.0' in text
+    assert 'tock_limit_max_running{key="sync",scope="kind_key"} 1.0' in text
+    res = operator.put("/api/limits", json={"scope": "kind_key", "key": "sync", "rate": 2})
+    assert res.status_code == 400 and "takes max_running only" in res.text
+    res = operator.post("/api/jobs", json={"kind": "sync", "concurrency_key": ""})
+    assert res.status_code == 422 and "concurrency_key" in res.text
+    assert operator.delete("/api/limits", params={"scope": "kind_key", "key": "sync"}
+                           ).json() == {"removed": True}
