@@ -31,14 +31,17 @@ def _due_pairs(bound: str) -> str:
     """(kind, tenant, weight) with due jobs at one level: kinds not in %(skip_kinds)s, in
     each at most %(per_kind)s tenants, in key order from `bound` %(after)s, not in
     %(skip_tenants)s."""
+    # The ORDER BY names the tenant too, so that only tock_jobs_fair_idx gives the order:
+    # by kind alone the planner may take tock_jobs_kind_idx, which holds every row of the
+    # kind, and step over all its dispatched and running ones to find a due one.
     return f"""
 WITH RECURSIVE kinds(kind) AS (
     (SELECT j.kind FROM tock_jobs j WHERE {_DUE} AND j.priority = %(level)s
-     ORDER BY j.kind LIMIT 1)
+     ORDER BY j.kind, {TENANT_KEY} LIMIT 1)
     UNION ALL
     SELECT (SELECT j.kind FROM tock_jobs j
             WHERE {_DUE} AND j.priority = %(level)s AND j.kind > kinds.kind
-            ORDER BY j.kind LIMIT 1)
+            ORDER BY j.kind, {TENANT_KEY} LIMIT 1)
     FROM kinds WHERE kinds.kind IS NOT NULL
 )
 SELECT k.kind, t.tk, coalesce(w.weight, 1)

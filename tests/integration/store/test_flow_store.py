@@ -88,11 +88,18 @@ def test_claim_pairs_skips_rows_another_transaction_holds(flow, db, other, now):
 
 
 def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
-    """With many rows of one tenant, finding the pairs stays a handful of index probes."""
-    _bulk(db, 20_000, now=now, tenant="big")
+    """With many rows of one tenant, finding the pairs stays a handful of index probes; and
+    many dispatched rows of the kind (jobs in SQS) are not stepped over: the kinds' walk
+    must not take tock_jobs_kind_idx, which holds them too (it did, and the walk took
+    20 ms after 80,000 claims of a 1M backlog)."""
+    _bulk(db, 40_000, now=now, tenant="big")
     _bulk(db, 3, now=now, tenant="small")
     _bulk(db, 3, now=now, tenant="small", kind="other")
     db.execute("ANALYZE tock_jobs")
+    # Then half of big's are claimed (the statistics, as between two autovacuums, do not
+    # know): they lead tock_jobs_kind_idx, in id order.
+    db.execute("UPDATE tock_jobs SET state = 'dispatched' WHERE id IN ("
+               "SELECT id FROM tock_jobs WHERE tenant = 'big' ORDER BY id LIMIT 20000)")
     params = {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
               "skip_kinds": "'{}'", "skip_tenants": "'{}'"}
     walk = flow_sql.DUE_PAIRS_FROM
@@ -100,6 +107,7 @@ def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
         walk = walk.replace(f"%({name})s", value)
     plan = "\n".join(r[0] for r in db.execute("EXPLAIN (ANALYZE, FORMAT TEXT) " + walk))
     assert "tock_jobs_fair_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
+    assert "tock_jobs_kind_idx" not in plan, plan
     assert flow.due_pairs(0, 10, now=now) == [("k", "big", 1), ("k", "small", 1),
                                               ("other", "small", 1)]
     claim = flow_sql.CLAIM_PAIRS
