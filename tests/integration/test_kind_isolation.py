@@ -129,7 +129,8 @@ def test_a_thread_kind_in_a_process_consumer_is_reported_stuck_as_in_a_thread_co
         let_go.set()
     wait_for(lambda: metric("tock_stuck_handlers", kind="stuck") == before,
              message="the gauge went down when it returned")
-    final = client.get(job.id, with_attempts=True)
+    final = wait_for(lambda: (j := client.get(job.id, with_attempts=True)).last_error and j,
+                     message="its late outcome written")
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT]
     assert "returned after its deadline" in (final.last_error or "")
 
