@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--isolation", choices=["thread", "process"],
                         help="run handlers in threads of this process (default "
                              "TOCK_ISOLATION or 'thread') or in child processes, one job "
-                             "each, killed when they overrun their timeout")
+                             "each, killed when they overrun their timeout; for the kinds "
+                             "whose @task does not set isolation=")
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {}
     if args.queues:

@@ -1,4 +1,4 @@
-"""The inside of a handler process (`--isolation process`): import the task modules, say
+"""The inside of a handler process (process isolation): import the task modules, say
 ready, then run one job at a time as the parent orders and report what the handler did.
 
     parent ── ("run", job id, pickled Order) ──► reader thread ─► main thread runs it
@@ -37,7 +37,7 @@ class Start:
     """What a handler process needs before its first job."""
 
     modules: tuple[str, ...]
-    """The --tasks modules and those of every registered handler, imported at start."""
+    """The --tasks modules and those of every process-isolated handler, imported at start."""
     log_format: str = "json"
     log_level: str = "INFO"
 

@@ -1,11 +1,14 @@
 """Run handlers: `concurrency` threads take claimed jobs from the work queue and run them
-where the consumer's isolation says, then queue the outcome for the completer:
+where their kind's isolation says (`@task(..., isolation=)`, else the consumer's
+`--isolation`), then queue the outcome for the completer:
 
-    --isolation thread (default)   a plain handler runs in the executor thread itself; an
-                                   `async def` handler is handed to the event loop
-                                   (`consumer/async_executor.py`) and the thread moves on
-    --isolation process            the thread hands the job to a handler process of its
-                                   own (`consumer/process_pool.py`) and waits for it
+    thread (the default)   a plain handler runs in the executor thread itself; an
+                           `async def` handler is handed to the event loop
+                           (`consumer/async_executor.py`) and the thread moves on
+    process                the thread hands the job to a handler process of its own
+                           (`consumer/process_pool.py`) and waits for it
+
+One consumer can mix both: each job goes where its kind says.
 
 Either way a job holds its handler slot until its handler has really stopped; writing the
 outcome and deleting the message happen in the completer.
@@ -29,9 +32,10 @@ from consumer.attempt import finish
 from consumer.outcomes import Raised
 from consumer.pipeline import Pipeline, Work
 from consumer.process_pool import HandlerProcessFailed, ProcessPool
-from consumer.tasks import call_sync
+from consumer.tasks import Task, call_sync
 from shared.core.errors import ConfigError
 from shared.runtime.logs import emit
+from shared.runtime.settings import ConsumerSettings
 from shared.runtime.supervisor import Loop
 
 log = logging.getLogger("tock.consumer")
@@ -60,23 +64,37 @@ class Executor(Loop):
         self.pool: ProcessPool | None = None
         self._task_modules = tuple(task_modules)
         self.kill_grace_seconds = settings.kill_grace_seconds
-        if settings.isolation == "thread":
+        self.isolation = settings.isolation
+        """The consumer's setting: where kinds that do not say run."""
+        # The event loop runs async handlers in threads: with thread isolation as the
+        # default it is always there (as before), else only if some kind asks for threads.
+        if self.isolation == "thread" or any(t.isolation == "thread"
+                                             for t in pipe.registry.tasks()):
             self.async_runner = AsyncRunner(pipe, self.backoff)
 
     def prepare(self) -> None:
-        """Before the loops start: with process isolation, start every handler process and
-        wait until each has imported the task modules (`ConfigError` if one cannot, or if
-        a handler cannot be named to them)."""
-        if self.async_runner is not None:
+        """Before the loops start: if any kind runs in handler processes, check the kill
+        grace against the lease, start every handler process and wait until each has
+        imported the task modules (`ConfigError` if one cannot, or if a process-isolated
+        handler cannot be named to them)."""
+        isolated = self.pipe.registry.process_isolated(self.isolation)
+        if not isolated:
             return
-        for task in self.pipe.registry.tasks():
+        # Loading the settings checked this for --isolation process; only here is it known
+        # whether a kind asks for processes in a consumer that defaults to threads.
+        problem = self.pipe.settings.kill_grace_problem(
+            "isolation=process" if self.isolation == "process"
+            else f"process-isolated kind(s) {[t.kind for t in isolated]}")
+        if problem:
+            raise ConsumerSettings.refused(problem)
+        for task in isolated:
             try:
                 pickle.dumps(task.handler)
             except Exception as exc:  # a lambda, a nested function, a local class
                 raise ConfigError(
                     f"the handler of kind {task.kind!r} ({task.handler!r}) cannot be sent to "
-                    f"a handler process ({type(exc).__name__}); with --isolation process, "
-                    "handlers must be importable by name (module-level functions)") from None
+                    f"a handler process ({type(exc).__name__}); process-isolated handlers "
+                    "must be importable by name (module-level functions)") from None
         try:
             self._processes().start()
         except HandlerProcessFailed as exc:
@@ -96,7 +114,9 @@ class Executor(Loop):
             work = self.pipe.work.get(timeout=TAKE_WAIT_SECONDS)
         except queues.Empty:
             return 0
-        if self.async_runner is not None and work.task is not None and work.task.is_async:
+        task = work.task
+        if self.async_runner is not None and task is not None and task.is_async \
+                and not self._in_child(task):
             self.async_runner.submit(work)
         else:
             self.run(work)
@@ -112,9 +132,15 @@ class Executor(Loop):
             finally:
                 self.pipe.slots.release()
             self.pipe.done.put(result)
-        elif self.async_runner is None:
+        elif self._in_child(work.task):
             self._in_process(work)
         elif work.task.is_async:
+            if self.async_runner is None:  # see __init__: no kind asked for threads then
+                finish(self.pipe, work, Raised(
+                    f"kind {work.task.kind!r} (async, isolation='thread') was registered "
+                    "after this consumer was built with --isolation process, so it has no "
+                    "event loop: register it before"), 0.0, self.backoff)
+                return
             self.async_runner.run_blocking(work)
         else:
             started = time.monotonic()
@@ -138,12 +164,20 @@ class Executor(Loop):
             raise
         finish(self.pipe, work, raised, time.monotonic() - started, self.backoff)
 
+    def _in_child(self, task: Task) -> bool:
+        return task.runs_in(self.isolation) == "process"
+
     def _processes(self) -> ProcessPool:
         if self.pool is None:
             settings = self.pipe.settings
+            # Children import --tasks and the modules of the handlers they may run, not
+            # those of thread-only kinds (which need not import outside the consumer).
+            isolated = self.pipe.registry.process_isolated(self.isolation)
             modules = [*self._task_modules, *sorted(
-                {getattr(t.handler, "__module__", None) or "" for t in self.pipe.registry.tasks()}
+                {getattr(t.handler, "__module__", None) or "" for t in isolated}
                 - {"", "__main__"})]
+            # One child per executor thread, as with --isolation process: a job never waits
+            # for a free child (its deadline runs from the claim), whatever the mix of kinds.
             self.pool = ProcessPool(settings.concurrency, child.Start(
                 tuple(dict.fromkeys(modules)), settings.log_format, settings.log_level))
         return self.pool

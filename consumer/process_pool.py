@@ -1,5 +1,6 @@
-"""Handler processes (`--isolation process`): a pool of `concurrency` child processes, each
-running one job at a time, so a handler that ignores its deadline can be killed.
+"""Handler processes (`--isolation process`, or the kinds that ask with `@task(...,
+isolation="process")`): a pool of `concurrency` child processes, each running one job at
+a time, so a handler that ignores its deadline can be killed.
 
     executor thread ── take a child ── send the job ── wait for: its result
                                                                  its death (exit code)
@@ -134,8 +135,8 @@ class HandlerProcess:
                                             work.payload, context))
         except Exception as exc:  # a lambda or a nested function: not importable by name
             return Raised(f"the handler of kind {item.context.kind!r} cannot be sent to a "
-                          f"handler process ({type(exc).__name__}: {exc}); with --isolation "
-                          "process, handlers must be module-level functions")
+                          f"handler process ({type(exc).__name__}: {exc}); process-isolated "
+                          "handlers must be module-level functions")
         self.ensure_ready()
         assert self.process is not None and self._orders and self._results
         try:

@@ -2,7 +2,8 @@
 
     claim-<queue> (2 threads per queue) ─► execute (concurrency threads) ─► complete
                                              ├─ async (one event loop thread; thread isolation)
-                                             └─ handler processes (process isolation)
+                                             └─ handler processes (process isolation: the
+                                                consumer's, or that of some kinds)
     heartbeat (database leases, deadlines)      visibility (SQS message visibility)
 
 The database lease is the authority. Messages are deleted only after the outcome is
@@ -51,7 +52,8 @@ class Consumer:
         """`clock` pins the database's "now" for leases (tests); None means the database
         clock, which is what production uses: leases are judged by one clock.
         `task_modules` (--tasks) are imported by every handler process too (process
-        isolation), besides the modules of the registered handlers."""
+        isolation), besides the modules of the process-isolated handlers. Where each kind
+        runs is read from `registry` here and at `start`: register every task first."""
         self.settings = settings
         self.registry = registry
         # Outcomes, heartbeats: durable commits. Claims: a claim lost in a database crash
@@ -99,8 +101,9 @@ class Consumer:
         self.claim_database.close()
 
     def start(self) -> None:
-        """Start the handler processes (process isolation), announce this worker, start
-        every loop; returns at once. `ConfigError` if a handler process cannot start."""
+        """Start the handler processes (if any kind runs in one), announce this worker,
+        start every loop; returns at once. `ConfigError` if a handler process cannot start
+        or the kill grace does not fit the lease."""
         self.executor.prepare()
         self.open()
         self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
@@ -109,7 +112,9 @@ class Consumer:
         self.supervisor.start()
         emit(log, "consumer_started", worker=self.worker_id, queues=self.settings.queues,
              concurrency=self.settings.concurrency, isolation=self.settings.isolation,
-             tasks=self.registry.kinds())
+             tasks=self.registry.kinds(),
+             process_kinds=[t.kind for t in
+                            self.registry.process_isolated(self.settings.isolation)])
 
     def run_forever(self) -> int:
         """Run until SIGTERM/SIGINT (graceful shutdown, exit 0) or a loop crash (exit 70)."""

@@ -18,10 +18,16 @@ its own delay. Execution is at least once: make handlers idempotent (see README)
 tock cancels their task (`asyncio.Task.cancel()`) where it sets `ctx.cancelled` for a
 thread: at the deadline, when the lease is lost, and when shutdown releases the job.
 
-With `--isolation process` every handler runs in a child process (`async def` ones under
-`asyncio.run`), so it must be importable by name: a module-level function, not a lambda
-or a nested function. Its payload and context are copies; `ctx.cancelled` is the child's
-own Event, set when the consumer tells it to stop, and a handler that goes on for
+Where a handler runs is its kind's `isolation=`, else the consumer's `--isolation`:
+
+    @task("render", timeout=60, isolation="process")   # always in a child process
+    def render(payload: dict, ctx: TaskContext) -> None:
+        ...
+
+A process-isolated handler runs in a child process (`async def` ones under `asyncio.run`),
+so it must be importable by name: a module-level function, not a lambda or a nested
+function. Its payload and context are copies; `ctx.cancelled` is the child's own Event,
+set when the consumer tells it to stop, and a handler that goes on for
 `TOCK_KILL_GRACE_SECONDS` after that is killed.
 """
 
@@ -32,12 +38,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from shared.core import validation
 from shared.core.errors import InvalidInput
 
 Handler = Callable[[Any, "TaskContext"], Any]
+Isolation = Literal["thread", "process"]
+"""Where a handler runs: a thread of the consumer (timeouts are cooperative) or a child
+process (killed when it overruns). The same values as the consumer's `isolation` setting."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,12 @@ class Task:
     is_async: bool = False
     """An `async def` handler: it runs on the event loop (or under `asyncio.run` in a
     handler process), not in a thread of its own."""
+    isolation: Isolation | None = None
+    """The kind's own choice; None: the consumer's `isolation` setting decides."""
+
+    def runs_in(self, default: Isolation) -> Isolation:
+        """Where this kind's handler runs in a consumer whose setting is `default`."""
+        return self.isolation or default
 
 
 class Registry:
@@ -89,13 +104,14 @@ class Registry:
         self._tasks: dict[str, Task] = {}
 
     def add(self, kind: str, handler: Handler, *, max_attempts: int | None = None,
-            timeout: float | None = None) -> Task:
+            timeout: float | None = None, isolation: Isolation | None = None) -> Task:
         validation.kind(kind)
         if kind in self._tasks and self._tasks[kind].handler is not handler:
             raise InvalidInput(f"a handler for kind {kind!r} is already registered: "
                                f"{self._tasks[kind].handler!r}")
         entry = Task(kind, handler, validation.max_attempts(max_attempts),
-                     validation.timeout_seconds(timeout), is_async=is_coroutine_handler(handler))
+                     validation.timeout_seconds(timeout), is_async=is_coroutine_handler(handler),
+                     isolation=_isolation(kind, isolation))
         self._tasks[kind] = entry
         return entry
 
@@ -108,15 +124,33 @@ class Registry:
     def tasks(self) -> list[Task]:
         return [self._tasks[k] for k in sorted(self._tasks)]
 
+    def process_isolated(self, default: Isolation) -> list[Task]:
+        """The tasks that run in handler processes in a consumer whose setting is
+        `default`."""
+        return [t for t in self.tasks() if t.runs_in(default) == "process"]
+
     def task(self, kind: str, *, max_attempts: int | None = None,
-             timeout: float | None = None) -> Callable[[Handler], Handler]:
+             timeout: float | None = None,
+             isolation: Isolation | None = None) -> Callable[[Handler], Handler]:
         """Decorator form of `add`."""
 
         def register(handler: Handler) -> Handler:
-            self.add(kind, handler, max_attempts=max_attempts, timeout=timeout)
+            self.add(kind, handler, max_attempts=max_attempts, timeout=timeout,
+                     isolation=isolation)
             return handler
 
         return register
+
+
+def _isolation(kind: str, value: object) -> Isolation | None:
+    """`value` if it names an isolation; typed callers cannot pass a wrong one, but task
+    modules are rarely type-checked."""
+    if value is None:
+        return None
+    if value not in get_args(Isolation):
+        raise InvalidInput(f"isolation of kind {kind!r} must be 'thread' or 'process' "
+                           f"(or left out, for the consumer's --isolation), got {value!r}")
+    return cast(Isolation, value)
 
 
 def is_coroutine_handler(handler: Handler) -> bool:
@@ -140,8 +174,11 @@ registry = Registry()
 """The registry `python -m consumer --tasks module` runs: `@task` adds to it."""
 
 
-def task(kind: str, *, max_attempts: int | None = None,
-         timeout: float | None = None) -> Callable[[Handler], Handler]:
+def task(kind: str, *, max_attempts: int | None = None, timeout: float | None = None,
+         isolation: Isolation | None = None) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of `kind`. `max_attempts` and
-    `timeout` (seconds) apply to jobs of this kind enqueued without their own."""
-    return registry.task(kind, max_attempts=max_attempts, timeout=timeout)
+    `timeout` (seconds) apply to jobs of this kind enqueued without their own.
+    `isolation` ("thread" or "process") is where its handler runs, whatever the consumer's
+    `--isolation` (which decides for kinds that leave it out)."""
+    return registry.task(kind, max_attempts=max_attempts, timeout=timeout,
+                         isolation=isolation)

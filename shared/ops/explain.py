@@ -234,8 +234,9 @@ def _running(job: Job, ctx: Context) -> Explanation:
             "lease, so the job no longer follows its worker's lease and is recovered "
             "elsewhere once its own lease expires. On the worker its thread is still busy "
             "and keeps its handler slot until the handler returns (a thread cannot be "
-            "killed; see the tock_stuck_handlers gauge). Consumers run with --isolation "
-            "process kill such handlers instead.")
+            "killed; see the tock_stuck_handlers gauge). Handlers run in processes "
+            "(--isolation process, or a kind's @task(..., isolation=\"process\")) are "
+            "killed instead.")
     elif w is not None and w.lease_expires_at is not None:
         expires = max(expires, w.lease_expires_at) if expires else w.lease_expires_at
     if expires is not None and expires < now:

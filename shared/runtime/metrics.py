@@ -37,5 +37,5 @@ STUCK_HANDLERS = Gauge("tock_stuck_handlers",
                        "job was left to expire; their thread and slot stay busy)", ["kind"])
 HANDLER_PROCESSES_REPLACED = Counter(
     "tock_handler_processes_replaced_total",
-    "Handler processes (--isolation process) killed past their grace, or found dead, and "
+    "Handler processes (process isolation) killed past their grace, or found dead, and "
     "replaced", ["reason"])

@@ -74,6 +74,13 @@ class CommonSettings(BaseSettings):
             raise ConfigError(f"invalid settings: {exc}") from None
 
     @classmethod
+    def refused(cls, message: str) -> ConfigError:
+        """The `ConfigError` for a check across fields made after `load` (it needs what
+        only the process knows later, such as its registered tasks), worded as `load`
+        words its own."""
+        return ConfigError(f"invalid settings:\n  {cls._names((), message)}: {message}")
+
+    @classmethod
     def _names(cls, loc: tuple[int | str, ...], message: str) -> str:
         """The variable(s) an error is about: its field, or for a check across fields,
         every field its message names."""
@@ -209,13 +216,16 @@ class ConsumerSettings(CommonSettings):
     health_port: int | None = Field(default=None, ge=1, le=65535)
     isolation: Literal["thread", "process"] = Field(
         default="thread",
-        description="Where handlers run: threads of this process (timeouts are cooperative) "
-                    "or a pool of `concurrency` child processes, one job each at a time (a "
-                    "handler that overruns its timeout is killed and its process replaced).")
+        description="Where handlers run, for kinds that do not say (`@task(..., "
+                    "isolation=...)` wins): threads of this process (timeouts are "
+                    "cooperative) or a pool of `concurrency` child processes, one job each "
+                    "at a time (a handler that overruns its timeout is killed and its "
+                    "process replaced).")
     kill_grace_seconds: float = Field(
         default=5.0, ge=0, le=300,
-        description="With isolation=process: how long a handler told to stop (deadline, "
-                    "lost lease, shutdown) may go on before its process is killed (SIGKILL).")
+        description="With process isolation (this consumer's or a kind's): how long a "
+                    "handler told to stop (deadline, lost lease, shutdown) may go on before "
+                    "its process is killed (SIGKILL).")
 
     @field_validator("queues", mode="before")
     @classmethod
@@ -248,12 +258,22 @@ class ConsumerSettings(CommonSettings):
             )
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
-        if self.isolation == "process" and self.kill_grace_seconds >= self.lease_seconds:
-            raise ValueError(
-                f"kill_grace_seconds ({self.kill_grace_seconds}) must be under lease_seconds "
-                f"({self.lease_seconds}) with isolation=process, so a handler past its "
-                "deadline is killed before its job is left to expire")
+        if self.isolation == "process":
+            problem = self.kill_grace_problem("isolation=process")
+            if problem:
+                raise ValueError(problem)
         return self
+
+    def kill_grace_problem(self, used_by: str) -> str | None:
+        """What is wrong with `kill_grace_seconds` where process isolation is used (by the
+        consumer's setting, or by kinds that ask for it: the consumer checks those when it
+        starts), or None. A grace as long as the lease would have the lease keeper leave
+        the job to expire as stuck before the handler is killed."""
+        if self.kill_grace_seconds < self.lease_seconds:
+            return None
+        return (f"kill_grace_seconds ({self.kill_grace_seconds}) must be under lease_seconds "
+                f"({self.lease_seconds}) with {used_by}, so a handler past its deadline is "
+                "killed before its job is left to expire")
 
 
 class HealthSettings(BaseSettings):

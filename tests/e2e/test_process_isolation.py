@@ -1,6 +1,8 @@
 """End to end: `python -m consumer --isolation process` kills a handler that hangs past
 its timeout, replaces its process, and the job's retry succeeds in the new one; the
-consumer then drains on SIGTERM and exits 0 with no handler process left."""
+consumer then drains on SIGTERM and exits 0 with no handler process left. A consumer in
+threads does the same for a kind registered with `isolation="process"` (its child
+imports the --tasks module that says so), while its other kinds run in its threads."""
 
 from __future__ import annotations
 
@@ -42,6 +44,34 @@ def test_a_handler_hanging_past_its_timeout_is_killed_and_retried(procs, client,
     events = [json.loads(line).get("event") for line in
               (tmp_path / "consumer.log").read_text().splitlines() if line.startswith("{")]
     assert "handler_process_killed" in events and "consumer_stopped" in events
+
+
+def test_a_process_kind_is_killed_and_retried_while_the_others_run_in_the_consumer(
+        procs, client, db, tmp_path):
+    procs.timer("timer")
+    consumer = procs.start("consumer", "-m", "consumer", "--tasks",
+                           "tests.support.mixed_tasks", "--concurrency", "2")
+    hung = client.schedule("hang_first_isolated", timeout=1, max_attempts=3)
+    plain = client.schedule("record")
+    procs.wait_for(lambda: all(client.get(j.id).state is JobState.SUCCEEDED
+                               for j in (hung, plain)), timeout=60,
+                   message="the plain job, and the hung one's retry in a fresh child")
+    final = client.get(hung.id, with_attempts=True)
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT,
+                                                   AttemptOutcome.SUCCEEDED]
+    assert "handler process killed (SIGKILL)" in (final.attempts[0].error or "")
+    runs = db.execute("SELECT job_id, attempt, pid FROM e2e_runs ORDER BY at").fetchall()
+    hung_pids = [pid for job_id, _, pid in runs if job_id == hung.id]
+    assert len(set(hung_pids)) == 2 and consumer.pid not in hung_pids
+    assert [pid for job_id, _, pid in runs if job_id == plain.id] == [consumer.pid], \
+        "the thread kind ran in the consumer itself"
+    assert procs.terminate("consumer") == 0
+    lines = [json.loads(line) for line in (tmp_path / "consumer.log").read_text().splitlines()
+             if line.startswith("{")]
+    (started,) = [e for e in lines if e.get("event") == "consumer_started"]
+    assert started["isolation"] == "thread"
+    assert started["process_kinds"] == ["hang_first_isolated"]
+    assert "handler_process_killed" in {e.get("event") for e in lines}
 
 
 def test_a_consumer_whose_handler_processes_cannot_start_exits_2(database_url, queue_prefix,
