@@ -118,6 +118,25 @@ def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
     assert "tock_jobs_fair_idx" in claim_plan, claim_plan
 
 
+def test_the_levels_and_the_walk_probe_rather_than_read_every_due_row(flow, db, now):
+    """Statistics taken when few rows were due (between two autovacuums) once made the
+    planner hash every due row of the level into a semi-join (4.5 ms at 5M pending
+    rows); each step is one index probe whatever the statistics say."""
+    _bulk(db, 20_000, now=now, tenant=None, age=-3600)  # due in an hour
+    db.execute("ANALYZE tock_jobs")
+    _bulk(db, 5_000, now=now, tenant=None)
+    values = {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
+              "skip_kinds": "'{}'", "skip_tenants": "'{}'"}
+    for template in (flow_sql.DUE_LEVELS, flow_sql.DUE_PAIRS_FROM):
+        statement = template
+        for name, value in values.items():
+            statement = statement.replace(f"%({name})s", value)
+        plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + statement))
+        assert "Semi Join" not in plan and "Hash Join" not in plan, plan
+    assert flow.due_levels(now) == [0]
+    assert flow.due_pairs(0, 10, now=now) == [("k", "", 1)]
+
+
 def test_key_rooms_walk_the_keys_with_due_work_from_a_cursor(flow, db, now):
     for key, state in [("b", "scheduled"), ("a", "scheduled"), ("a", "retrying"),
                        ("c", "scheduled"), ("a", "running"), ("d", "running")]:
