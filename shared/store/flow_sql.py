@@ -2,13 +2,14 @@
 rate limits, and the tables that configure them (tock_tenant_weights, tock_limits).
 
 Within a priority level the claim walks the (kind, tenant) pairs with due work through
-`tock_jobs_fair_idx` (priority, kind, coalesce(tenant, ''), run_at, id): a loose index scan
-of the kinds, and inside each kind one of its tenants, one probe per step, every probe
-stopping at the first matching row, so a million far-future or same-tenant rows cost
-nothing. Kinds and tenants at a limit are left out of the walk. The caller shares the
-batch out (timer_service.fair_share) and claims each pair's oldest rows, SKIP LOCKED, so
-any number of timers claim side by side and each row goes to exactly one of them. Jobs
-without a tenant are the tenant ''.
+`tock_jobs_fair_idx` (priority, kind, coalesce(tenant, ''), run_at DESC, id DESC): a
+loose index scan of the kinds, and inside each kind one of its tenants, one probe per
+step, every probe stopping at the first matching row (the newest of its group, which is
+live: dead entries of claimed rows gather at the old end), so a million far-future or
+same-tenant rows cost nothing. Kinds and tenants at a limit are left out of the walk.
+The caller shares the batch out (timer_service.fair_share) and claims each pair's oldest
+rows, SKIP LOCKED, so any number of timers claim side by side and each row goes to
+exactly one of them. Jobs without a tenant are the tenant ''.
 """
 
 from shared.store.jobs_sql import NOW
@@ -18,18 +19,20 @@ TENANT_KEY = "coalesce(j.tenant, '')"
 IN_FLIGHT = "j.state IN ('dispatched', 'running')"
 """A job holds a concurrency slot from its dispatch until its outcome (or its rescue)."""
 
-# Probes are LATERAL ... ORDER BY run_at LIMIT 1, not EXISTS: the planner may turn an
-# EXISTS into a hash semi-join that reads every due row of the level (it did at 5M pending
-# rows, from statistics that counted few due rows). And the ORDER BY, which only the index
-# gives without a sort, keeps a bare LIMIT 1 from being planned as a sequential scan that
-# "soon" meets a match (it was, at 1M due rows: 0.7 s per probe of an empty level).
+# Probes are LATERAL ... ORDER BY run_at DESC LIMIT 1, not EXISTS: the planner may turn
+# an EXISTS into a hash semi-join that reads every due row of the level (it did at 5M
+# pending rows, from statistics that counted few due rows). The ORDER BY, which only the
+# index gives without a sort, keeps a bare LIMIT 1 from being planned as a sequential scan
+# that "soon" meets a match (it was, at 1M due rows: 0.7 s per probe of an empty level);
+# and newest first, a probe starts at `now` and meets a live row at once, not the dead
+# entries claimed rows leave at the old end of the range until vacuum.
 
 # Levels with something due, highest first: one probe of tock_jobs_due_idx each.
 DUE_LEVELS = f"""
 SELECT p.level FROM generate_series(9, 0, -1) AS p(level)
 CROSS JOIN LATERAL (SELECT 1 FROM tock_jobs j
                     WHERE {_DUE} AND j.priority = p.level AND j.run_at <= {NOW}
-                    ORDER BY j.run_at LIMIT 1) due
+                    ORDER BY j.run_at DESC LIMIT 1) due
 ORDER BY p.level DESC
 """
 
@@ -71,7 +74,7 @@ CROSS JOIN LATERAL (
         SELECT 1 FROM tock_jobs j
         WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind AND {TENANT_KEY} = t.tk
           AND j.run_at <= {NOW}
-        ORDER BY j.run_at LIMIT 1) due
+        ORDER BY j.run_at DESC LIMIT 1) due
     WHERE t.tk IS NOT NULL AND t.tk <> ALL(%(skip_tenants)s::text[])
     LIMIT %(per_kind)s
 ) t

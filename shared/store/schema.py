@@ -61,14 +61,8 @@ jobs = Table(
     Column("lease_detached", Boolean, nullable=False, server_default="false"),  # 0006
     Column("concurrency_key", Text),  # 0009
     CheckConstraint("priority BETWEEN 0 AND 9"),
-    Index("tock_jobs_fair_idx", "priority", "kind", text("coalesce(tenant, '')"), "run_at",
-          "id", postgresql_where=text("state IN ('scheduled', 'retrying')")),  # 0008
     Index("tock_jobs_in_flight_idx", "kind", text("coalesce(tenant, '')"),
           postgresql_where=text("state IN ('dispatched', 'running')")),  # 0008
-    Index("tock_jobs_key_due_idx", "kind", "priority", text("coalesce(tenant, '')"),
-          "concurrency_key", "run_at", "id",
-          postgresql_where=text("concurrency_key IS NOT NULL AND "
-                                "state IN ('scheduled', 'retrying')")),  # 0009
     Index("tock_jobs_key_in_flight_idx", "kind", "concurrency_key",
           postgresql_where=text("concurrency_key IS NOT NULL AND "
                                 "state IN ('dispatched', 'running')")),  # 0009
@@ -91,6 +85,16 @@ jobs = Table(
     Index("tock_jobs_finished_idx", "finished_at",
           postgresql_where=text("finished_at IS NOT NULL")),
 )
+
+# Newest first within a group (0010): the timer's probes land on live rows, not on the
+# dead entries claimed jobs leave at the old end until vacuum.
+Index("tock_jobs_fair_idx", jobs.c.priority, jobs.c.kind, text("coalesce(tenant, '')"),
+      jobs.c.run_at.desc(), jobs.c.id.desc(),
+      postgresql_where=text("state IN ('scheduled', 'retrying')"))  # 0008, 0010
+Index("tock_jobs_key_due_idx", jobs.c.kind, jobs.c.priority, text("coalesce(tenant, '')"),
+      jobs.c.concurrency_key, jobs.c.run_at.desc(), jobs.c.id.desc(),
+      postgresql_where=text("concurrency_key IS NOT NULL AND "
+                            "state IN ('scheduled', 'retrying')"))  # 0009
 
 attempts = Table(
     "tock_attempts", metadata,

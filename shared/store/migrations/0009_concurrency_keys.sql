@@ -6,8 +6,11 @@ ALTER TABLE tock_history_jobs ADD COLUMN concurrency_key text;
 
 -- The timer walks the keys with due work of one (kind, tenant) at a level, one probe per
 -- key, and takes each key's oldest jobs. Partial: jobs without a key cost nothing here.
+-- Newest first within a key, as tock_jobs_fair_idx (0010): the walk's probes land on live
+-- rows, not on the dead entries the claimed ones leave until vacuum.
 CREATE INDEX tock_jobs_key_due_idx
-    ON tock_jobs (kind, priority, (coalesce(tenant, '')), concurrency_key, run_at, id)
+    ON tock_jobs (kind, priority, (coalesce(tenant, '')), concurrency_key, run_at DESC,
+                  id DESC)
     WHERE concurrency_key IS NOT NULL AND state IN ('scheduled', 'retrying');
 
 -- Jobs holding a slot of their key, counted per (kind, key).
