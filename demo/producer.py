@@ -14,7 +14,8 @@ from shared.runtime.settings import ClientSettings
 
 log = logging.getLogger("tock.demo")
 
-MIX = [("email", 6), ("flaky", 2), ("slow", 1), ("crash", 1)]
+MIX = [("email", 6), ("flaky", 2), ("slow", 1), ("crash", 1), ("sync", 2)]
+ACCOUNTS = ["account-1", "account-2", "account-3"]
 
 
 def main() -> int:
@@ -26,11 +27,15 @@ def main() -> int:
     with Client(settings) as client:
         # Declared at every start: an unchanged definition is a no-op (upsert by name).
         client.recurring("demo-report", "report", {"demo": True}, every=15)
+        # One sync at a time per account: the rest wait in Postgres (`tock limits`).
+        client.set_limit("kind_key", "sync", max_running=1)
         while not stop.wait(random.uniform(0.5, 1.5)):
             kind = random.choice(kinds)
             delay = random.choice([0, 0, 0, 2, 5])
+            account = random.choice(ACCOUNTS) if kind == "sync" else None
             try:
-                job = client.schedule(kind, {"demo": True}, delay=delay)
+                job = client.schedule(kind, {"demo": True}, delay=delay,
+                                      concurrency_key=account)
             except TockError as exc:
                 emit(log, "enqueue_failed", logging.ERROR, error=str(exc))
                 continue

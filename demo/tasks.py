@@ -36,6 +36,13 @@ def slow(payload: Any, ctx: TaskContext) -> None:
     ctx.cancelled.wait(seconds)
 
 
+@task("sync", max_attempts=3, timeout=30)
+def sync(payload: Any, ctx: TaskContext) -> None:
+    """Pretend to sync one account for a few seconds; the producer limits it to one job at
+    a time per account (a per-key limit), so an account's jobs queue in Postgres."""
+    ctx.cancelled.wait(3)
+
+
 @task("crash", max_attempts=3, timeout=10)
 def crash(payload: Any, ctx: TaskContext) -> None:
     if ctx.attempt == 1:

@@ -5,7 +5,7 @@
 const STATES = ["scheduled", "retrying", "dispatched", "running", "succeeded", "dead",
                 "cancelled"];
 const FINAL = new Set(["succeeded", "dead", "cancelled"]);
-const DEMO_KINDS = ["email", "flaky", "slow", "crash", "report"];
+const DEMO_KINDS = ["email", "flaky", "slow", "crash", "report", "sync"];
 const OUTCOME_COLORS = {succeeded: "#2a9d5c", failed: "#d98b1c", timed_out: "#e0b040",
                         permanent: "#d1432f", no_handler: "#8e2a1d", lease_expired: "#b05ad1",
                         released: "#9aa1ad"};
