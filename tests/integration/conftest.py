@@ -27,6 +27,12 @@ def timer(timer_settings, transport):
 
 
 @pytest.fixture
+def notes_file(tmp_path):
+    """Where the isolated tasks (tests/support/isolated_tasks.py) write what they saw."""
+    return tmp_path / "notes.jsonl"
+
+
+@pytest.fixture
 def registry():
     return Registry()
 

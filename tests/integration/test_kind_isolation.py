@@ -15,23 +15,13 @@ from shared.core.errors import ConfigError
 from shared.core.states import AttemptOutcome, JobState
 from tests.integration.readings import metric
 from tests.support import isolated_tasks as tasks
-from tests.support.drive import dispatch
+from tests.support.drive import dispatch, settle
 from tests.support.wait import wait_for
 
 MIXED = {"kill_grace_seconds": 0.3, "concurrency": 2, "backoff_base_seconds": 0.1,
          "backoff_cap_seconds": 0.1}
 """A consumer that defaults to threads (the fixture's setting)."""
 
-
-@pytest.fixture
-def notes_file(tmp_path):
-    return tmp_path / "notes.jsonl"
-
-
-def _settle(client, timer, job_id, state=JobState.SUCCEEDED, timeout=30):
-    """Dispatch (retries too) until the job reaches `state`."""
-    return wait_for(lambda: dispatch(timer) >= 0 and client.get(job_id).state is state,
-                    timeout=timeout, message=f"job {job_id} {state.value}")
 
 
 def test_a_process_kind_overrunning_is_killed_and_retried_while_a_thread_kind_succeeds(
@@ -47,8 +37,8 @@ def test_a_process_kind_overrunning_is_killed_and_retried_while_a_thread_kind_su
     dispatch(timer)
     wait_for(lambda: tasks.notes(notes_file, "started"), message="the child spins")
     recorded = client.schedule("record", payload)
-    _settle(client, timer, recorded.id)
-    _settle(client, timer, spun.id)
+    settle(client, timer, recorded.id)
+    settle(client, timer, spun.id)
 
     final = client.get(spun.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT,
@@ -76,7 +66,7 @@ def test_a_process_kind_whose_child_crashes_is_a_failed_attempt_and_retried(
     consumer = running(**MIXED)
     died = metric("tock_handler_processes_replaced_total", reason="died")
     job = client.schedule("die", {"notes": str(notes_file), "how": "exit"}, max_attempts=3)
-    _settle(client, timer, job.id)
+    settle(client, timer, job.id)
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.FAILED,
                                                    AttemptOutcome.SUCCEEDED]
@@ -97,7 +87,7 @@ def test_consumer_wide_process_isolation_still_isolates_every_kind_that_does_not
     payload = {"notes": str(notes_file)}
     jobs = {kind: client.schedule(kind, payload) for kind in ("sync", "async", "local")}
     for job in jobs.values():
-        _settle(client, timer, job.id)
+        settle(client, timer, job.id)
     pid_of = {n["job_id"]: n["pid"] for n in tasks.notes(notes_file, "ran")}
     assert pid_of[jobs["sync"].id] != os.getpid()
     assert pid_of[jobs["async"].id] != os.getpid()

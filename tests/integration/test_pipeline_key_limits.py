@@ -16,7 +16,7 @@ from shared.core.errors import InvalidInput
 from shared.core.states import JobState
 from shared.ops import explain
 from shared.store.operator_store import OperatorStore
-from tests.support.drive import dispatch, receive, run_all
+from tests.support.drive import dispatch, receive, run_all, timer_running
 from tests.support.wait import wait_for
 from timer_service.service import Timer
 
@@ -158,16 +158,9 @@ def test_at_most_n_per_key_run_at_once_across_two_live_consumers(
                                   "concurrency_key": a} for a in ["x", "y"] * 4])
     running(concurrency=4)
     running(concurrency=4)
-    timer = Timer(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport)
-    thread = threading.Thread(target=timer.run_forever, daemon=True)
-    thread.start()
-    try:
+    with timer_running(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport):
         wait_for(lambda: all(client.get(j.id).state is JobState.SUCCEEDED for j in jobs),
                  timeout=30, message="all 8 jobs succeeded")
-    finally:
-        timer.stop_flag.set()
-        thread.join(timeout=15)
-        timer.close()
     assert peak == Counter({"x": 1, "y": 1}), "8 free slots, one per account"
 
 

@@ -14,7 +14,7 @@ from shared.core.states import JobState
 from shared.ops import explain
 from shared.store.operator_store import OperatorStore
 from shared.transport.base import EntryFailure
-from tests.support.drive import dispatch, receive, run_all
+from tests.support.drive import dispatch, receive, run_all, timer_running
 from tests.support.wait import wait_for
 from timer_service.service import Timer
 
@@ -156,16 +156,9 @@ def test_at_most_n_run_at_once_across_two_live_consumers(
     jobs = [client.schedule("slow") for _ in range(8)]
     running(concurrency=4)
     running(concurrency=4)
-    timer = Timer(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport)
-    thread = threading.Thread(target=timer.run_forever, daemon=True)
-    thread.start()
-    try:
+    with timer_running(timer_settings.model_copy(update={"max_idle_seconds": 0.2}), transport):
         wait_for(lambda: all(client.get(j.id).state is JobState.SUCCEEDED for j in jobs),
                  timeout=30, message="all 8 jobs succeeded")
-    finally:
-        timer.stop_flag.set()
-        thread.join(timeout=15)
-        timer.close()
     assert peak[0] == 2, "8 free slots in the fleet, the limit is 2"
 
 

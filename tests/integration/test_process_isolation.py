@@ -16,22 +16,12 @@ from shared.core.errors import ConfigError
 from shared.core.states import AttemptOutcome, JobState
 from tests.integration.readings import metric
 from tests.support import isolated_tasks as tasks
-from tests.support.drive import dispatch
+from tests.support.drive import dispatch, settle
 from tests.support.wait import wait_for
 
 PROCESS = {"isolation": "process", "kill_grace_seconds": 0.3, "concurrency": 1,
            "backoff_base_seconds": 0.1, "backoff_cap_seconds": 0.1}
 
-
-@pytest.fixture
-def notes_file(tmp_path):
-    return tmp_path / "notes.jsonl"
-
-
-def _settle(client, timer, job_id, state=JobState.SUCCEEDED, timeout=30):
-    """Dispatch (retries too) until the job reaches `state`."""
-    return wait_for(lambda: dispatch(timer) >= 0 and client.get(job_id).state is state,
-                    timeout=timeout, message=f"job {job_id} {state.value}")
 
 
 def test_a_handler_ignoring_its_deadline_is_killed_and_the_retry_succeeds(
@@ -40,7 +30,7 @@ def test_a_handler_ignoring_its_deadline_is_killed_and_the_retry_succeeds(
     consumer = running(**PROCESS)
     killed = metric("tock_handler_processes_replaced_total", reason="killed")
     job = client.schedule("spin", {"notes": str(notes_file)}, timeout=0.5, max_attempts=3)
-    _settle(client, timer, job.id)
+    settle(client, timer, job.id)
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT,
                                                    AttemptOutcome.SUCCEEDED]
@@ -61,7 +51,7 @@ def test_a_handler_process_that_dies_mid_job_is_replaced_and_the_job_retried(
     registry.add("die", tasks.die_first)
     consumer = running(**PROCESS)
     job = client.schedule("die", {"notes": str(notes_file), "how": how}, max_attempts=3)
-    _settle(client, timer, job.id)
+    settle(client, timer, job.id)
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.FAILED,
                                                    AttemptOutcome.SUCCEEDED]
@@ -80,8 +70,8 @@ def test_sync_and_async_handlers_and_their_errors_cross_the_process_boundary(
     jobs = [client.schedule(kind, payload) for kind in ("sync", "async", "sync", "async")]
     refused = client.schedule("refuse", payload)
     for job in jobs:
-        _settle(client, timer, job.id)
-    _settle(client, timer, refused.id, JobState.DEAD)
+        settle(client, timer, job.id)
+    settle(client, timer, refused.id, JobState.DEAD)
     dead = client.get(refused.id, with_attempts=True)
     assert [a.outcome for a in dead.attempts] == [AttemptOutcome.PERMANENT]
     assert dead.last_error == "NotAnAddress: no @ in 'nobody'"
@@ -114,7 +104,7 @@ def test_an_async_handler_in_a_child_is_cancelled_at_its_deadline(
     registry.add("sleepy", tasks.sleep_async)
     running(**{**PROCESS, "kill_grace_seconds": 5})  # it stops when cancelled: no kill
     job = client.schedule("sleepy", {"notes": str(notes_file)}, timeout=0.3, max_attempts=1)
-    _settle(client, timer, job.id, JobState.DEAD)
+    settle(client, timer, job.id, JobState.DEAD)
     final = client.get(job.id, with_attempts=True)
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT]
     assert "CancelledError: tock cancelled the handler: deadline passed" in final.last_error

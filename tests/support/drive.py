@@ -3,12 +3,17 @@ Postgres and SQS of the test session."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
-from shared.runtime.settings import ConsumerSettings
+from shared.core.states import JobState
+from shared.runtime.settings import ConsumerSettings, TimerSettings
+from tests.support.wait import wait_for
 from timer_service.service import Timer
 
 
@@ -70,3 +75,24 @@ def dispatch(timer: Timer, now: datetime | None = None) -> int:
         total += result.dispatched
         if result.dispatched < timer.settings.batch_size:
             return total
+
+
+def settle(client: Any, timer: Timer, job_id: int, state: JobState = JobState.SUCCEEDED,
+           timeout: float = 30) -> Any:
+    """Dispatch (retries too) until the job reaches `state`."""
+    return wait_for(lambda: dispatch(timer) >= 0 and client.get(job_id).state is state,
+                    timeout=timeout, message=f"job {job_id} {state.value}")
+
+
+@contextmanager
+def timer_running(settings: TimerSettings, transport: Any) -> Iterator[Timer]:
+    """A real Timer with all its loops on a thread, stopped and closed on exit."""
+    timer = Timer(settings, transport)
+    thread = threading.Thread(target=timer.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield timer
+    finally:
+        timer.stop_flag.set()
+        thread.join(timeout=15)
+        timer.close()
