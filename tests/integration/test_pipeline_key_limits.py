@@ -16,7 +16,7 @@ from shared.core.errors import InvalidInput
 from shared.core.states import JobState
 from shared.ops import explain
 from shared.store.operator_store import OperatorStore
-from tests.support.drive import dispatch, receive, run_all, timer_running
+from tests.support.drive import dispatch, race_timers, receive, run_all, timer_running
 from tests.support.wait import wait_for
 from timer_service.service import Timer
 
@@ -103,21 +103,8 @@ def test_two_timers_together_never_go_over_a_keys_limit(client, db, timer_settin
     client.set_limit("kind_key", "k", max_running=2)
     client.schedule_many([{"kind": "k", "concurrency_key": f"key-{i % 5}"}
                           for i in range(100)])
-    timers = [Timer(timer_settings.model_copy(update={"batch_size": 3}), transport)
-              for _ in range(2)]
-    try:
-        def passes(t: Timer) -> None:
-            for _ in range(15):
-                t.run_once(clock.now)
-        threads = [threading.Thread(target=passes, args=(t,)) for t in timers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert _in_flight_by_key(db) == Counter({f"key-{i}": 2 for i in range(5)})
-    finally:
-        for t in timers:
-            t.close()
+    race_timers(timer_settings.model_copy(update={"batch_size": 3}), transport, clock.now)
+    assert _in_flight_by_key(db) == Counter({f"key-{i}": 2 for i in range(5)})
 
 
 def test_explain_names_the_key_a_due_job_waits_for(client, database, timer, clock):

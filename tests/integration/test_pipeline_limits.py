@@ -14,7 +14,7 @@ from shared.core.states import JobState
 from shared.ops import explain
 from shared.store.operator_store import OperatorStore
 from shared.transport.base import EntryFailure
-from tests.support.drive import dispatch, receive, run_all, timer_running
+from tests.support.drive import dispatch, race_timers, receive, run_all, timer_running
 from tests.support.wait import wait_for
 from timer_service.service import Timer
 
@@ -94,21 +94,8 @@ def test_two_timers_together_never_go_over_a_limit(client, db, timer_settings, t
     client.set_limit("kind", "k", max_running=7)
     for _ in range(200):
         client.schedule("k")
-    timers = [Timer(timer_settings.model_copy(update={"batch_size": 3}), transport)
-              for _ in range(2)]
-    try:
-        def passes(t: Timer) -> None:
-            for _ in range(15):
-                t.run_once(clock.now)
-        threads = [threading.Thread(target=passes, args=(t,)) for t in timers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert _in_flight(db) == 7
-    finally:
-        for t in timers:
-            t.close()
+    race_timers(timer_settings.model_copy(update={"batch_size": 3}), transport, clock.now)
+    assert _in_flight(db) == 7
 
 
 def test_a_rate_limit_dispatches_as_tokens_come(client, db, timer, clock):

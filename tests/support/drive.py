@@ -96,3 +96,21 @@ def timer_running(settings: TimerSettings, transport: Any) -> Iterator[Timer]:
         timer.stop_flag.set()
         thread.join(timeout=15)
         timer.close()
+
+
+def race_timers(settings: TimerSettings, transport: Any, now: datetime, *, timers: int = 2,
+                passes: int = 15) -> None:
+    """`timers` Timers making `passes` dispatch passes each, all at once, at `now`."""
+    racing = [Timer(settings, transport) for _ in range(timers)]
+    try:
+        def run(t: Timer) -> None:
+            for _ in range(passes):
+                t.run_once(now)
+        threads = [threading.Thread(target=run, args=(t,)) for t in racing]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        for t in racing:
+            t.close()
