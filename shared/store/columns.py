@@ -4,6 +4,17 @@ that the statement modules do not import each other in a circle)."""
 NOW = "coalesce(%(now)s::timestamptz, now())"
 """The database clock, unless the caller pins `now` (tests)."""
 
+
+
+def state_is(alias: str, state: str) -> str:
+    """`alias.state = state` for statements that name their rows by id, compared as text so
+    that no partial index on state can serve it and the planner goes through the primary
+    key. Compared as the enum, the planner may scan every dispatched or running row through
+    a partial index instead: after an ANALYZE taken while few jobs were in flight it counts
+    that index as nearly empty (measured: 480 rows read per 10-row claim)."""
+    return f"{alias}.state::text = '{state}'"
+
+
 JOB_COLUMNS = (
     "id, kind, queue, payload, priority, state, run_at, attempt, max_attempts, "
     "timeout_seconds, unique_key, tenant, lease_owner, lease_expires_at, dispatch_token, "

@@ -1,9 +1,10 @@
 """Every SQL statement tock runs against its job tables, named, in one place.
 
 Conventions:
-- Batch statements repeat `j.id = ANY(%(ids)s::bigint[])` beside the join on unnest: it lets the
-  planner go through the primary key whatever the statistics say, so the cost per job
-  stays flat however many rows are running or dispatched.
+- Batch statements repeat `j.id = ANY(%(ids)s::bigint[])` beside the join on unnest, and
+  compare the state they expect as text (`state_is`): the planner then has the primary key
+  and nothing else, whatever the statistics say, so the cost per job stays flat however
+  many rows are running or dispatched.
 - Time is a parameter: `coalesce(%(now)s::timestamptz, now())` runs on the database clock
   in production (leases are judged by one clock, not by many hosts') and lets tests pin it.
 - Every state transition is one guarded statement. The guard is in the WHERE clause; a
@@ -12,7 +13,7 @@ Conventions:
 - Batches travel as parallel arrays through `unnest`, so one round trip serves many jobs.
 """
 
-from shared.store.columns import JOB_COLUMNS, NOW
+from shared.store.columns import JOB_COLUMNS, NOW, state_is
 from shared.store.history_sql import FINISHED, final_row, movable, to_history
 
 __all__ = ["JOB_COLUMNS", "NOW"]  # the statement modules' shared names, also from here
@@ -35,7 +36,7 @@ SET state = t.prev_state, dispatch_token = NULL, dispatched_at = NULL,
     updated_at = {NOW}
 FROM unnest(%(ids)s::bigint[], %(prev_states)s::tock_job_state[], %(errors)s::text[])
      AS t(id, prev_state, error)
-WHERE j.id = t.id AND j.state = 'dispatched'
+WHERE j.id = t.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'dispatched')}
 RETURNING j.id, j.dispatch_failures
 """
 
@@ -130,7 +131,7 @@ FOR UPDATE SKIP LOCKED
 # expiry test (the job's and its worker's), so a heartbeat that won the race keeps its job.
 # A job that goes dead leaves for the history (shared/store/history_sql.py) with its
 # attempts; the lost attempt is written where the job now is.
-_RESCUE_FENCE = f"""j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+_RESCUE_FENCE = f"""j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'running')}
       AND j.attempt = r.attempt AND j.lease_expires_at < {NOW}
       AND (j.lease_detached OR NOT EXISTS (
           SELECT 1 FROM tock_workers w
@@ -187,7 +188,7 @@ SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],
             %(default_timeout_seconds)s::float8[])
      AS m(id, token, default_max_attempts, default_timeout_seconds)
-WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dispatched'
+WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'dispatched')}
   AND j.dispatch_token = m.token
 RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds, j.run_at,
           j.dispatch_token, j.queue, j.tenant, j.unique_key,
@@ -228,7 +229,7 @@ SELECT j.id
 FROM tock_jobs j
 JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(id, attempt, token)
   ON j.id = m.id
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running' AND j.lease_owner = %(id)s
+WHERE j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'running')} AND j.lease_owner = %(id)s
   AND j.attempt = m.attempt AND j.dispatch_token = m.token AND NOT j.lease_detached
 """
 
@@ -237,7 +238,8 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running' AND j.lease_owner = 
 DETACH_LEASE = f"""
 UPDATE tock_jobs
 SET lease_detached = true, lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s)
-WHERE id = %(id)s AND state = 'running' AND lease_owner = %(worker)s AND attempt = %(attempt)s
+WHERE id = %(id)s AND {state_is('tock_jobs', 'running')} AND lease_owner = %(worker)s
+  AND attempt = %(attempt)s
   AND dispatch_token = %(token)s
 RETURNING id
 """
@@ -262,7 +264,7 @@ WHERE id = %(id)s
 # finishes (succeeded, dead) is not updated but moved to the history with its attempts
 # (history_sql): a delete here (no index entry written) and an insert into a small day
 # partition with fewer indexes, instead of an update of every index of the hot table.
-_FINISH_FENCE = """j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND j.state = 'running'
+_FINISH_FENCE = f"""j.id = r.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'running')}
       AND j.lease_owner = %(worker)s AND j.attempt = r.attempt AND j.dispatch_token = r.token"""
 
 _FINISHED = {"state": "r.state", "last_error": "coalesce(r.error, j.last_error)",
