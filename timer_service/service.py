@@ -1,10 +1,12 @@
-"""The timer service: four loops on one database pool, any number of instances side by
+"""The timer service: five loops on one database pool, any number of instances side by
 side with no leader (every claim is FOR UPDATE SKIP LOCKED).
 
     schedule   turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
     dispatch   claims due jobs and sends them to SQS (timer_service/dispatcher.py)
     rescue     expired leases and lost messages (timer_service/rescuer.py)
     retention  the history's day partitions and retention (timer_service/retention.py)
+    statistics an ANALYZE of tock_jobs when its statistics lag far behind it
+               (timer_service/statistics.py)
 
 `run_once(now)` runs one pass of schedule, rescue and dispatch, in that order, on the
 caller's thread (tests; the retention loop has its own `run_once(now)`, as it runs every
@@ -28,12 +30,14 @@ from shared.store.database import Database
 from shared.store.job_store import JobStore
 from shared.store.retention_store import RetentionStore
 from shared.store.schedule_store import ScheduleStore
+from shared.store.statistics_store import StatisticsStore
 from shared.transport.base import Transport
 from shared.transport.sqs import SqsTransport
 from timer_service.dispatcher import Dispatcher
 from timer_service.rescuer import Rescuer
 from timer_service.retention import Retention
 from timer_service.scheduler import Scheduler
+from timer_service.statistics import Statistics
 
 log = logging.getLogger("tock.timer")
 
@@ -92,9 +96,11 @@ class Timer:
             audit_hours=settings.retention_audit_hours,
             batch_size=settings.retention_batch_size,
             interval_seconds=settings.retention_interval_seconds)
+        self.statistics = Statistics(StatisticsStore(self.database))
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("timer", self.stop_flag)
-        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.retention)
+        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.retention,
+                              self.statistics)
 
     def close(self) -> None:
         self.dispatcher.close()

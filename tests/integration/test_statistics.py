@@ -1,0 +1,71 @@
+"""The timer's statistics loop against a real Postgres: a hot table that was never analyzed
+(or grew tenfold since) is analyzed, and the timer's walk is then planned on
+tock_jobs_fair_idx; one timer analyzes at a time; a fresh table is left alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from shared.store.database import Database
+from shared.store.flow_sql import DUE_PAIRS_FROM
+from shared.store.statistics_store import ANALYZE_LOCK, StatisticsStore
+from timer_service.statistics import Statistics
+
+
+def _no_autovacuum(db: Any) -> None:
+    """This test's database is its own: autovacuum must not analyze behind its back."""
+    db.execute("ALTER TABLE tock_jobs SET (autovacuum_enabled = false)")
+
+
+def _insert_due(db: Any, n: int) -> None:
+    db.execute("""INSERT INTO tock_jobs (kind, run_at, payload)
+                  SELECT 'k', now() - interval '1 minute', '{}' FROM generate_series(1, %s)""",
+               (n,))
+    db.execute("SELECT pg_stat_force_next_flush()")
+
+
+def _analyzed(db: Any) -> float:
+    row = db.execute("SELECT reltuples FROM pg_class WHERE oid = 'tock_jobs'::regclass"
+                     ).fetchone()
+    return float(row[0])
+
+
+def _walk_plan(db: Any) -> str:
+    walk = DUE_PAIRS_FROM
+    for name, value in {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
+                        "skip_kinds": "'{}'", "skip_tenants": "'{}'"}.items():
+        walk = walk.replace(f"%({name})s", value)
+    return "\n".join(r[0] for r in db.execute("EXPLAIN " + walk))
+
+
+def test_a_never_analyzed_hot_table_is_analyzed_and_the_walk_then_probes_the_fair_index(
+        database: Database, db):
+    _no_autovacuum(db)
+    loop = Statistics(StatisticsStore(database))
+    _insert_due(db, 500)
+    assert loop.run_once() == 0 and _analyzed(db) < 0, "a small table is left alone"
+    _insert_due(db, 20_000)
+    loop.run_once()
+    assert _analyzed(db) > 20_000
+    plan = _walk_plan(db)
+    assert "tock_jobs_fair_idx" in plan and "Sort Key: j_2.kind" not in plan, plan
+    # Statistics that describe the table are left alone; a tenfold growth is analyzed.
+    assert not StatisticsStore(database).stale()
+    _insert_due(db, 205_000)
+    assert StatisticsStore(database).stale()
+    loop.run_once()
+    assert _analyzed(db) > 200_000
+
+
+def test_one_timer_analyzes_at_a_time(database: Database, db, database_url: str):
+    _no_autovacuum(db)
+    _insert_due(db, 2_000)
+    store = StatisticsStore(database)
+    with psycopg.connect(database_url) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (ANALYZE_LOCK,))
+        assert store.analyze() is False
+        assert _analyzed(db) < 0
+    assert store.analyze() is True
+    assert _analyzed(db) > 1_000
