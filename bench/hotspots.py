@@ -25,17 +25,19 @@ _SPACE = re.compile(r"\s+")
 STEPS = {
     "dispatcher.py:dispatch_due": "timer: claim due + send + commit (one batch)",
     "dispatcher.py:_send": "timer: SendMessageBatch calls (waiting on sends)",
-    "worker.py:receive_once": "consumer: receive + claim",
-    "worker.py:_claim_rows": "consumer: claim statement",
-    "worker.py:_explain_unclaimed": "consumer: explain unclaimed messages",
-    "worker.py:run_handler": "consumer: handler (no-op) and outcome",
-    "worker.py:_finish": "consumer: completion write + delete",
-    "worker.py:_write": "consumer: FINISH_ATTEMPTS statement",
-    "worker.py:_delete": "consumer: DeleteMessageBatch",
+    "claimer.py:run_once": "consumer: receive + claim (one pass, slot wait included)",
+    "claimer.py:_claim_rows": "consumer: claim statement",
+    "claimer.py:_start": "consumer: per claimed job (context, tracking, metric)",
+    "claimer.py:_explain_unclaimed": "consumer: explain unclaimed messages",
+    "executor.py:run": "consumer: handler (no-op) and its outcome",
+    "completer.py:finish": "consumer: outcome write + delete (one group)",
+    "completer.py:_write": "consumer: FINISH_ATTEMPTS statement",
+    "completer.py:_report": "consumer: per written outcome (metrics, log line)",
+    "pipeline.py:delete": "consumer: DeleteMessageBatch",
     "logs.py:emit": "structured logging (emit)",
     "rescuer.py:rescue_expired": "timer: lease rescue query",
     "rescuer.py:redispatch_stuck": "timer: stuck re-dispatch query",
-    "service.py:seconds_until_next_due": "timer: next-due query",
+    "dispatcher.py:seconds_until_next_due": "timer: next-due query",
 }
 
 # Waiting for work to arrive is not cost: leave these out of the self-time table.
