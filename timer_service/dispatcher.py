@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -54,6 +55,15 @@ TOP_UP_ROUNDS = 3
 tenants left over to the ones that filled their share."""
 KEY_WALK_MIN = 32
 """Concurrency keys a per-key claim looks at in one pass, at least (4 per job wanted)."""
+BACKLOGGED_AFTER_SECONDS = 0.05
+"""A (kind, tenant) pair counts as backlogged (timer_service/due_watcher.py leaves it to
+the dispatch threads) once it filled its share of every full batch for this long: a
+newcomer whose jobs take a pass or two is not one, so the watcher still serves it."""
+BACKLOGGED_FOR_SECONDS = 1.0
+"""... and until this long after the last full batch it filled its share of."""
+
+PairAt = tuple[int, str, str]
+"""(priority level, kind, tenant)."""
 
 
 @dataclass
@@ -118,6 +128,9 @@ class Dispatcher(Loop):
         # Per (level, kind, tenant) with a per-key limit: the last concurrency key looked at.
         self._key_cursors: dict[tuple[int, str, str], str] = {}
         self._turn = 0  # passes so far: who goes first round a limit with little room
+        # pair -> (since, last): the full batches whose share it filled, without a break
+        self._filling: dict[PairAt, tuple[float, float]] = {}
+        self.monotonic: Callable[[], float] = time.monotonic  # tests age the backlog with it
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -169,10 +182,36 @@ class Dispatcher(Loop):
         wait = (next_due - db_now).total_seconds()
         return min(max(wait, 0.0), self.max_idle_seconds)
 
-    def dispatch_due(self, now: datetime | None = None) -> tuple[int, int]:
-        """Claim one batch, send it, commit; returns (sent, refused)."""
+    def backlogged(self) -> frozenset[PairAt]:
+        """The pairs the dispatch threads are busy on: each filled its share of every full
+        batch for at least BACKLOGGED_AFTER_SECONDS, the last within
+        BACKLOGGED_FOR_SECONDS."""
+        now = self.monotonic()
+        with self._lock:
+            for pair in [p for p, (_, last) in self._filling.items()
+                         if last < now - BACKLOGGED_FOR_SECONDS]:
+                del self._filling[pair]
+            return frozenset(p for p, (since, last) in self._filling.items()
+                             if last - since >= BACKLOGGED_AFTER_SECONDS)
+
+    def _filled(self, level: int, pairs: list[fair_share.Pair]) -> None:
+        """A full batch at `level` in which `pairs` took their whole share."""
+        now = self.monotonic()
+        filled = {(level, kind, tenant) for kind, tenant, _ in pairs}
+        with self._lock:
+            for pair in [p for p in self._filling if p[0] == level and p not in filled]:
+                del self._filling[pair]
+            for pair in filled:
+                since, last = self._filling.get(pair, (now, now))
+                self._filling[pair] = (since if now - last <= BACKLOGGED_FOR_SECONDS
+                                       else now, now)
+
+    def dispatch_due(self, now: datetime | None = None, *,
+                     skip: frozenset[PairAt] | None = None) -> tuple[int, int]:
+        """Claim one batch (leaving out the pairs in `skip`), send it, commit; returns
+        (sent, refused)."""
         with self.store.transaction() as tx:
-            batch = self.claim_batch(tx, now)
+            batch = self.claim_batch(tx, now, skip=skip)
             self._local.held = batch.held
             due = batch.jobs
             if not due:
@@ -193,11 +232,16 @@ class Dispatcher(Loop):
                      queue=job.queue, lag_ms=round(job.lag_seconds * 1000, 1))
         return len(due) - len(failed), len(failed)
 
-    def claim_batch(self, tx: JobStore, now: datetime | None) -> Batch:
+    def claim_batch(self, tx: JobStore, now: datetime | None, *,
+                    skip: frozenset[PairAt] | None = None) -> Batch:
         """One batch, in the caller's transaction: priority levels highest first; within a
         level the (kind, tenant) pairs with due work share it (fair_share.plan), no kind or
         tenant past its limit, and what a pair with little due work leaves over goes to the
-        pairs that filled their share."""
+        pairs that filled their share.
+
+        With `skip` (the due watcher's pass) the pairs in it are left out, the walk starts
+        from the first tenant and the round-robin cursors are left as they are; without,
+        the pairs that fill their share of a full batch are recorded as backlogged."""
         flow = tx.sibling(FlowStore)
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
@@ -218,7 +262,7 @@ class Dispatcher(Loop):
             if skip_kinds or skip_tenants:
                 batch.held = batch.next_token_seconds
             with self._lock:
-                cursor = self._cursors.get(level)
+                cursor = self._cursors.get(level) if skip is None else None
             after = flow.due_pairs(level, capacity, after=cursor, skip_kinds=skip_kinds,
                                    skip_tenants=skip_tenants, now=now)
             wrapped: list[tuple[str, str, int]] = []
@@ -226,9 +270,12 @@ class Dispatcher(Loop):
                 wrapped = flow.due_pairs(level, capacity, skip_kinds=skip_kinds,
                                          skip_tenants=skip_tenants, now=now)
             pairs = fair_share.round_from(after, wrapped, cursor, capacity)
-            tenants = list(dict.fromkeys(p[1] for p in pairs))
-            with self._lock:
-                self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
+            if skip is not None:
+                pairs = [p for p in pairs if (level, p[0], p[1]) not in skip]
+            else:
+                tenants = list(dict.fromkeys(p[1] for p in pairs))
+                with self._lock:
+                    self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,
                                         tenant_room=tenant_room, turn=turn)
@@ -248,6 +295,8 @@ class Dispatcher(Loop):
                 pairs = [p for p in pairs if taken[(p[0], p[1])] >= wanted.get((p[0], p[1]), 1)]
                 if capacity <= 0 or not pairs:
                     break
+            if capacity <= 0 and skip is None:
+                self._filled(level, pairs)
         return batch
 
     def _claim(self, flow: FlowStore, level: int, share: list[fair_share.Quota], *,

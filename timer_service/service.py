@@ -1,8 +1,10 @@
-"""The timer service: five loops on one database pool, any number of instances side by
+"""The timer service: six loops on one database pool, any number of instances side by
 side with no leader (every claim is FOR UPDATE SKIP LOCKED).
 
     schedule   turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
     dispatch   claims due jobs and sends them to SQS (timer_service/dispatcher.py)
+    dispatch-watch  while a pair is backlogged, work falling due for the others goes out
+               at once (timer_service/due_watcher.py)
     rescue     expired leases and lost messages (timer_service/rescuer.py)
     retention  the history's day partitions and retention (timer_service/retention.py)
     statistics an ANALYZE of tock_jobs when its statistics lag far behind it
@@ -34,6 +36,7 @@ from shared.store.statistics_store import StatisticsStore
 from shared.transport.base import Transport
 from shared.transport.sqs import SqsTransport
 from timer_service.dispatcher import Dispatcher
+from timer_service.due_watcher import DueWatcher
 from timer_service.rescuer import Rescuer
 from timer_service.retention import Retention
 from timer_service.scheduler import Scheduler
@@ -96,13 +99,15 @@ class Timer:
             audit_hours=settings.retention_audit_hours,
             batch_size=settings.retention_batch_size,
             interval_seconds=settings.retention_interval_seconds)
+        self.due_watcher = DueWatcher(self.dispatcher)
         self.statistics = Statistics(StatisticsStore(self.database))
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("timer", self.stop_flag)
-        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.retention,
-                              self.statistics)
+        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.due_watcher,
+                              self.retention, self.statistics)
 
     def close(self) -> None:
+        self.due_watcher.close()
         self.dispatcher.close()
         self.database.close()
 
