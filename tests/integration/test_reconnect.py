@@ -108,3 +108,44 @@ def test_a_per_key_limit_holds_through_a_postgres_restart(server, system):
                        for a in client.get(j.id, with_attempts=True).attempts
                        if a.started_at is not None)
         assert all(later[0] >= earlier[1] for earlier, later in pairwise(spans)), spans
+
+
+def test_the_due_watcher_serves_a_newcomer_again_after_a_restart_mid_backlog(server):
+    """The due watcher holds a LISTEN connection of its own while a tenant is backlogged.
+    Postgres restarts under it: every loop stays alive, the backlog is picked up again, and
+    a newcomer's jobs go out while the backlog is still being dispatched."""
+    import psycopg
+
+    from shared.transport.memory import MemoryTransport
+
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
+                        SELECT 'work', now() - interval '1 hour', '{}', 'big'
+                        FROM generate_series(1, 400000)""")
+    timer = Timer(TimerSettings(database_url=server.url(), batch_size=20,
+                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5),
+                  MemoryTransport())
+    timer.start()
+    try:
+        wait_for(timer.dispatcher.backlogged, timeout=30,
+                 message="tenant big backlogged")
+        _outage(server, 0.0).join()
+        wait_for(timer.dispatcher.backlogged, timeout=30,
+                 message="the backlog picked up again after the restart")
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
+                            SELECT 'work', now(), '{}', 'new' FROM generate_series(1, 10)""")
+
+            def counts() -> tuple[int, int]:
+                row = conn.execute("""
+                    SELECT count(*) FILTER (WHERE tenant = 'new' AND state = 'dispatched'),
+                           count(*) FILTER (WHERE tenant = 'big' AND state = 'scheduled')
+                    FROM tock_jobs""").fetchone()
+                assert row is not None
+                return int(row[0]), int(row[1])
+
+            wait_for(lambda: counts()[0] == 10, timeout=30, message="the newcomer dispatched")
+            assert counts()[1] > 0, "the backlog was still there when the newcomer went out"
+        assert timer.supervisor.live()[0], timer.supervisor.live()[1]
+    finally:
+        timer.stop()
