@@ -90,8 +90,11 @@ class Loop:
             thread = threading.Thread(target=self._main, args=(beat,), daemon=True,
                                       name=f"tock-{self.name}-{index}")
             self._beats.append(beat)
-            self._threads.append(thread)
             thread.start()
+            # Listed once started: a liveness probe that ran between the two saw a listed
+            # thread that was not alive yet and said the loop had exited (a flaky 503 at
+            # start-up, once the timer had more loops to start after it was ready).
+            self._threads.append(thread)
 
     def stop(self) -> None:
         """Ask the threads to finish their current pass and end."""

@@ -101,7 +101,8 @@ def test_processes_serve_probes_on_tock_health_port(database_url, queue_prefix, 
         for port in (timer_port, consumer_port):
             wait_for(lambda p=port: get(f"http://127.0.0.1:{p}/readyz")[0] == 200,
                      timeout=60, message=f"readyz on {port}")
-            assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+            status, body = get(f"http://127.0.0.1:{port}/healthz")
+            assert status == 200, body
             assert "# HELP" in get(f"http://127.0.0.1:{port}/metrics")[1]
     finally:
         logs = [_stop(p) for p in procs]

@@ -160,3 +160,34 @@ def test_stop_ends_idle_threads_promptly(threads):
     assert time.monotonic() - began < 5
     assert loop.passes == threads  # idling, no extra passes after the stop
     assert loop.problem(time.monotonic()) is None
+
+
+def test_a_probe_while_a_loop_is_starting_its_threads_does_not_see_an_exited_thread(
+        stop_afterwards, monkeypatch):
+    """A liveness probe between a loop thread being created and started saw a thread that
+    was not alive and said it had exited: a 503 at start-up, which the orchestrator would
+    answer by killing a healthy process."""
+
+    class Idle(Loop):
+        name = "idle"
+        idle_seconds = 30.0
+
+        def run_once(self, now=None):
+            return 0
+
+    loop = Idle()
+    sup = Supervisor("test")
+    sup.watch(loop)
+    stop_afterwards(sup)
+    seen: list[tuple[bool, str]] = []
+    start = threading.Thread.start
+
+    def probing_start(thread: threading.Thread) -> None:
+        seen.append(sup.live())  # what a probe arriving just now would be told
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", probing_start)
+    sup.start()
+    monkeypatch.undo()
+    assert seen and all(ok for ok, _ in seen), seen
+    assert sup.live()[0], sup.live()
