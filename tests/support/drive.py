@@ -100,17 +100,26 @@ def timer_running(settings: TimerSettings, transport: Any) -> Iterator[Timer]:
 
 def race_timers(settings: TimerSettings, transport: Any, now: datetime, *, timers: int = 2,
                 passes: int = 15) -> None:
-    """`timers` Timers making `passes` dispatch passes each, all at once, at `now`."""
+    """`timers` Timers making `passes` dispatch passes each, all at once, at `now`. An
+    error in any of them is raised here, in the test's thread, so a race that crashed a
+    timer cannot pass for one that stayed within its limits."""
     racing = [Timer(settings, transport) for _ in range(timers)]
+    errors: list[BaseException] = []
     try:
         def run(t: Timer) -> None:
-            for _ in range(passes):
-                t.run_once(now)
+            try:
+                for _ in range(passes):
+                    t.run_once(now)
+            except BaseException as exc:
+                errors.append(exc)
         threads = [threading.Thread(target=run, args=(t,)) for t in racing]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads), "a racing timer hung"
     finally:
         for t in racing:
             t.close()
+    if errors:
+        raise errors[0]
