@@ -147,9 +147,10 @@ class _running_timer:
     """A real Timer (all its loops) on a thread, sending into the sink."""
 
     def __init__(self, url: str) -> None:
-        # Nothing reaches a consumer here: the lost-message check must not re-send.
+        # Nothing reaches a consumer here: the lost-message check must not re-send, and
+        # the dispatch window, which would stop the timer at its size, is off.
         settings = TimerSettings(database_url=url, queue_prefix="fair-",
-                                 dispatch_timeout_seconds=3600)
+                                 dispatch_timeout_seconds=3600, dispatch_window=0)
         self.timer = Timer(settings, Sink())
         self.thread = threading.Thread(target=self.timer.run_forever, daemon=True)
 

@@ -40,7 +40,10 @@ class Fleet:
     concurrency: int = 20
     procs: list[Proc] = field(default_factory=list)
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {**self._base_env(), **(extra or {})}
+
+    def _base_env(self) -> dict[str, str]:
         return {
             **os.environ, **self.aws_env,
             "TOCK_DATABASE_URL": self.database_url,
@@ -50,17 +53,19 @@ class Fleet:
             "PYTHONPATH": str(ROOT),
         }
 
-    def _spawn(self, role: str, args: list[str]) -> Proc:
+    def _spawn(self, role: str, args: list[str],
+               env: dict[str, str] | None = None) -> Proc:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{self.phase}-{role}.log").open("ab")
-        popen = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self._env(),
+        popen = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self._env(env),
                                  stdout=log, stderr=subprocess.STDOUT)
         proc = Proc(role, popen, log)
         self.procs.append(proc)
         return proc
 
-    def start_timer(self) -> Proc:
-        return self._spawn("timer", ["-m", "timer_service"])
+    def start_timer(self, env: dict[str, str] | None = None) -> Proc:
+        """The timer process; `env` adds to (or overrides) its TOCK_* settings."""
+        return self._spawn("timer", ["-m", "timer_service"], env)
 
     def start_consumers(self, count: int) -> list[Proc]:
         first = sum(p.role.startswith("consumer") for p in self.procs)

@@ -38,6 +38,12 @@ class Profile:
     history_rows: int
     """Finished jobs put in the history before the claim is measured again at the
     smallest scale size."""
+    fair_sqs_backlog: int
+    """Tenant A's jobs through the real fleet when tenant B's 100 fall due."""
+    fair_sqs_window: int | None
+    """TOCK_DISPATCH_WINDOW for that run (None: the default)."""
+    fair_sqs_compare: bool
+    """Run it again with no window, to show what the window changes."""
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.consumer_counts) or not self.consumer_counts:
@@ -61,6 +67,7 @@ QUICK = Profile(
     hotspot_jobs=3_000,
     fair_backlog=1_000_000, fair_window=20_000,
     history_rows=1_000_000,
+    fair_sqs_backlog=10_000, fair_sqs_window=None, fair_sqs_compare=False,
 )
 
 FULL = Profile(
@@ -74,6 +81,7 @@ FULL = Profile(
     hotspot_jobs=10_000,
     fair_backlog=1_000_000, fair_window=50_000,
     history_rows=10_000_000,
+    fair_sqs_backlog=20_000, fair_sqs_window=None, fair_sqs_compare=True,
 )
 
 TINY = Profile(
@@ -87,6 +95,7 @@ TINY = Profile(
     hotspot_jobs=100,
     fair_backlog=30_000, fair_window=2_000,
     history_rows=20_000,
+    fair_sqs_backlog=1_000, fair_sqs_window=100, fair_sqs_compare=False,
 )
 
 PROFILES = {p.name: p for p in (QUICK, FULL, TINY)}

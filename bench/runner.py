@@ -12,7 +12,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import fairness, hotspots, latency, pipeline, plots, raw_postgres, raw_sqs, report, scale
+from bench import (
+    fair_sqs,
+    fairness,
+    hotspots,
+    latency,
+    pipeline,
+    plots,
+    raw_postgres,
+    raw_sqs,
+    report,
+    scale,
+)
 from bench.pipeline import Context
 from bench.procs import RssSampler
 from bench.profiles import Profile
@@ -22,7 +33,8 @@ from bench.services import environment, running_services
 
 PHASES = ("services", "raw Postgres ceilings", "raw SQS ceilings", "enqueue",
           "dispatch", "end to end", "database work (memory transport)",
-          "latency + burst", "scale", "fairness", "profile", "raw ceilings again", "report")
+          "latency + burst", "fairness through SQS", "scale", "fairness", "profile",
+          "raw ceilings again", "report")
 
 
 def run(profile: Profile, out: Path) -> Path:
@@ -58,6 +70,7 @@ def run(profile: Profile, out: Path) -> Path:
                 ("end to end", lambda: best.__setitem__(0, pipeline.end_to_end(ctx))),
                 ("database work (memory transport)", lambda: pipeline.database_work(ctx)),
                 ("latency + burst", lambda: latency.latency_and_burst(ctx, best[0])),
+                ("fairness through SQS", lambda: fair_sqs.fair_through_sqs(ctx, best[0])),
                 ("scale", lambda: scale.scale(ctx)),
                 ("fairness", lambda: fairness.fairness(ctx)),
                 ("profile", lambda: hotspots.measure(ctx)),

@@ -54,7 +54,8 @@ CLAIM_LOOPS = 3
 def scale(ctx: Context) -> None:
     url = ctx.services.fresh_database("bench_scale")
     prefix = ctx.phase_queue("scale")
-    timer = Timer(TimerSettings(database_url=url, queue_prefix=prefix, batch_size=BATCH))
+    timer = Timer(TimerSettings(database_url=url, queue_prefix=prefix, batch_size=BATCH,
+                                dispatch_window=0))  # no consumers: the window would stop it
     rows_now = 0
     points: list[dict[str, Any]] = []
     try:
@@ -109,7 +110,7 @@ def _with_history(ctx: Context, base: dict[str, Any]) -> None:
     url = ctx.services.fresh_database("bench_scale_history")
     n, pending = ctx.profile.history_rows, int(base["pending_rows"])
     timer = Timer(TimerSettings(database_url=url, queue_prefix=ctx.phase_queue("history"),
-                                batch_size=BATCH))
+                                batch_size=BATCH, dispatch_window=0))
     try:
         started = time.monotonic()
         with psycopg.connect(url, autocommit=True) as conn:

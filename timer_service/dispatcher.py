@@ -61,6 +61,12 @@ the dispatch threads) once it filled its share of every full batch for this long
 newcomer whose jobs take a pass or two is not one, so the watcher still serves it."""
 BACKLOGGED_FOR_SECONDS = 1.0
 """... and until this long after the last full batch it filled its share of."""
+WINDOW_RECOUNT_SECONDS = 0.02
+"""How stale a count of the jobs waiting in SQS a pass may use; between counts, the jobs
+this timer sent are added to it."""
+WINDOW_POLL_SECONDS = 0.05
+"""While a kind's dispatch window is full: how often to look again (consumers claiming
+its jobs free room, which nothing announces)."""
 
 PairAt = tuple[int, str, str]
 """(priority level, kind, tenant)."""
@@ -111,11 +117,14 @@ class Dispatcher(Loop):
     """Two passes in flight: one claims the next batch while the other's sends are out."""
 
     def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
-                 send_concurrency: int, max_idle_seconds: float) -> None:
+                 send_concurrency: int, max_idle_seconds: float,
+                 dispatch_window: int = 0) -> None:
         super().__init__()
         self.store = store
         self.transport = transport
         self.batch_size = batch_size
+        self.dispatch_window = dispatch_window
+        """Most jobs of a kind waiting in SQS (dispatched, not yet claimed); 0: no cap."""
         self.max_idle_seconds = max_idle_seconds
         self.ready_within_seconds = max(10.0, 5 * max_idle_seconds)
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")
@@ -131,6 +140,9 @@ class Dispatcher(Loop):
         # pair -> (since, last): the full batches whose share it filled, without a break
         self._filling: dict[PairAt, tuple[float, float]] = {}
         self.monotonic: Callable[[], float] = time.monotonic  # tests age the backlog with it
+        # kind -> its jobs waiting in SQS: the last count, plus what this timer sent since
+        self._in_sqs: dict[str, int] = {}
+        self._counted_at = -WINDOW_RECOUNT_SECONDS
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -225,6 +237,11 @@ class Dispatcher(Loop):
             batch.spend_tokens(tx.sibling(FlowStore), failed, now)
         if failed:
             self._report_stuck(due, streaks, failed)
+        if self.dispatch_window:
+            sent_of = Counter(job.kind for job in due if job.id not in failed)
+            with self._lock:
+                for kind, n in sent_of.items():
+                    self._in_sqs[kind] = self._in_sqs.get(kind, 0) + n
         for job in due:
             if job.id not in failed:
                 metrics.DUE_TO_DISPATCH.observe(max(job.lag_seconds, 0.0))
@@ -245,11 +262,17 @@ class Dispatcher(Loop):
         flow = tx.sibling(FlowStore)
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
+        window_full = False
+        for kind, room in self._window_rooms(flow).items():
+            kind_room[kind] = min(kind_room.get(kind, room), room)
+            window_full = window_full or room <= 0
         tenant_room = {r.key: r.room for r in rooms
                        if r.scope == "tenant" and r.room is not None}
         keyed = {r.key: r for r in rooms if r.scope == "kind_key"}
         batch = Batch(rated={(r.scope, r.key) for r in rooms if r.tokens is not None},
                       next_token_seconds=_next_token(rooms))
+        if window_full:
+            batch.next_token_seconds = min(batch.next_token_seconds, WINDOW_POLL_SECONDS)
         with self._lock:
             self._turn += 1
             turn = self._turn
@@ -298,6 +321,33 @@ class Dispatcher(Loop):
             if capacity <= 0 and skip is None:
                 self._filled(level, pairs)
         return batch
+
+    def _window_rooms(self, flow: FlowStore) -> dict[str, int]:
+        """Room left in the dispatch window of each kind that may not have a whole batch
+        of it: dispatch_window minus the kind's jobs waiting in SQS, recounted when the
+        count is older than WINDOW_RECOUNT_SECONDS.
+
+        The window is soft: between counts, other timers' sends are not seen, so the kinds
+        may run over by what they send in that time."""
+        if not self.dispatch_window:
+            return {}
+        now = self.monotonic()
+        with self._lock:
+            recount = now - self._counted_at >= WINDOW_RECOUNT_SECONDS
+            if recount:
+                self._counted_at = now  # this thread counts; the other uses the last count
+        if recount:
+            counts = flow.in_sqs(self.dispatch_window)
+            with self._lock:
+                emptied = self._in_sqs.keys() - counts.keys()
+                self._in_sqs = counts
+            for kind in emptied:
+                metrics.IN_SQS.labels(kind).set(0)
+            for kind, n in counts.items():
+                metrics.IN_SQS.labels(kind).set(n)
+        with self._lock:
+            return {kind: self.dispatch_window - n for kind, n in self._in_sqs.items()
+                    if n > self.dispatch_window - self.batch_size}
 
     def _claim(self, flow: FlowStore, level: int, share: list[fair_share.Quota], *,
                keyed: dict[str, LimitRoom], batch: Batch, turn: int,

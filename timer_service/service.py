@@ -80,7 +80,8 @@ class Timer:
         jobs = JobStore(self.database)
         self.dispatcher = Dispatcher(jobs, self.transport, batch_size=settings.batch_size,
                                      send_concurrency=settings.send_concurrency,
-                                     max_idle_seconds=settings.max_idle_seconds)
+                                     max_idle_seconds=settings.max_idle_seconds,
+                                     dispatch_window=settings.dispatch_window)
         self.rescuer = Rescuer(
             jobs, self.transport, batch_size=settings.batch_size,
             default_max_attempts=settings.default_max_attempts,

@@ -55,6 +55,23 @@ class Context:
     held_by: LimitInfo | None = None
     """The limit (of its kind, its tenant or its concurrency key) that has no room for it
     now, if it is due."""
+    in_sqs: int = 0
+    """Jobs of its kind sent to SQS and not yet claimed, if it is due (up to IN_SQS_CAP)."""
+
+
+IN_SQS_CAP = 100_000
+"""Jobs in SQS counted for an explanation, at most."""
+
+
+def _in_sqs_detail(job: Job, ctx: Context) -> list[str]:
+    """Why a due job may wait although no limit holds it: its kind's dispatch window."""
+    if not ctx.in_sqs:
+        return []
+    more = "+" if ctx.in_sqs >= IN_SQS_CAP else ""
+    return [f"{ctx.in_sqs}{more} job(s) of kind {job.kind} are in SQS waiting for a consumer. "
+            "A timer keeps at most its dispatch window (TOCK_DISPATCH_WINDOW) of a kind "
+            "there and sends more as consumers claim them, so a backlog waits here, in "
+            "priority and fair-share order."]
 
 
 def duration(seconds: float) -> str:
@@ -130,6 +147,7 @@ def _scheduled(job: Job, ctx: Context) -> Explanation:
     if ctx.due_ahead:
         more = "+" if ctx.due_ahead >= DUE_AHEAD_CAP else ""
         ahead = f" {ctx.due_ahead}{more} due job(s) go before it (higher priority or older)."
+    details += _in_sqs_detail(job, ctx)
     details.append("If this lasts, check that a timer is running (GET /healthz on its "
                    "health port) and that it can reach Postgres and SQS.")
     return Explanation(
@@ -189,6 +207,7 @@ def _retrying(job: Job, ctx: Context) -> Explanation:
             can_cancel=True)
     if ctx.held_by is not None:
         return _held(job, ctx, ctx.held_by, details)
+    details += _in_sqs_detail(job, ctx)
     return Explanation(
         job.id, job.state,
         f"Backoff ended {when(job.run_at, now)}; waiting for a timer to dispatch attempt "
@@ -308,6 +327,7 @@ def gather(store: OperatorStore, job: Job, *,
     queue_workers = sum(1 for w in live if w.status == "alive" and job.queue in w.queues)
     ahead = None
     held_by = None
+    in_sqs = 0
     if job.state in (JobState.SCHEDULED, JobState.RETRYING) and job.run_at <= now:
         ahead = store.due_ahead(job, now)
         flow = store.sibling(FlowStore)
@@ -317,5 +337,6 @@ def gather(store: OperatorStore, job: Job, *,
             per_key = flow.key_limit(job.kind, job.concurrency_key, now=now)
             limits += [per_key] if per_key is not None else []
         held_by = next((limit for limit in limits if has_no_room(limit)), None)
+        in_sqs = flow.kind_in_sqs(job.kind, IN_SQS_CAP)
     return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id),
-                   held_by)
+                   held_by, in_sqs)

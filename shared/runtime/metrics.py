@@ -12,6 +12,9 @@ DISPATCH_FAILURES = Counter("tock_dispatch_failures_total",
                             "Job sends SQS refused (the job stays due)", ["queue"])
 DUE_TO_DISPATCH = Histogram("tock_due_to_dispatch_seconds",
                             "From run_at to dispatch", buckets=LATENCY_BUCKETS)
+IN_SQS = Gauge("tock_dispatch_window_jobs",
+               "Jobs of a kind sent to SQS and not yet claimed, as the timer last counted "
+               "them (up to TOCK_DISPATCH_WINDOW)", ["kind"])
 REDISPATCHED = Counter("tock_jobs_redispatched_total",
                        "Dispatched jobs nobody claimed in time, sent again")
 LEASE_EXPIRIES = Counter("tock_lease_expiries_total",

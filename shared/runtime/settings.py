@@ -119,6 +119,11 @@ class TimerSettings(CommonSettings):
         description="A job still `dispatched` this long after dispatch is sent again, if its "
                     "SQS queue holds fewer messages than it should (its message was lost).",
     )
+    dispatch_window: int = Field(
+        default=1000, ge=0, le=1_000_000,
+        description="Most jobs of one kind sent to SQS and not yet claimed by a consumer "
+                    "(0: no cap). Past it the kind's due jobs wait in Postgres, where "
+                    "priority, fair share and limits still order them; at least batch_size.")
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)
@@ -166,6 +171,9 @@ class TimerSettings(CommonSettings):
     def _check(self) -> Self:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        if 0 < self.dispatch_window < self.batch_size:
+            raise ValueError(f"dispatch_window ({self.dispatch_window}) must be 0 (no cap) or "
+                             f"at least batch_size ({self.batch_size})")
         return self
 
     @property

@@ -280,6 +280,31 @@ FROM tock_limits l
 WHERE l.scope = 'kind_key' AND l.key = %(kind)s
 """
 
+# --- the dispatch window ------------------------------------------------------------------------
+# Jobs of each kind sent to SQS and not yet claimed by a consumer, counted up to %(cap)s:
+# a loose scan of the kinds in tock_jobs_in_flight_idx, then each kind's range of it. The
+# ORDER BY (only that index gives it without a sort) keeps the planner on it: a range of
+# one kind holds its jobs in SQS and its running ones (at most the fleet's handler slots),
+# where tock_jobs_kind_idx would step over every due row of the kind.
+_KIND_IN_SQS = f"""(SELECT count(*) FROM (
+    SELECT 1 FROM tock_jobs j
+    WHERE {IN_FLIGHT} AND j.kind = %(kind_ref)s AND j.state = 'dispatched'
+    ORDER BY j.kind, {TENANT_KEY} LIMIT %(cap)s) c)"""
+
+IN_SQS = f"""
+WITH RECURSIVE k(kind) AS (
+    (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} ORDER BY j.kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} AND j.kind > k.kind
+            ORDER BY j.kind LIMIT 1)
+    FROM k WHERE k.kind IS NOT NULL
+)
+SELECT k.kind, {_KIND_IN_SQS.replace("%(kind_ref)s", "k.kind")}
+FROM k WHERE k.kind IS NOT NULL
+"""
+
+KIND_IN_SQS = f"SELECT {_KIND_IN_SQS.replace('%(kind_ref)s', '%(kind)s')}"
+
 # --- tenant weights ----------------------------------------------------------------------------
 
 SET_TENANT_WEIGHT = """

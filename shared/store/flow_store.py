@@ -85,6 +85,17 @@ class FlowStore(Store):
                                         "keys": [s[1] for s in spent],
                                         "counts": [s[2] for s in spent], "now": now})
 
+    def in_sqs(self, cap: int) -> dict[str, int]:
+        """Jobs of each kind dispatched and not yet claimed (waiting in SQS), counted up
+        to `cap`; kinds with none are left out."""
+        rows = self._rows(sql.IN_SQS, {"cap": cap})
+        return {r[0]: r[1] for r in rows if r[1]}
+
+    def kind_in_sqs(self, kind: str, cap: int) -> int:
+        """Jobs of `kind` waiting in SQS, counted up to `cap`."""
+        row = self._one(sql.KIND_IN_SQS, {"kind": kind, "cap": cap})
+        return int(row[0]) if row is not None else 0
+
     # --- configuration ------------------------------------------------------------------
 
     def set_limit(self, scope: str, key: str, *, max_running: int | None,

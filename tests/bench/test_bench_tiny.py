@@ -26,7 +26,8 @@ EXPECTED_FIGURES = [
     "scale.history.claim", "scale.history.hot_size",
     "memory.timer.peak", "memory.consumer.peak", "memory.consumer.growth",
     "burst.vs_steady", "fair.b_alone.p99", "fair.b_backlog.p99", "fair.a_rate_before",
-    "fair.a_rate_during",
+    "fair.a_rate_during", "fair.sqs.b_alone.p99", "fair.sqs.b_backlog.p99",
+    "fair.sqs.b_lag_ratio", "fair.sqs.a_rate_before", "fair.sqs.a_rate_during",
 ]
 PRESENT = ["health.tock_jobs.hot_share", "health.tock_jobs.dead", "health.tock_workers.hot_share"]
 """Measured, but zero is a possible value (a tiny run may not update a worker row at all)."""
@@ -43,7 +44,7 @@ def test_tiny_profile_runs_end_to_end(tmp_path: Path) -> None:
         [sys.executable, "-m", "bench", "--profile", "tiny", "--out", str(out)],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "(13/13) report done" in proc.stderr  # progress was shown
+    assert "(14/14) report done" in proc.stderr  # progress was shown
 
     data = json.loads((out / "results.json").read_text())
     assert validate(data) == []

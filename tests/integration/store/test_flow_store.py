@@ -201,6 +201,32 @@ def test_the_key_walk_and_its_claim_use_the_key_index(flow, db, now):
 # --- limits --------------------------------------------------------------------------------
 
 
+def test_in_sqs_counts_each_kinds_dispatched_jobs_up_to_the_cap(flow, db, now):
+    _bulk(db, 30, now=now, tenant=None, state="dispatched")
+    _bulk(db, 5, now=now, tenant="t", state="dispatched", kind="other")
+    _bulk(db, 7, now=now, tenant=None, state="running", kind="busy")  # claimed: not in SQS
+    _bulk(db, 50, now=now, tenant=None, kind="due")  # due, not sent
+    assert flow.in_sqs(cap=100) == {"k": 30, "other": 5}
+    assert flow.in_sqs(cap=10) == {"k": 10, "other": 5}
+    assert flow.kind_in_sqs("k", cap=100) == 30 and flow.kind_in_sqs("due", cap=100) == 0
+
+
+def test_the_window_count_reads_the_in_flight_rows_not_the_kinds_backlog(flow, db, now):
+    """The count runs on a pass every WINDOW_RECOUNT_SECONDS: it must read the kind's jobs
+    in flight (bounded by the window and the fleet's slots), never its due backlog, even
+    on statistics taken when nothing was in flight."""
+    _bulk(db, 40_000, now=now, tenant=None)
+    db.execute("ANALYZE tock_jobs")
+    db.execute("UPDATE tock_jobs SET state = 'dispatched' WHERE id IN ("
+               "SELECT id FROM tock_jobs ORDER BY id LIMIT 300)")
+    for statement in (flow_sql.IN_SQS, flow_sql.KIND_IN_SQS):
+        text = statement.replace("%(cap)s", "1000").replace("%(kind)s", "'k'")
+        plan = "\n".join(r[0] for r in db.execute("EXPLAIN (ANALYZE, FORMAT TEXT) " + text))
+        assert "tock_jobs_in_flight_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
+        assert "tock_jobs_kind_idx" not in plan and "tock_jobs_fair_idx" not in plan, plan
+    assert flow.in_sqs(cap=1000) == {"k": 300}
+
+
 def test_limit_rooms_count_the_slots_held_and_the_tokens(flow, db, now):
     flow.set_limit("kind", "k", max_running=5, rate_per_second=None, burst=None, now=now)
     flow.set_limit("tenant", "acme", max_running=None, rate_per_second=2.0, burst=4,

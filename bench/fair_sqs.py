@@ -1,0 +1,147 @@
+"""Fair share through SQS: the real fleet (the timer process and consumer processes on
+LocalStack) runs tenant A's backlog, and tenant B's 100 jobs fall due once A's jobs are
+streaming. B's due-to-start p99 (handler start, not dispatch) against B's alone on the
+same fleet, with the dispatch window (TOCK_DISPATCH_WINDOW) and, for comparison, without
+it (0), where B's jobs wait in SQS behind every message of A's already sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from bench import noop_tasks, waiting
+from bench.pipeline import LIVE_WORKERS, Context
+from bench.procs import Fleet
+from bench.stats import percentiles, rate
+
+SMALL = 100
+"""Tenant B's jobs."""
+TARGET_LAG_RATIO = 2.0
+TARGET_RATE_RATIO = 0.9
+
+INSERT = """
+INSERT INTO tock_jobs (kind, queue, payload, tenant, run_at)
+SELECT %(kind)s, 'default', '{}', %(tenant)s, coalesce(%(at)s::timestamptz, now())
+FROM generate_series(1, %(n)s) AS g
+"""
+
+AT = "SELECT now() + make_interval(secs => %(lead)s)"
+MAX_ID = "SELECT coalesce(max(id), 0) FROM tock_jobs_all"
+
+SUCCEEDED = """
+SELECT count(*) FROM tock_jobs_all
+WHERE tenant = %(tenant)s AND id > %(after)s AND state = 'succeeded'
+"""
+
+LAGS = """
+SELECT extract(epoch FROM started_at - run_at)::float8 FROM tock_jobs_all
+WHERE tenant = 'B' AND id > %(after)s AND state = 'succeeded'
+"""
+
+# A's completions per second over [since, until), from the times Postgres wrote.
+A_RATE = """
+SELECT count(*), extract(epoch FROM max(finished_at) - min(finished_at))::float8
+FROM tock_jobs_all WHERE tenant = 'A' AND finished_at >= %(since)s AND finished_at < %(until)s
+"""
+
+IN_SQS = "SELECT count(*) FROM tock_jobs WHERE state = 'dispatched'"
+
+
+def fair_through_sqs(ctx: Context, consumers: int) -> None:
+    p = ctx.profile
+    window = {} if p.fair_sqs_window is None else {"TOCK_DISPATCH_WINDOW": str(p.fair_sqs_window)}
+    alone, behind, a_before, a_during, deepest = _run(ctx, "fairsqs", consumers, window)
+    r = ctx.results
+    size = p.fair_sqs_window or "default"
+    r.raw("fair.sqs.b_alone.p99", "fairness",
+          f"tenant B ({SMALL} due jobs) through SQS, nothing else queued: due-to-start p99",
+          alone["p99_ms"], "ms", note=f"{consumers} consumer(s) on LocalStack")
+    r.raw("fair.sqs.b_backlog.p99", "fairness",
+          f"tenant B ({SMALL} due jobs) through SQS behind {p.fair_sqs_backlog:,} of tenant "
+          f"A's: due-to-start p99", behind["p99_ms"], "ms",
+          note=f"dispatch window {size}; at most {deepest:,} jobs were in SQS")
+    fig = r.raw("fair.sqs.b_lag_ratio", "fairness",
+                "through SQS: B's p99 behind A's backlog / B's p99 alone",
+                behind["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else float("inf"), "x")
+    fig.target, fig.met = f"<= {TARGET_LAG_RATIO:.0f}x", fig.value <= TARGET_LAG_RATIO
+    r.ratio("fair.sqs.a_rate_before", "fairness",
+            "through SQS: tenant A's completions before B's jobs", a_before, "jobs/s",
+            "raw.sqs.cycle")
+    r.ratio("fair.sqs.a_rate_during", "fairness",
+            "through SQS: tenant A's completions while B's jobs ran", a_during, "jobs/s",
+            "fair.sqs.a_rate_before", minimum=TARGET_RATE_RATIO)
+    ctx.progress.say(f"  through SQS: B alone p99 {alone['p99_ms']:.0f} ms, behind A "
+                     f"{behind['p99_ms']:.0f} ms (at most {deepest:,} in SQS)")
+    series: dict[str, Any] = {"backlog": p.fair_sqs_backlog, "window": p.fair_sqs_window,
+                              "b_alone": alone, "b_with_backlog": behind,
+                              "most_in_sqs": deepest}
+    if p.fair_sqs_compare:
+        _, unbounded, _, _, deepest_off = _run(ctx, "fairsqs0", consumers,
+                                               {"TOCK_DISPATCH_WINDOW": "0"})
+        r.raw("fair.sqs.no_window.b_backlog.p99", "fairness",
+              "the same with no dispatch window (TOCK_DISPATCH_WINDOW=0): B's p99",
+              unbounded["p99_ms"], "ms", note=f"at most {deepest_off:,} jobs were in SQS")
+        ctx.progress.say(f"  without the window: B behind A {unbounded['p99_ms']:.0f} ms "
+                         f"(at most {deepest_off:,} in SQS)")
+        series["no_window"] = {"b_with_backlog": unbounded, "most_in_sqs": deepest_off}
+    ctx.results.series["fairness_sqs"] = series
+
+
+def _run(ctx: Context, phase: str, consumers: int, env: dict[str, str]
+         ) -> tuple[dict[str, float], dict[str, float], float, float, int]:
+    """One fleet: B alone, then A's backlog and B behind it. Returns (B alone, B behind
+    A, A's rate before B, A's rate during B, the most jobs seen in SQS)."""
+    p = ctx.profile
+    url = ctx.services.fresh_database(f"bench_{phase}")
+    fleet = ctx.fleet(phase, url, ctx.phase_queue(phase))
+    try:
+        fleet.start_timer(env)
+        fleet.start_consumers(consumers)
+        waiting.until(url, LIVE_WORKERS, lambda v: v == consumers, timeout=60,
+                      what=f"{consumers} consumers up", fleet=fleet)
+        alone = _tenant_b(url, fleet)
+        after = waiting.scalar(url, MAX_ID)
+        _insert(url, p.fair_sqs_backlog, "A")
+        # Streaming: A's jobs have been going through for a while, SQS holds its share.
+        streaming = min(p.fair_sqs_backlog // 5, 3 * (p.fair_sqs_window or 1000))
+        waiting.until(url, SUCCEEDED, lambda v: v >= streaming,
+                      params={"tenant": "A", "after": after}, timeout=600,
+                      what=f"A's first {streaming:,} jobs", fleet=fleet)
+        deepest = waiting.scalar(url, IN_SQS)
+        arrived = waiting.scalar(url, "SELECT now()")
+        behind, b_done = _tenant_b(url, fleet, with_end=True)
+        deepest = max(deepest, waiting.scalar(url, IN_SQS))
+        with psycopg.connect(url, autocommit=True) as conn:
+            before = _rate(conn, arrived, lookback=True, until=arrived)
+            during = _rate(conn, arrived, lookback=False, until=b_done)
+        return alone, behind, before, during, deepest
+    finally:
+        fleet.stop()
+
+
+def _tenant_b(url: str, fleet: Fleet, *, with_end: bool = False) -> Any:
+    after = waiting.scalar(url, MAX_ID)
+    at = waiting.scalar(url, AT, {"lead": 0.2})
+    _insert(url, SMALL, "B", at=at)
+    waiting.until(url, SUCCEEDED, lambda v: v >= SMALL, params={"tenant": "B", "after": after},
+                  timeout=600, what="B's jobs succeeded", fleet=fleet, interval=0.02)
+    with psycopg.connect(url, autocommit=True) as conn:
+        lags = percentiles([r[0] for r in conn.execute(LAGS, {"after": after}).fetchall()])
+        end = conn.execute("SELECT max(finished_at) FROM tock_jobs_all WHERE tenant = 'B' "
+                           "AND id > %(after)s", {"after": after}).fetchone()
+    return (lags, end[0] if end else None) if with_end else lags
+
+
+def _insert(url: str, n: int, tenant: str, *, at: Any = None) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(INSERT, {"kind": noop_tasks.KIND, "tenant": tenant, "n": n, "at": at})
+
+
+def _rate(conn: psycopg.Connection[Any], at: Any, *, lookback: bool, until: Any) -> float:
+    """A's completions per second: the 3 s before `at` (lookback), or from `at` to `until`."""
+    since = conn.execute("SELECT %(at)s::timestamptz - interval '3 seconds'",
+                         {"at": at}).fetchone()[0] if lookback else at  # type: ignore[index]
+    row = conn.execute(A_RATE, {"since": since, "until": until}).fetchone()
+    assert row is not None
+    return rate(row[0], row[1] or 0.0)

@@ -1,0 +1,194 @@
+"""The dispatch window: at most TOCK_DISPATCH_WINDOW jobs of a kind wait in SQS (sent, not
+yet claimed); the rest wait in Postgres, where priority and fair share still order them,
+and go out as consumers claim. Real timer and consumer code, real Postgres, real SQS
+(LocalStack); due times are pinned through `now=`, and the window's recount clock through
+the dispatcher's `monotonic`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from shared.core.states import JobState
+from shared.ops import explain
+from shared.runtime.settings import TimerSettings
+from shared.store.operator_store import OperatorStore
+from tests.integration.readings import metric
+from tests.support.drive import dispatch, receive, run_all, timer_running
+from tests.support.wait import wait_for
+from timer_service.service import Timer
+
+WINDOW = 40
+
+
+class Ticks:
+    """A monotonic clock that moves a second per reading: every pass recounts."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+@pytest.fixture
+def windowed(timer_settings, transport):
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 10,
+                                                    "dispatch_window": WINDOW}), transport)
+    timer.dispatcher.monotonic = Ticks()
+    yield timer
+    timer.close()
+
+
+def _in_sqs(db) -> Counter[str]:
+    return Counter(dict(db.execute(
+        "SELECT kind, count(*) FROM tock_jobs WHERE state = 'dispatched' GROUP BY kind"
+    ).fetchall()))
+
+
+def _due(db, n: int, *, kind: str = "k", tenant: str | None = None, priority: int = 0,
+         now) -> None:
+    db.execute("""
+        INSERT INTO tock_jobs (kind, state, run_at, payload, tenant, priority)
+        SELECT %s, 'scheduled', %s - make_interval(secs => 60 - g * 0.001), '{}', %s, %s
+        FROM generate_series(1, %s) g
+    """, (kind, now, tenant, priority, n))
+
+
+def test_a_full_window_holds_the_kind_in_postgres_and_claims_make_room(
+        db, windowed, transport, registry, consumers, clock):
+    registry.add("k", lambda payload, ctx: None)
+    registry.add("other", lambda payload, ctx: None)
+    _due(db, 100, now=clock.now)
+    _due(db, 5, kind="other", now=clock.now)
+    assert dispatch(windowed, clock.now) == WINDOW + 5, "the window holds k, not other"
+    assert dispatch(windowed, clock.now) == 0
+    assert _in_sqs(db) == {"k": WINDOW, "other": 5}
+    assert transport.depth("default") == WINDOW + 5
+    assert metric("tock_dispatch_window_jobs", kind="k") == WINDOW
+    consumer = consumers(clock)
+    done = 0
+    while done < 105:
+        entries = receive(consumer, 1)
+        assert entries, "SQS ran dry before every job was sent"
+        sent = dispatch(windowed, clock.now)
+        assert _in_sqs(db)["k"] <= WINDOW, "never more than the window in SQS"
+        assert sent <= len(entries), "only what consumers claimed is sent again"
+        run_all(consumer, entries)
+        done += len(entries)
+    dispatch(windowed, clock.now)  # a pass that finds the window empty again
+    assert metric("tock_dispatch_window_jobs", kind="k") == 0
+    assert db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = 'succeeded'"
+                      ).fetchone()[0] == 105
+
+
+def test_what_waits_goes_out_by_priority_then_fair_share(
+        db, windowed, registry, consumers, clock):
+    registry.add("k", lambda payload, ctx: None)
+    _due(db, 200, tenant="A", now=clock.now)
+    assert dispatch(windowed, clock.now) == WINDOW
+    _due(db, 10, tenant="B", now=clock.now)
+    _due(db, 1, tenant="A", priority=9, now=clock.now)
+    assert dispatch(windowed, clock.now) == 0, "B and the urgent job wait for room"
+    consumer = consumers(clock, concurrency=20)
+    entries = receive(consumer, 20)
+    assert len(entries) >= 20
+    dispatch(windowed, clock.now)
+    rows = db.execute("""SELECT coalesce(tenant, ''), priority, count(*) FROM tock_jobs
+                         WHERE state = 'dispatched' GROUP BY 1, 2""").fetchall()
+    got = {(tenant, priority): n for tenant, priority, n in rows}
+    assert got.get(("A", 9)) == 1, "the urgent job goes first"
+    assert got.get(("B", 0), 0) >= 9, f"B takes about half of the room: {got}"
+    run_all(consumer, entries)
+
+
+def test_a_lost_full_window_is_sent_again_so_the_kind_is_not_held_for_ever(
+        db, windowed, transport, clock):
+    """A full window whose messages SQS lost (a purged queue) would hold the kind for good;
+    the rescuer's evidence check makes them due again, and they go out, still within the
+    window."""
+    _due(db, 100, now=clock.now)
+    assert dispatch(windowed, clock.now) == WINDOW
+    transport.client.purge_queue(QueueUrl=transport.url("default"))
+    wait_for(lambda: transport.depth("default") == 0, timeout=30, message="queue purged")
+    later = clock.now + timedelta(seconds=windowed.settings.dispatch_timeout_seconds + 1)
+    redispatched = 0
+    for _ in range(20):  # a batch per pass
+        result = windowed.run_once(later)
+        redispatched += result.redispatched
+        if not result.redispatched:
+            break
+    assert redispatched == WINDOW
+    dispatch(windowed, later)
+    assert _in_sqs(db) == {"k": WINDOW}
+    wait_for(lambda: transport.depth("default") == WINDOW, timeout=30,
+             message="the window's jobs back in SQS")
+
+
+def test_explain_says_the_kinds_window_is_full(db, database, client, windowed, clock):
+    _due(db, WINDOW + 1, now=clock.now)
+    dispatch(windowed, clock.now)
+    waiting = db.execute("SELECT id FROM tock_jobs WHERE state = 'scheduled'").fetchone()[0]
+    store = OperatorStore(database)
+    with store.transaction() as tx:
+        job = client.get(waiting)
+        text = explain.explain(job, explain.gather(tx, job)).text()
+    assert f"{WINDOW} job(s) of kind k are in SQS waiting for a consumer" in text, text
+
+
+def test_window_zero_sends_every_due_job(db, timer_settings, transport, clock):
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 10, "dispatch_window": 0}),
+                  transport)
+    try:
+        _due(db, 100, now=clock.now)
+        assert dispatch(timer, clock.now) == 100
+    finally:
+        timer.close()
+
+
+def test_a_window_smaller_than_a_batch_is_refused():
+    with pytest.raises(ValueError, match=r"dispatch_window .* at least batch_size"):
+        TimerSettings(database_url="postgresql://x/y", batch_size=100, dispatch_window=50)
+
+
+def test_a_running_fleet_keeps_a_backlog_in_postgres_and_a_newcomer_starts_early(
+        db, client, timer_settings, transport, running, registry):
+    """Tenant A's 2,000 due jobs against a window of 100: tenant B's jobs, enqueued once
+    A's window is full, start after at most about a window of A's, not after A's 2,000,
+    and SQS never holds much more than the window. Real timer and consumer threads."""
+    registry.add("k", lambda payload, ctx: None)
+    settings = timer_settings.model_copy(update={"dispatch_window": 100})
+    _due(db, 2000, tenant="A", now=db.execute("SELECT now()").fetchone()[0])
+    deepest = 0
+    with timer_running(settings, transport):
+        wait_for(lambda: _in_sqs(db)["k"] >= 100, timeout=30, message="A's window full")
+        seen = [-1]
+
+        def settled() -> bool:  # the timer sent what it would: no consumer is running yet
+            current = _in_sqs(db)["k"]
+            same, seen[0] = current == seen[0], current
+            return same
+        wait_for(settled, timeout=60, interval=0.3, message="the timer stopped sending")
+        b_jobs = [client.schedule("k", tenant="B").id for _ in range(20)]
+        running()
+
+        def b_started() -> bool:
+            nonlocal deepest
+            deepest = max(deepest, _in_sqs(db)["k"])
+            return db.execute("SELECT count(*) FROM tock_jobs_all WHERE id = ANY(%s) AND "
+                              "started_at IS NOT NULL", (b_jobs,)).fetchone()[0] == 20
+        wait_for(b_started, timeout=60, interval=0.01, message="B's jobs started")
+        last_b = db.execute("SELECT max(started_at) FROM tock_jobs_all WHERE id = ANY(%s)",
+                            (b_jobs,)).fetchone()[0]
+        a_before = db.execute("SELECT count(*) FROM tock_jobs_all WHERE tenant = 'A' AND "
+                              "started_at < %s", (last_b,)).fetchone()[0]
+        wait_for(lambda: db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = "
+                                    "'succeeded'").fetchone()[0] == 2020,
+                 timeout=120, message="every job succeeded")
+    assert a_before <= 400, f"B waited behind {a_before} of A's jobs (window 100)"
+    # Soft: two dispatch threads may each send a batch on a count up to 20 ms old.
+    assert deepest <= 100 + 3 * settings.batch_size, deepest
+    assert {client.get(j).state for j in b_jobs} == {JobState.SUCCEEDED}
