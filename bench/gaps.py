@@ -92,6 +92,20 @@ GAP_NOTES: dict[str, str] = {
         "the claim (the per-state and per-kind ones serve operators, not the claim) would "
         "close what is left."
     ),
+    "fair.sqs.": (
+        "Through SQS a newcomer's jobs wait in the queue behind whatever of the backlog is "
+        "already there: SQS has no tenants. The dispatch window (README, The dispatch "
+        "window) keeps that to about `TOCK_DISPATCH_WINDOW_SECONDS` (0.25 s) of the fleet's "
+        "work plus a batch, so B's p99 behind A is B's p99 alone plus about a third of a "
+        "second; the ratio is met only while B alone is slower than that. On LocalStack, "
+        "whose own send-to-receive time is 0.15-0.25 s at p99 here, it lands between 2x "
+        "and 3x from run to run; without the window (the `no_window` figure) B waits "
+        "behind every message of A's already sent. A shorter age shortens the wait but, "
+        "on an SQS whose send-to-receive time is near it, holds back sends that consumers "
+        "would have taken. SQS fair queues (a MessageGroupId per tenant on a standard "
+        "queue, on AWS since 2025) would order deliveries by tenant inside SQS; tock does "
+        "not set one yet, and whether LocalStack models them was not tried."
+    ),
     "fair.": (
         "Both p99s are dispatch lags of about a millisecond (SQS is a sink here), so the "
         "ratio is that of two very small numbers, and one late wake-up of one thread on "
@@ -101,8 +115,8 @@ GAP_NOTES: dict[str, str] = {
         "(timer_service/due_watcher.py) sleeps until B's first job falls due and claims "
         "B's jobs in one pass, leaving A to the dispatch threads; when a dispatch thread's "
         "pass gets to B first, B's jobs go in two passes a millisecond apart. Past "
-        "dispatch, B's jobs would also wait behind whatever of A's backlog is already in "
-        "SQS: fairness is decided at dispatch (README, Fair share)."
+        "dispatch, B's jobs also wait behind what of A's is in SQS: the `fair.sqs` "
+        "figures measure that, through LocalStack and the consumers."
     ),
     "dispatch.": (
         "The timer holds each claim transaction open across its sends (by design: a crash "

@@ -118,13 +118,16 @@ class Dispatcher(Loop):
 
     def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
                  send_concurrency: int, max_idle_seconds: float,
-                 dispatch_window: int = 0) -> None:
+                 dispatch_window: int = 0, dispatch_window_seconds: float = 0.0) -> None:
         super().__init__()
         self.store = store
         self.transport = transport
         self.batch_size = batch_size
         self.dispatch_window = dispatch_window
         """Most jobs of a kind waiting in SQS (dispatched, not yet claimed); 0: no cap."""
+        self.dispatch_window_seconds = dispatch_window_seconds
+        """A kind of which a batch of jobs has waited in SQS longer than this gets no more
+        until consumers catch up; 0: only the count applies."""
         self.max_idle_seconds = max_idle_seconds
         self.ready_within_seconds = max(10.0, 5 * max_idle_seconds)
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")
@@ -142,6 +145,8 @@ class Dispatcher(Loop):
         self.monotonic: Callable[[], float] = time.monotonic  # tests age the backlog with it
         # kind -> its jobs waiting in SQS: the last count, plus what this timer sent since
         self._in_sqs: dict[str, int] = {}
+        # (kind, tenant) pairs with a batch of jobs in SQS past the window's age
+        self._waited: set[tuple[str, str]] = set()
         self._counted_at = -WINDOW_RECOUNT_SECONDS
 
     def close(self) -> None:
@@ -262,10 +267,10 @@ class Dispatcher(Loop):
         flow = tx.sibling(FlowStore)
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
-        window_full = False
-        for kind, room in self._window_rooms(flow).items():
+        window_rooms, waited = self._window_rooms(flow, now)
+        for kind, room in window_rooms.items():
             kind_room[kind] = min(kind_room.get(kind, room), room)
-            window_full = window_full or room <= 0
+        window_full = bool(waited) or any(room <= 0 for room in window_rooms.values())
         tenant_room = {r.key: r.room for r in rooms
                        if r.scope == "tenant" and r.room is not None}
         keyed = {r.key: r for r in rooms if r.scope == "kind_key"}
@@ -299,6 +304,8 @@ class Dispatcher(Loop):
                 tenants = list(dict.fromkeys(p[1] for p in pairs))
                 with self._lock:
                     self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
+            if waited:
+                pairs = [p for p in pairs if (p[0], p[1]) not in waited]
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,
                                         tenant_room=tenant_room, turn=turn)
@@ -322,32 +329,43 @@ class Dispatcher(Loop):
                 self._filled(level, pairs)
         return batch
 
-    def _window_rooms(self, flow: FlowStore) -> dict[str, int]:
-        """Room left in the dispatch window of each kind that may not have a whole batch
-        of it: dispatch_window minus the kind's jobs waiting in SQS, recounted when the
-        count is older than WINDOW_RECOUNT_SECONDS.
+    def _window_rooms(self, flow: FlowStore, now: datetime | None
+                      ) -> tuple[dict[str, int], set[tuple[str, str]]]:
+        """The dispatch window: (room left of each kind that may not have a whole batch of
+        it: dispatch_window minus its jobs in SQS; the (kind, tenant) pairs that get
+        nothing, because a batch of their jobs has waited in SQS past
+        dispatch_window_seconds: consumers are behind on them, and what is sent now would
+        wait behind them). Recounted when the count is older than WINDOW_RECOUNT_SECONDS.
 
-        The window is soft: between counts, other timers' sends are not seen, so the kinds
-        may run over by what they send in that time."""
+        The age is judged per tenant, so a tenant's backlog in SQS holds back that tenant
+        only: another tenant's jobs go out at once, and wait behind about the window's age
+        of it. The window is soft: between counts, other timers' sends are not seen, so
+        the kinds may run over by what they send in that time."""
         if not self.dispatch_window:
-            return {}
-        now = self.monotonic()
+            return {}, set()
+        clock = self.monotonic()
         with self._lock:
-            recount = now - self._counted_at >= WINDOW_RECOUNT_SECONDS
+            recount = clock - self._counted_at >= WINDOW_RECOUNT_SECONDS
             if recount:
-                self._counted_at = now  # this thread counts; the other uses the last count
+                self._counted_at = clock  # this thread counts; the other uses the last count
         if recount:
-            counts = flow.in_sqs(self.dispatch_window)
+            counts = flow.in_sqs(self.dispatch_window, self.dispatch_window_seconds, now)
+            by_kind: Counter[str] = Counter()
+            for (kind, _), (n, _) in counts.items():
+                by_kind[kind] += n
+            waited = {pair for pair, (_, old) in counts.items()
+                      if self.dispatch_window_seconds and old >= self.batch_size}
             with self._lock:
-                emptied = self._in_sqs.keys() - counts.keys()
-                self._in_sqs = counts
+                emptied = self._in_sqs.keys() - by_kind.keys()
+                self._in_sqs, self._waited = dict(by_kind), waited
             for kind in emptied:
                 metrics.IN_SQS.labels(kind).set(0)
-            for kind, n in counts.items():
+            for kind, n in by_kind.items():
                 metrics.IN_SQS.labels(kind).set(n)
         with self._lock:
-            return {kind: self.dispatch_window - n for kind, n in self._in_sqs.items()
-                    if n > self.dispatch_window - self.batch_size}
+            rooms = {kind: self.dispatch_window - n for kind, n in self._in_sqs.items()
+                     if n > self.dispatch_window - self.batch_size}
+            return rooms, set(self._waited)
 
     def _claim(self, flow: FlowStore, level: int, share: list[fair_share.Quota], *,
                keyed: dict[str, LimitRoom], batch: Batch, turn: int,

@@ -81,7 +81,8 @@ class Timer:
         self.dispatcher = Dispatcher(jobs, self.transport, batch_size=settings.batch_size,
                                      send_concurrency=settings.send_concurrency,
                                      max_idle_seconds=settings.max_idle_seconds,
-                                     dispatch_window=settings.dispatch_window)
+                                     dispatch_window=settings.dispatch_window,
+                                     dispatch_window_seconds=settings.dispatch_window_seconds)
         self.rescuer = Rescuer(
             jobs, self.transport, batch_size=settings.batch_size,
             default_max_attempts=settings.default_max_attempts,

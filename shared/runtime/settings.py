@@ -124,6 +124,10 @@ class TimerSettings(CommonSettings):
         description="Most jobs of one kind sent to SQS and not yet claimed by a consumer "
                     "(0: no cap). Past it the kind's due jobs wait in Postgres, where "
                     "priority, fair share and limits still order them; at least batch_size.")
+    dispatch_window_seconds: float = Field(
+        default=0.25, ge=0, le=3600,
+        description="While a batch of a kind's jobs has waited in SQS longer than this, the "
+                    "kind gets no more (consumers are behind; 0: the count alone applies).")
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)

@@ -281,15 +281,17 @@ WHERE l.scope = 'kind_key' AND l.key = %(kind)s
 """
 
 # --- the dispatch window ------------------------------------------------------------------------
-# Jobs of each kind sent to SQS and not yet claimed by a consumer, counted up to %(cap)s:
-# a loose scan of the kinds in tock_jobs_in_flight_idx, then each kind's range of it. The
-# ORDER BY (only that index gives it without a sort) keeps the planner on it: a range of
-# one kind holds its jobs in SQS and its running ones (at most the fleet's handler slots),
+# Jobs of each (kind, tenant) sent to SQS and not yet claimed by a consumer, up to %(cap)s
+# of each kind, and how many of those were sent more than %(age)s seconds ago: a loose
+# scan of the kinds in tock_jobs_in_flight_idx, then each kind's range of it. The ORDER
+# BY (only that index gives it without a sort) keeps the planner on it: a range of one
+# kind holds its jobs in SQS and its running ones (at most the fleet's handler slots),
 # where tock_jobs_kind_idx would step over every due row of the kind.
-_KIND_IN_SQS = f"""(SELECT count(*) FROM (
-    SELECT 1 FROM tock_jobs j
+_IN_SQS_OF = f"""(
+    SELECT j.dispatched_at, {TENANT_KEY} AS tk FROM tock_jobs j
     WHERE {IN_FLIGHT} AND j.kind = %(kind_ref)s AND j.state = 'dispatched'
-    ORDER BY j.kind, {TENANT_KEY} LIMIT %(cap)s) c)"""
+    ORDER BY j.kind, {TENANT_KEY} LIMIT %(cap)s)"""
+_WAITED = f"count(*) FILTER (WHERE s.dispatched_at < {NOW} - make_interval(secs => %(age)s))"
 
 IN_SQS = f"""
 WITH RECURSIVE k(kind) AS (
@@ -299,11 +301,15 @@ WITH RECURSIVE k(kind) AS (
             ORDER BY j.kind LIMIT 1)
     FROM k WHERE k.kind IS NOT NULL
 )
-SELECT k.kind, {_KIND_IN_SQS.replace("%(kind_ref)s", "k.kind")}
-FROM k WHERE k.kind IS NOT NULL
+SELECT k.kind, c.tk, c.n, c.waited
+FROM k CROSS JOIN LATERAL (
+    SELECT s.tk, count(*) AS n, {_WAITED} AS waited
+    FROM {_IN_SQS_OF.replace("%(kind_ref)s", "k.kind")} s
+    GROUP BY s.tk) c
+WHERE k.kind IS NOT NULL
 """
 
-KIND_IN_SQS = f"SELECT {_KIND_IN_SQS.replace('%(kind_ref)s', '%(kind)s')}"
+KIND_IN_SQS = f"SELECT count(*) FROM {_IN_SQS_OF.replace('%(kind_ref)s', '%(kind)s')} s"
 
 # --- tenant weights ----------------------------------------------------------------------------
 

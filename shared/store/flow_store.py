@@ -85,11 +85,13 @@ class FlowStore(Store):
                                         "keys": [s[1] for s in spent],
                                         "counts": [s[2] for s in spent], "now": now})
 
-    def in_sqs(self, cap: int) -> dict[str, int]:
-        """Jobs of each kind dispatched and not yet claimed (waiting in SQS), counted up
-        to `cap`; kinds with none are left out."""
-        rows = self._rows(sql.IN_SQS, {"cap": cap})
-        return {r[0]: r[1] for r in rows if r[1]}
+    def in_sqs(self, cap: int, waited_seconds: float,
+               now: datetime | None = None) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per (kind, tenant): (jobs dispatched and not yet claimed, i.e. waiting in SQS,
+        up to `cap` of each kind; how many of those were sent more than `waited_seconds`
+        ago). Pairs with none are left out."""
+        rows = self._rows(sql.IN_SQS, {"cap": cap, "age": waited_seconds, "now": now})
+        return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
     def kind_in_sqs(self, kind: str, cap: int) -> int:
         """Jobs of `kind` waiting in SQS, counted up to `cap`."""

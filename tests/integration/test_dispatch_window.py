@@ -85,6 +85,29 @@ def test_a_full_window_holds_the_kind_in_postgres_and_claims_make_room(
                       ).fetchone()[0] == 105
 
 
+def test_a_kind_whose_jobs_wait_in_sqs_gets_no_more_until_consumers_catch_up(
+        db, windowed, registry, consumers, clock):
+    """Below the count, the age: once a batch of a tenant's jobs of a kind has waited in
+    SQS longer than dispatch_window_seconds, consumers are behind on them, and more of
+    them would only wait behind; another tenant's still go out."""
+    registry.add("k", lambda payload, ctx: None)
+    _due(db, 15, now=clock.now)
+    assert dispatch(windowed, clock.now) == 15
+    _due(db, 15, now=clock.now)
+    later = clock.now + timedelta(seconds=windowed.settings.dispatch_window_seconds + 1)
+    assert dispatch(windowed, later) == 0, "15 waited past the age: the tenant is held"
+    _due(db, 5, tenant="B", now=clock.now)
+    assert dispatch(windowed, later) == 5, "another tenant of the kind is not"
+    consumer = consumers(clock, concurrency=11)
+    entries = receive(consumer, 11)  # at least 6 of the first tenant's, whatever the order
+    assert len(entries) == 11
+    waiting = db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dispatched' AND "
+                         "tenant IS NULL").fetchone()[0]
+    assert waiting < 10, "under a batch of the first tenant's jobs still waits"
+    assert dispatch(windowed, later) == 15
+    run_all(consumer, entries)
+
+
 def test_what_waits_goes_out_by_priority_then_fair_share(
         db, windowed, registry, consumers, clock):
     registry.add("k", lambda payload, ctx: None)

@@ -122,8 +122,11 @@ def test_the_due_watcher_serves_a_newcomer_again_after_a_restart_mid_backlog(ser
         conn.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
                         SELECT 'work', now() - interval '1 hour', '{}', 'big'
                         FROM generate_series(1, 400000)""")
+    # No consumer takes the messages: without dispatch_window=0 the window would stop the
+    # backlog at its size, and nothing would be backlogged after the restart.
     timer = Timer(TimerSettings(database_url=server.url(), batch_size=20,
-                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5),
+                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5,
+                                dispatch_window=0),
                   MemoryTransport())
     timer.start()
     try:

@@ -206,8 +206,12 @@ def test_in_sqs_counts_each_kinds_dispatched_jobs_up_to_the_cap(flow, db, now):
     _bulk(db, 5, now=now, tenant="t", state="dispatched", kind="other")
     _bulk(db, 7, now=now, tenant=None, state="running", kind="busy")  # claimed: not in SQS
     _bulk(db, 50, now=now, tenant=None, kind="due")  # due, not sent
-    assert flow.in_sqs(cap=100) == {"k": 30, "other": 5}
-    assert flow.in_sqs(cap=10) == {"k": 10, "other": 5}
+    db.execute("UPDATE tock_jobs SET dispatched_at = %s - make_interval(secs => id %% 2)",
+               (now,))  # half of them sent a second before `now`, half at `now`
+    assert flow.in_sqs(100, 0.5, now) == {("k", ""): (30, 15),
+                                          ("other", "t"): (5, 3)}  # ids 31-35
+    assert flow.in_sqs(10, 0.5, now)[("k", "")][0] == 10
+    assert flow.in_sqs(100, 5, now) == {("k", ""): (30, 0), ("other", "t"): (5, 0)}
     assert flow.kind_in_sqs("k", cap=100) == 30 and flow.kind_in_sqs("due", cap=100) == 0
 
 
@@ -220,11 +224,12 @@ def test_the_window_count_reads_the_in_flight_rows_not_the_kinds_backlog(flow, d
     db.execute("UPDATE tock_jobs SET state = 'dispatched' WHERE id IN ("
                "SELECT id FROM tock_jobs ORDER BY id LIMIT 300)")
     for statement in (flow_sql.IN_SQS, flow_sql.KIND_IN_SQS):
-        text = statement.replace("%(cap)s", "1000").replace("%(kind)s", "'k'")
+        text = statement.replace("%(cap)s", "1000").replace("%(kind)s", "'k'").replace(
+            "%(age)s", "0.25").replace("%(now)s", "NULL")
         plan = "\n".join(r[0] for r in db.execute("EXPLAIN (ANALYZE, FORMAT TEXT) " + text))
         assert "tock_jobs_in_flight_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
         assert "tock_jobs_kind_idx" not in plan and "tock_jobs_fair_idx" not in plan, plan
-    assert flow.in_sqs(cap=1000) == {"k": 300}
+    assert flow.in_sqs(1000, 0.25)[("k", "")][0] == 300
 
 
 def test_limit_rooms_count_the_slots_held_and_the_tokens(flow, db, now):
