@@ -84,3 +84,35 @@ def test_sigterm_releases_unfinished_jobs_and_exits_zero(procs, client, db):
     wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=60,
              message="released job ran elsewhere")
     assert [r[1] for r in _runs(db, job.id)] == [1, 1], "the attempt was given back"
+
+
+def test_a_backlog_waits_in_postgres_while_no_consumer_lives_and_drains_after(
+        procs, client, db):
+    """The dispatch window against a dead fleet: a consumer is killed -9 mid-backlog; while
+    none runs, the timer sends no more than about its window (the rest stays in Postgres,
+    nothing piles up in SQS); a new consumer drains everything, each job succeeding once."""
+    procs.timer("timer", TOCK_DISPATCH_WINDOW="100")
+    procs.consumer("victim", "--concurrency", "4")
+    client.schedule_many([{"kind": "record", "payload": {"n": i}} for i in range(1500)])
+    procs.wait_for(lambda: len(_runs(db)) >= 50, timeout=60, message="50 jobs ran")
+    procs.kill("victim")
+    most = [0]
+
+    def victims_rescued() -> bool:  # its leases (3 s) expire and the timer takes the jobs back
+        in_sqs, running, waiting = db.execute("""
+            SELECT count(*) FILTER (WHERE state = 'dispatched'),
+                   count(*) FILTER (WHERE state = 'running'),
+                   count(*) FILTER (WHERE state IN ('scheduled', 'retrying'))
+            FROM tock_jobs""").fetchone()
+        most[0] = max(most[0], in_sqs)
+        return running == 0 and waiting > 0
+    procs.wait_for(victims_rescued, timeout=60, message="the victim's jobs rescued")
+    # Soft: each of the two dispatch threads may send a batch on a count 20 ms old.
+    assert most[0] <= 100 + 2 * 100, f"{most[0]} jobs in SQS with no consumer alive"
+    procs.consumer("survivor", "--concurrency", "8")
+    procs.wait_for(lambda: _states(db).get("succeeded") == 1500, timeout=180,
+                   message="1500 jobs succeeded")
+    assert _states(db) == {"succeeded": 1500}
+    attempts = db.execute("SELECT count(*), count(DISTINCT job_id) FROM tock_attempts_all "
+                          "WHERE outcome = 'succeeded'").fetchone()
+    assert attempts == (1500, 1500), "each job succeeded exactly once"
