@@ -173,16 +173,19 @@ CLAIM_KEYS = _dispatch(f"""
 # be READ COMMITTED (the default), so that the count sees the last holder's commit.
 _KIND_IN_FLIGHT = f"""(SELECT count(*) FROM tock_jobs j
                        WHERE {IN_FLIGHT} AND j.kind = l.key)"""
-# Tenants' in-flight counts: a loose scan of the kinds in tock_jobs_in_flight_idx, then
-# one range per (kind, tenant), so the cost follows the slots held, not the table.
-_TENANT_IN_FLIGHT = f"""(
-    WITH RECURSIVE k(kind) AS (
-        (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} ORDER BY j.kind LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} AND j.kind > k.kind
-                ORDER BY j.kind LIMIT 1)
-        FROM k WHERE k.kind IS NOT NULL
-    )
+# The kinds with jobs in flight, as `k`: a loose scan of tock_jobs_in_flight_idx, one
+# probe per kind.
+_IN_FLIGHT_KINDS = f"""
+WITH RECURSIVE k(kind) AS (
+    (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} ORDER BY j.kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} AND j.kind > k.kind
+            ORDER BY j.kind LIMIT 1)
+    FROM k WHERE k.kind IS NOT NULL
+)"""
+# Tenants' in-flight counts: the kinds with jobs in flight, then one range per (kind,
+# tenant), so the cost follows the slots held, not the table.
+_TENANT_IN_FLIGHT = f"""({_IN_FLIGHT_KINDS}
     SELECT coalesce(sum((SELECT count(*) FROM tock_jobs j
                          WHERE {IN_FLIGHT} AND j.kind = k.kind AND {TENANT_KEY} = l.key)),
                     0)::bigint
@@ -293,14 +296,7 @@ _IN_SQS_OF = f"""(
     ORDER BY j.kind, {TENANT_KEY} LIMIT %(cap)s)"""
 _WAITED = f"count(*) FILTER (WHERE s.dispatched_at < {NOW} - make_interval(secs => %(age)s))"
 
-IN_SQS = f"""
-WITH RECURSIVE k(kind) AS (
-    (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} ORDER BY j.kind LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.kind FROM tock_jobs j WHERE {IN_FLIGHT} AND j.kind > k.kind
-            ORDER BY j.kind LIMIT 1)
-    FROM k WHERE k.kind IS NOT NULL
-)
+IN_SQS = f"""{_IN_FLIGHT_KINDS}
 SELECT k.kind, c.tk, c.n, c.waited
 FROM k CROSS JOIN LATERAL (
     SELECT s.tk, count(*) AS n, {_WAITED} AS waited
