@@ -103,8 +103,9 @@ GAP_NOTES: dict[str, str] = {
         "behind every message of A's already sent. A shorter age shortens the wait but, "
         "on an SQS whose send-to-receive time is near it, holds back sends that consumers "
         "would have taken. SQS fair queues (a MessageGroupId per tenant on a standard "
-        "queue, on AWS since 2025) would order deliveries by tenant inside SQS; tock does "
-        "not set one yet, and whether LocalStack models them was not tried."
+        "queue, on AWS since 2025) would order deliveries by tenant inside SQS. LocalStack "
+        "and moto accept a MessageGroupId on a standard queue, but whether LocalStack "
+        "orders deliveries by it was not measured, and tock does not set one yet."
     ),
     "fair.": (
         "Both p99s are dispatch lags of about a millisecond (SQS is a sink here), so the "
