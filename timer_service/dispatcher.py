@@ -126,8 +126,8 @@ class Dispatcher(Loop):
         self.dispatch_window = dispatch_window
         """Most jobs of a kind waiting in SQS (dispatched, not yet claimed); 0: no cap."""
         self.dispatch_window_seconds = dispatch_window_seconds
-        """A kind of which a batch of jobs has waited in SQS longer than this gets no more
-        until consumers catch up; 0: only the count applies."""
+        """A (kind, tenant) of which a batch of jobs has waited in SQS longer than this gets
+        no more until consumers catch up; 0: only the count applies."""
         self.max_idle_seconds = max_idle_seconds
         self.ready_within_seconds = max(10.0, 5 * max_idle_seconds)
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")

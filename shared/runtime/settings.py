@@ -126,8 +126,9 @@ class TimerSettings(CommonSettings):
                     "priority, fair share and limits still order them; at least batch_size.")
     dispatch_window_seconds: float = Field(
         default=0.25, ge=0, le=3600,
-        description="While a batch of a kind's jobs has waited in SQS longer than this, the "
-                    "kind gets no more (consumers are behind; 0: the count alone applies).")
+        description="While a batch of one tenant's jobs of a kind has waited in SQS longer "
+                    "than this, that tenant gets no more of the kind (consumers are behind "
+                    "on it); other tenants still go out. 0: the count alone applies.")
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)
