@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -19,7 +20,7 @@ from bench import noop_tasks, waiting
 from bench.pipeline import Context
 from bench.stats import percentiles, rate
 from shared.runtime.settings import TimerSettings
-from shared.transport.base import EntryFailure, Received
+from shared.transport.base import EntryFailure, Outgoing, Received
 from timer_service.service import Timer
 
 SMALL = 100
@@ -57,7 +58,7 @@ TARGET_RATE_RATIO = 0.9
 class Sink:
     """A transport that takes every message and keeps none."""
 
-    def send_batch(self, queue: str, entries: list[tuple[str, str]]) -> list[EntryFailure]:
+    def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
         return []
 
     def receive(self, queue: str, max_messages: int, wait_seconds: int,

@@ -32,6 +32,8 @@ FROM tock_jobs_all WHERE id > %(after)s
 """
 
 TARGET_P99_MS = 100.0
+STEADY_TARGET_RATE = 100.0
+"""The steady rate (jobs/s) at which the due-to-start p99 target is judged."""
 
 
 def latency_and_burst(ctx: Context, consumers: int) -> None:
@@ -172,6 +174,12 @@ def steady(ctx: Context, url: str, fleet: Any, consumers: int) -> None:
         ctx.results.raw(f"latency.steady.{q}", "latency",
                         f"due-to-start {q}, steady {target:.0f} jobs/s",
                         summary[f"{q}_ms"], "ms")
+    # The issue's target is set at 100 jobs/s; a run capped below that rate (a slow
+    # producer or pipeline, see steady_rate) does not judge it.
+    if target >= STEADY_TARGET_RATE:
+        p99 = ctx.results.figure("latency.steady.p99")
+        assert p99 is not None
+        p99.target, p99.met = f"<= {TARGET_P99_MS:.0f} ms", p99.value <= TARGET_P99_MS
     ctx.progress.say(f"  steady {target:.0f}/s: p50 {summary['p50_ms']:.0f} ms, "
                      f"p99 {summary['p99_ms']:.0f} ms")
 

@@ -75,7 +75,7 @@ FULL = Profile(
     enqueue_one_by_one=3_000, enqueue_batches=100, enqueue_batch_size=500,
     dispatch_jobs=15_000, consumer_counts=(1, 2, 4), consumer_concurrency=20,
     memory_jobs=20_000,
-    latency_simultaneous=500, latency_steady_rate=200.0, latency_steady_seconds=30.0,
+    latency_simultaneous=500, latency_steady_rate=100.0, latency_steady_seconds=30.0,
     burst_jobs=10_000,
     scale_sizes=(10_000, 100_000, 1_000_000, 5_000_000), scale_due=10_000,
     hotspot_jobs=10_000,

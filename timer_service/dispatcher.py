@@ -34,7 +34,7 @@ from shared.store.database import Listener
 from shared.store.flow_store import FlowStore
 from shared.store.job_store import JobStore
 from shared.store.rows import DueJob, LimitRoom, Refused
-from shared.transport.base import MAX_BATCH, EntryFailure, Transport
+from shared.transport.base import MAX_BATCH, EntryFailure, Outgoing, Transport
 from timer_service import fair_share
 
 log = logging.getLogger("tock.timer.dispatch")
@@ -422,10 +422,10 @@ class Dispatcher(Loop):
 
     def _send(self, due: list[DueJob]) -> dict[int, str]:
         """Send every job; returns {job id: error} for the ones SQS did not take."""
-        by_queue: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        by_queue: dict[str, list[Outgoing]] = defaultdict(list)
         for job in due:
-            by_queue[job.queue].append(
-                (str(job.id), JobMessage(job.id, job.token, job.kind).encode()))
+            by_queue[job.queue].append(Outgoing(
+                str(job.id), JobMessage(job.id, job.token, job.kind).encode(), job.tenant_key))
         calls = [
             (queue, entries[i:i + MAX_BATCH])
             for queue, entries in by_queue.items()
@@ -440,7 +440,7 @@ class Dispatcher(Loop):
             except TransportError as exc:
                 metrics.SQS_ERRORS.labels("SendMessageBatch").inc()
                 refused = [EntryFailure(entry_id, type(exc).__name__, str(exc))
-                           for entry_id, _ in chunk]
+                           for entry_id, *_ in chunk]
             for failure in refused:
                 failed[int(failure.entry_id)] = f"SQS refused the send: {failure.code}: " \
                                                 f"{failure.message}"

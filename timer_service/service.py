@@ -76,7 +76,8 @@ class Timer:
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
             create_missing=settings.create_queues,
             visibility_timeout=settings.visibility_timeout_seconds,
-            dead_letter_after=settings.dead_letter_after)
+            dead_letter_after=settings.dead_letter_after,
+            message_groups=settings.sqs_fair_queues)
         jobs = JobStore(self.database)
         self.dispatcher = Dispatcher(jobs, self.transport, batch_size=settings.batch_size,
                                      send_concurrency=settings.send_concurrency,

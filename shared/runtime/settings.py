@@ -129,6 +129,12 @@ class TimerSettings(CommonSettings):
         description="While a batch of one tenant's jobs of a kind has waited in SQS longer "
                     "than this, that tenant gets no more of the kind (consumers are behind "
                     "on it); other tenants still go out. 0: the count alone applies.")
+    sqs_fair_queues: bool = Field(
+        default=True,
+        description="Send each job's tenant as its SQS MessageGroupId, by which SQS fair "
+                    "queues hand a quiet tenant's messages out ahead of another tenant's "
+                    "backlog (standard queues take one since 2025). Turn off for an "
+                    "SQS-compatible server that refuses it.")
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)

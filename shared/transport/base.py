@@ -5,8 +5,9 @@ tests). Both pass one contract suite (tests/integration/test_transport_contract.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 MAX_BATCH = 10
 """SQS batch calls take at most 10 entries."""
@@ -26,6 +27,16 @@ class Received:
     receive_count: int
 
 
+class Outgoing(NamedTuple):
+    """One message to send."""
+
+    entry_id: str
+    body: str
+    group: str | None = None
+    """Who the message is for, in fairness terms: the job's tenant ('' for none). SQS
+    carries it as the MessageGroupId (fair queues); a transport may ignore it."""
+
+
 @dataclass(frozen=True)
 class EntryFailure:
     """One entry of a batch call that the queue refused."""
@@ -36,8 +47,8 @@ class EntryFailure:
 
 
 class Transport(Protocol):
-    def send_batch(self, queue: str, entries: list[tuple[str, str]]) -> list[EntryFailure]:
-        """Send (entry id, body) pairs, at most 10; return the entries that failed."""
+    def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
+        """Send at most 10 messages; return the entries that failed."""
         ...
 
     def receive(self, queue: str, max_messages: int, wait_seconds: int,

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared.core.errors import InvalidInput
@@ -24,6 +24,7 @@ from shared.transport.base import (
     MAX_VISIBILITY_SECONDS,
     MAX_WAIT_SECONDS,
     EntryFailure,
+    Outgoing,
     Received,
 )
 
@@ -63,13 +64,13 @@ class MemoryTransport:
 
     # --- the Transport protocol ------------------------------------------------------------
 
-    def send_batch(self, queue: str, entries: list[tuple[str, str]]) -> list[EntryFailure]:
-        """Append (entry id, body) pairs; all succeed."""
+    def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
+        """Append the messages (their group is not used here); all succeed."""
         _check_batch(len(entries))
         with self._cond:
             q = self._queue(queue)
-            for _entry_id, body in entries:
-                msg = _Message(uuid.uuid4().hex, body)
+            for entry in entries:
+                msg = _Message(uuid.uuid4().hex, entry.body)
                 q.messages[msg.message_id] = msg
                 q.ready.append(msg.message_id)
             self._cond.notify_all()

@@ -10,13 +10,19 @@ Queue URLs are cached. A call that finds its queue gone (deleted, or a LocalStac
 drops the cached URL, so the next call resolves it again; with `create_missing` the queue
 (and its dead-letter queue) is created at once and the call retried, which is what
 `TOCK_CREATE_QUEUES=1` turns on for local stacks. Production queues come from infra/.
+
+With `message_groups`, each message carries its group (the job's tenant) as its
+MessageGroupId, which on a standard queue is what SQS fair queues order deliveries by: a
+quiet tenant's messages are handed out ahead of a noisy tenant's backlog.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -29,6 +35,7 @@ from shared.transport.base import (
     MAX_VISIBILITY_SECONDS,
     MAX_WAIT_SECONDS,
     EntryFailure,
+    Outgoing,
     Received,
 )
 
@@ -38,6 +45,21 @@ if TYPE_CHECKING:
 MISSING_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
 """What SQS answers for a queue that does not exist (query and JSON protocols)."""
 
+_GROUP_ID = re.compile(r"[!-~]{1,128}")
+"""What SQS takes as a MessageGroupId: 1-128 printable ASCII characters, no space."""
+NO_TENANT_GROUP = "tock:no-tenant"
+"""The group of jobs enqueued without a tenant (which form one tenant)."""
+
+
+def message_group_id(group: str) -> str:
+    """A valid MessageGroupId for a tenant: the tenant itself when SQS takes it as one, else
+    a stable digest of it (the same tenant always lands in the same group)."""
+    if not group:
+        return NO_TENANT_GROUP
+    if _GROUP_ID.fullmatch(group):
+        return group
+    return "tock:" + hashlib.sha256(group.encode()).hexdigest()[:40]
+
 
 class SqsTransport:
     """SQS queues named `prefix + tock queue name`."""
@@ -45,8 +67,9 @@ class SqsTransport:
     def __init__(self, prefix: str = "tock-", *, call_timeout_seconds: float = 10.0,
                  max_connections: int = 50, client: SQSClient | None = None,
                  create_missing: bool = False, visibility_timeout: int = 60,
-                 dead_letter_after: int | None = 5) -> None:
+                 dead_letter_after: int | None = 5, message_groups: bool = False) -> None:
         self.prefix = prefix
+        self.message_groups = message_groups
         self.create_missing = create_missing
         self.visibility_timeout = visibility_timeout
         self.dead_letter_after = dead_letter_after
@@ -111,12 +134,17 @@ class SqsTransport:
             self._urls[queue] = url
         return url
 
-    def send_batch(self, queue: str, entries: list[tuple[str, str]]) -> list[EntryFailure]:
+    def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
         if not entries:
             return []
-        resp = self._call(
-            "SendMessageBatch", queue, self.client.send_message_batch,
-            Entries=[{"Id": i, "MessageBody": body} for i, body in entries])
+        batch: list[Any] = []
+        for entry in entries:
+            one = {"Id": entry.entry_id, "MessageBody": entry.body}
+            if self.message_groups and entry.group is not None:
+                one["MessageGroupId"] = message_group_id(entry.group)
+            batch.append(one)
+        resp = self._call("SendMessageBatch", queue, self.client.send_message_batch,
+                          Entries=batch)
         return _failures(resp)
 
     def receive(self, queue: str, max_messages: int = MAX_BATCH, wait_seconds: int = 20,

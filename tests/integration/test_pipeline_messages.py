@@ -12,6 +12,7 @@ from typing import Any
 from shared.core.errors import TransportError
 from shared.core.messages import JobMessage
 from shared.core.states import JobState
+from shared.transport.base import Outgoing
 from tests.integration.readings import metric, queue_empty
 from tests.support.drive import Clock, dispatch, make_consumer, receive, run_all
 from timer_service.service import Timer
@@ -34,7 +35,7 @@ def test_forged_stale_and_malformed_messages_change_nothing(
         JobMessage(waiting.id, uuid.uuid4(), "work").encode(),        # forged: not dispatched
         JobMessage(dispatched.id, uuid.uuid4(), "work").encode(),     # stale token
     ]
-    transport.send_batch("default", [(str(i), b) for i, b in enumerate(bodies)])
+    transport.send_batch("default", [Outgoing(str(i), b) for i, b in enumerate(bodies)])
     before = {r: metric("tock_messages_dropped_total", reason=r)
               for r in ("malformed", "unknown_job", "stale_token")}
     consumer = consumers(clock)

@@ -20,6 +20,7 @@ from consumer.service import Consumer
 from shared.core.errors import RetryAfter, TransportError
 from shared.core.messages import JobMessage
 from shared.core.states import AttemptOutcome, JobState
+from shared.transport.base import Outgoing
 from shared.transport.sqs import SqsTransport
 from tests.integration.readings import metric
 from tests.support.drive import Clock, db_now, dispatch, make_consumer, receive, run_all
@@ -40,7 +41,8 @@ def test_poison_messages_of_every_shape_are_dropped_and_the_next_job_runs(
     ]
     before = metric("tock_messages_dropped_total", reason="malformed")
     for i in range(0, len(poison), 10):
-        transport.send_batch("default", [(str(n), b) for n, b in enumerate(poison[i:i + 10])])
+        transport.send_batch("default",
+                             [Outgoing(str(n), b) for n, b in enumerate(poison[i:i + 10])])
     consumer = running()
     job = client.schedule("work")
     dispatch(timer)

@@ -17,6 +17,7 @@ from consumer.service import Consumer
 from consumer.tasks import Registry
 from shared.core.errors import TockError
 from shared.core.states import JobState
+from shared.transport.base import Outgoing
 from shared.transport.memory import MemoryTransport
 from shared.transport.sqs import SqsTransport
 from tests.support.wait import wait_for
@@ -58,7 +59,7 @@ def _receive_all(s: Subject, n: int, visibility: int = 30) -> list[Any]:
 
 def test_send_receive_delete(subject: Subject) -> None:
     t = subject.transport
-    assert t.send_batch(subject.queue, [("1", "a"), ("2", "b")]) == []
+    assert t.send_batch(subject.queue, [Outgoing("1", "a"), Outgoing("2", "b")]) == []
     got = _receive_all(subject, 2)
     assert sorted(m.body for m in got) == ["a", "b"]
     assert all(m.receive_count == 1 for m in got)
@@ -70,7 +71,7 @@ def test_send_receive_delete(subject: Subject) -> None:
 
 def test_visibility_timeout_redelivers_with_a_higher_receive_count(subject: Subject) -> None:
     t = subject.transport
-    t.send_batch(subject.queue, [("1", "a")])
+    t.send_batch(subject.queue, [Outgoing("1", "a")])
     first = _receive_all(subject, 1, visibility=1)[0]
     again = _receive_all(subject, 1, visibility=30)[0]  # after the 1 s ran out
     assert again.message_id == first.message_id
@@ -80,7 +81,7 @@ def test_visibility_timeout_redelivers_with_a_higher_receive_count(subject: Subj
 
 def test_change_visibility_keeps_a_message_in_flight(subject: Subject) -> None:
     t = subject.transport
-    t.send_batch(subject.queue, [("1", "a")])
+    t.send_batch(subject.queue, [Outgoing("1", "a")])
     msg = _receive_all(subject, 1, visibility=2)[0]
     assert t.change_visibility_batch(subject.queue, [msg.receipt], 60) == []
     # Past the first 2 s, within the extension: nothing comes back.
@@ -91,7 +92,7 @@ def test_change_visibility_keeps_a_message_in_flight(subject: Subject) -> None:
 
 def test_batches_of_more_than_ten_are_refused_with_a_tock_error(subject: Subject) -> None:
     with pytest.raises(TockError):
-        subject.transport.send_batch(subject.queue, [(str(i), "x") for i in range(11)])
+        subject.transport.send_batch(subject.queue, [Outgoing(str(i), "x") for i in range(11)])
 
 
 def test_long_poll_returns_when_a_message_arrives(subject: Subject) -> None:
@@ -100,7 +101,7 @@ def test_long_poll_returns_when_a_message_arrives(subject: Subject) -> None:
     receiver = threading.Thread(target=lambda: got.extend(
         m.body for m in t.receive(subject.queue, 1, 20, 30)))
     receiver.start()
-    t.send_batch(subject.queue, [("1", "hello")])
+    t.send_batch(subject.queue, [Outgoing("1", "hello")])
     receiver.join(timeout=20)
     assert got == ["hello"]
 
@@ -114,7 +115,7 @@ def test_concurrent_senders_and_receivers_deliver_each_message_once(subject: Sub
     def send(part: list[str]) -> None:
         for i in range(0, len(part), 10):
             assert t.send_batch(subject.queue,
-                                [(str(j), b) for j, b in enumerate(part[i:i + 10])]) == []
+                                [Outgoing(str(j), b) for j, b in enumerate(part[i:i + 10])]) == []
 
     def receive() -> None:
         while True:
@@ -143,7 +144,7 @@ def test_concurrent_senders_and_receivers_deliver_each_message_once(subject: Sub
 def test_memory_redelivery_stales_the_old_receipt() -> None:
     clock = Clock()
     t = MemoryTransport(clock=clock)
-    t.send_batch("q", [("1", "a")])
+    t.send_batch("q", [Outgoing("1", "a")])
     first = t.receive("q", 1, 0, 30)[0]
     clock.now += 29
     assert t.receive("q", 1, 0, 30) == []

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from shared.runtime.settings import TimerSettings
-from shared.transport.base import EntryFailure
+from shared.transport.base import EntryFailure, Outgoing
 from shared.transport.sqs import SqsTransport
 from timer_service.service import Timer
 
@@ -24,7 +25,7 @@ class _Hang:
     def __init__(self, inner: SqsTransport, send_first: bool) -> None:
         self.inner, self.send_first = inner, send_first
 
-    def send_batch(self, queue: str, entries: list[tuple[str, str]]) -> list[EntryFailure]:
+    def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
         if self.send_first:
             self.inner.send_batch(queue, entries)
         Path(os.environ["TOCK_FAULT_SIGNAL"]).write_text(",".join(e[0] for e in entries))
