@@ -30,26 +30,29 @@ _CONSUMER = (
     "the `raw.sqs.path` rows)."
 )
 
+_PIPELINE = (
+    "End to end includes the timer's sends on the same SQS server: compare with "
+    "the `raw.sqs.path` rows (send + receive + delete per message), which put the "
+    "ceiling of a one-server pipeline lower than the receive + delete cycle alone. "
+    "For database work per job, the raw ceiling runs two statements per 100 jobs (a "
+    "claim and a completion) in a bare loop. tock runs five per batch: the timer's "
+    "fair claim (`DUE_LEVELS`, "
+    "`DUE_PAIRS_FROM`, `CLAIM_PAIRS`), the consumer's `CLAIM_MESSAGES` and its "
+    "`FINISH_ATTEMPTS`, which also moves each finished job and its attempts to the "
+    "history partitions and keeps the attempts' foreign key. The consumer's batches "
+    "are bounded by its free handler slots, so at concurrency 8 a claim carries at "
+    "most 8 rows (compare the concurrency 32 row). There timer and consumer share one "
+    "Python process (one GIL), and the per-job Python work is in the figure: the "
+    "statement tables put the database time at about 0.1 ms per job, under half of the "
+    "wall time per job. " + _CONSUMER
+)
+"""One note for the consume-only, end-to-end and in-memory figures: the report lists them
+together under it."""
+
 GAP_NOTES: dict[str, str] = {
-    "consume.": _CONSUMER,
-    "e2e.": (
-        "End to end also includes the timer's sends on the same SQS server: compare with "
-        "the `raw.sqs.path` rows (send + receive + delete per message), which put the "
-        "ceiling of a one-server pipeline lower than the receive + delete cycle alone. "
-        + _CONSUMER
-    ),
-    "dbwork.": (
-        "The raw ceiling runs two statements per 100 jobs (a claim and a completion) in a "
-        "bare loop. tock runs five per batch: the timer's fair claim (`DUE_LEVELS`, "
-        "`DUE_PAIRS_FROM`, `CLAIM_PAIRS`), the consumer's `CLAIM_MESSAGES` and its "
-        "`FINISH_ATTEMPTS`, which also moves each finished job and its attempts to the "
-        "history partitions and keeps the attempts' foreign key. The consumer's batches "
-        "are bounded by its free handler slots, so at concurrency 8 a claim carries at "
-        "most 8 rows (compare the concurrency 32 row). Timer and consumer share one "
-        "Python process (one GIL) here, and the per-job Python work is in this figure: the "
-        "statement tables put the database time at about 0.1 ms per job, under half of the "
-        "wall time per job. " + _CONSUMER
-    ),
+    "consume.": _PIPELINE,
+    "e2e.": _PIPELINE,
+    "dbwork.": _PIPELINE,
     "latency.steady": (
         "At a steady rate well under capacity nothing queues, so the p99 is one job's trip: "
         "the timer's wake-up on the insert's NOTIFY (the due-to-dispatch column), the "

@@ -215,3 +215,31 @@ def test_a_running_fleet_keeps_a_backlog_in_postgres_and_a_newcomer_starts_early
     # Soft: two dispatch threads may each send a batch on a count up to 20 ms old.
     assert deepest <= 100 + 3 * settings.batch_size, deepest
     assert {client.get(j).state for j in b_jobs} == {JobState.SUCCEEDED}
+
+
+def test_more_lost_messages_than_a_batch_are_all_sent_again_at_once(db, windowed, transport):
+    """A restarted SQS loses a whole window. The rescuer re-sends a batch per pass, and a
+    full pass is followed at once by the next, not by one batch per re-send interval
+    (10 s here): on the real clock, one call after another, as the loop makes them."""
+    lost = 35
+    db.execute("""
+        INSERT INTO tock_jobs (kind, state, run_at, payload, dispatched_at, dispatch_token)
+        SELECT 'k', 'dispatched', now() - interval '3 minutes', '{}',
+               now() - interval '2 minutes', gen_random_uuid()
+        FROM generate_series(1, %s)
+    """, (lost,))
+    rescuer = windowed.rescuer
+    assert rescuer._redispatch_every >= 10  # so a gated pass would wait that long
+
+    def sent_again() -> int:
+        return db.execute("SELECT count(*) FROM tock_jobs WHERE state <> 'dispatched'"
+                          ).fetchone()[0]
+
+    passes: list[int] = []
+    for _ in range(10):
+        before = sent_again()
+        rescuer.run_once()
+        passes.append(sent_again() - before)
+        if passes[-1] < windowed.settings.batch_size:
+            break
+    assert passes == [10, 10, 10, 5]
