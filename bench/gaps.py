@@ -55,11 +55,13 @@ GAP_NOTES: dict[str, str] = {
     "dbwork.": _PIPELINE,
     "latency.steady": (
         "At a steady rate well under capacity nothing queues, so the p99 is one job's trip: "
-        "the timer's wake-up on the insert's NOTIFY (the due-to-dispatch column), the "
-        "SQS server's send-to-receive time and the consumer's claim. On this machine the "
-        "same code has measured p99 38-56 ms at 100-200 jobs/s on a fresh LocalStack and "
-        "up to 170 ms late in a long run, when the SQS server and the other processes "
-        "compete for the two cores; compare the due-to-dispatch p99 to see which side moved."
+        "the producer's commit, the timer's wake-up on the insert's NOTIFY (the "
+        "due-to-dispatch column), the SQS server's send-to-receive time and the "
+        "consumer's claim. The same code measured p99 34-59 ms at 100-200 jobs/s in eight "
+        "trial runs here, including one that ran every earlier phase of this profile "
+        "first; some full runs land at 117-186 ms with the due-to-dispatch leg slower by "
+        "the same factor, so the whole machine was slower then, not one part of tock. "
+        "Compare the due-to-dispatch p99 between runs to see which side moved."
     ),
     "latency.simultaneous": (
         "The `latency.simultaneous.floor` figure is the p99 the raw SQS path alone allows "
