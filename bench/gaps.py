@@ -57,10 +57,11 @@ GAP_NOTES: dict[str, str] = {
         "At a steady rate well under capacity nothing queues, so the p99 is one job's trip: "
         "the producer's commit, the timer's wake-up on the insert's NOTIFY (the "
         "due-to-dispatch column), the SQS server's send-to-receive time and the "
-        "consumer's claim. The same code measured p99 34-59 ms at 100-200 jobs/s in eight "
-        "trial runs here, including one that ran every earlier phase of this profile "
-        "first; some full runs land at 117-186 ms with the due-to-dispatch leg slower by "
-        "the same factor, so the whole machine was slower then, not one part of tock. "
+        "consumer's claim. The same code measured p99 33-59 ms at 100-200 jobs/s in 15 "
+        "trial windows of 10-30 s here, one of them after every earlier phase of this "
+        "profile had run; some full runs land at 117-186 ms, and in the one looked at the "
+        "due-to-dispatch leg was slower by a similar factor (p50 16 ms against 2-3 ms): "
+        "the whole machine was slower then, not one part of tock. "
         "Compare the due-to-dispatch p99 between runs to see which side moved."
     ),
     "latency.simultaneous": (
