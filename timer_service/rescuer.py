@@ -59,11 +59,12 @@ class Rescuer(Loop):
         rescued = self.rescue_expired(now)
         redispatched = 0
         if now is not None or time.monotonic() >= self._next_redispatch:
+            self._next_redispatch = time.monotonic() + self._redispatch_every
             redispatched = self.redispatch_stuck(now)
-            # A full batch means more are lost (a purged queue, a restarted SQS): the next
-            # pass, which comes at once, takes them too, instead of a batch per interval.
-            full = redispatched >= self.batch_size
-            self._next_redispatch = 0.0 if full else time.monotonic() + self._redispatch_every
+            if redispatched >= self.batch_size:
+                # More are lost (a purged queue, a restarted SQS): the next pass, which
+                # comes at once, takes them too, instead of a batch per interval.
+                self._next_redispatch = 0.0
         return int(rescued >= self.batch_size or redispatched >= self.batch_size)
 
     def rescue_expired(self, now: datetime | None = None) -> int:
