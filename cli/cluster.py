@@ -8,7 +8,7 @@ import argparse
 from cli import connect
 from cli.arguments import Sub, add_common
 from cli.output import print_json, print_table
-from shared.core.filters import FINISHED_STATES, UNFINISHED_STATES
+from shared.core.filters import FINISHED_STATES
 from shared.core.states import JobState
 
 EXIT_OK = 0
@@ -18,10 +18,12 @@ WORKER_STALE_SECONDS = 30.0
 def _stats(args: argparse.Namespace) -> int:
     with connect.operator_store(args) as store, store.transaction() as tx:
         now = tx.database_now()
-        counts = tx.counts_by_state_kind(UNFINISHED_STATES)
+        unfinished = tx.unfinished(now)
+        counts = dict(unfinished.counts)
         finished, estimated = tx.finished_counts(FINISHED_STATES)
         counts.update(finished)
-        queues = tx.queue_stats(now)
+        estimated |= unfinished.estimated
+        queues = unfinished.queues
     totals = {s.value: 0 for s in JobState}
     for (state, _), n in counts.items():
         totals[state] += n
@@ -32,13 +34,15 @@ def _stats(args: argparse.Namespace) -> int:
     print("  ".join(f"{state} {'~' if state in estimated else ''}{n}"
                     for state, n in totals.items()))
     if estimated:
-        print("(~: estimated from the statistics of big history partitions)")
+        print("(~: estimated past a bound: history partitions past 20,000 jobs, unfinished "
+              "(queue, kind, state) ranges past 10,000)")
     print()
     if not queues:
         print("no unfinished work")
         return EXIT_OK
     print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
-        [q.queue, q.kind, q.due, q.dispatched, q.running, q.future,
+        [q.queue, q.kind, *(f"~{n}" if q.estimated else n
+                            for n in (q.due, q.dispatched, q.running, q.future)),
          round(q.oldest_due_age_seconds, 1)] for q in queues])
     return EXIT_OK
 

@@ -47,7 +47,7 @@ def _row(limit: LimitInfo) -> list[object]:
     running = _running(limit)
     rate = "-" if limit.rate_per_second is None else f"{limit.rate_per_second:g}/s"
     tokens = "-" if limit.tokens is None else f"{limit.tokens:.1f}/{limit.burst}"
-    return [limit.scope, _label(limit), running, rate, tokens, limit.waiting]
+    return [limit.scope, _label(limit), running, rate, tokens, limit.waiting_shown]
 
 
 def _list(args: argparse.Namespace) -> int:

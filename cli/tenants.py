@@ -45,9 +45,12 @@ def _list(args: argparse.Namespace) -> int:
     if not found:
         print("no tenant has unfinished work or a weight set")
         return EXIT_OK
+    approx = "~" if any(t.estimated for t in found) else ""
     print_table(["tenant", "weight", "due", "in sqs", "running", "later", "oldest due s"], [
-        [t.tenant or NO_TENANT_LABEL, t.weight, t.due, t.dispatched, t.running, t.future,
-         round(t.oldest_due_age_seconds, 1)] for t in found])
+        [t.tenant or NO_TENANT_LABEL, t.weight, f"{approx}{t.due}", t.dispatched, t.running,
+         f"{approx}{t.future}", round(t.oldest_due_age_seconds, 1)] for t in found])
+    if approx:
+        print("(~: sampled, since more than 10,000 jobs wait)")
     return EXIT_OK
 
 

@@ -235,13 +235,15 @@ class QueueStatsOut(BaseModel):
     running: int
     future: int
     depth: int
-    oldest_due_age_seconds: float
+    oldest_due_age_seconds: float = Field(description="always exact")
+    estimated: bool = Field(description="some counts are estimates: a state's range past "
+                                        "10,000 jobs is estimated from statistics")
 
     @classmethod
     def of(cls, q: QueueKindStats) -> QueueStatsOut:
         return cls(queue=q.queue, kind=q.kind, due=q.due, dispatched=q.dispatched,
                    running=q.running, future=q.future, depth=q.depth,
-                   oldest_due_age_seconds=q.oldest_due_age_seconds)
+                   oldest_due_age_seconds=q.oldest_due_age_seconds, estimated=q.estimated)
 
 
 class WorkerOut(BaseModel):
@@ -280,12 +282,14 @@ class TenantOut(BaseModel):
     running: int
     future: int
     oldest_due_age_seconds: float
+    estimated: bool = Field(description="due, future and the oldest age come from a sample "
+                                        "(more than 10,000 jobs wait in all)")
 
     @classmethod
     def of(cls, t: TenantStats) -> TenantOut:
         return cls(tenant=t.tenant or None, weight=t.weight, due=t.due,
                    dispatched=t.dispatched, running=t.running, future=t.future,
-                   oldest_due_age_seconds=t.oldest_due_age_seconds)
+                   oldest_due_age_seconds=t.oldest_due_age_seconds, estimated=t.estimated)
 
 
 class LimitOut(BaseModel):
@@ -303,6 +307,8 @@ class LimitOut(BaseModel):
     tokens: float | None
     seconds_to_next_token: float | None
     waiting: int = Field(description="due jobs waiting in Postgres")
+    waiting_more: bool = Field(description="more than `waiting` wait: the count stops at "
+                                           "10,000")
 
     @classmethod
     def of(cls, limit: LimitInfo) -> LimitOut:
@@ -311,16 +317,17 @@ class LimitOut(BaseModel):
                    in_flight=limit.in_flight, rate_per_second=limit.rate_per_second,
                    burst=limit.burst, tokens=limit.tokens,
                    seconds_to_next_token=limit.seconds_to_next_token, waiting=limit.waiting,
-                   keys_at_limit=limit.keys_at_limit)
+                   waiting_more=limit.waiting_more, keys_at_limit=limit.keys_at_limit)
 
 
 class OverviewOut(BaseModel):
     now: datetime
     totals: dict[str, int] = Field(description="jobs per state")
     by_kind: dict[str, dict[str, int]] = Field(description="kind -> state -> jobs")
-    estimated: list[str] = Field(description="finished states whose counts are estimates "
-                                             "(history partitions past 20,000 rows are "
-                                             "estimated from statistics, not counted)")
+    estimated: list[str] = Field(description="states whose counts include estimates "
+                                             "(history partitions past 20,000 rows, and "
+                                             "unfinished (queue, kind, state) ranges past "
+                                             "10,000, are estimated from statistics)")
     queues: list[QueueStatsOut]
     tenants: list[TenantOut] = Field(description="busiest first; tenant null: no tenant")
     limits: list[LimitOut]

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shared.core.errors import DatabaseError
-from shared.core.filters import FINISHED_STATES, UNFINISHED_STATES
+from shared.core.filters import FINISHED_STATES
 from shared.core.reports import Bucket, LimitInfo, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import JobState
 from shared.ops.jobs import timeline
@@ -28,7 +28,8 @@ class Snapshot:
     now: datetime
     counts: dict[tuple[str, str], int]
     estimated: set[str]
-    """Finished states whose counts include estimates (big history partitions)."""
+    """States whose counts include estimates (big history partitions; unfinished ranges
+    past UNFINISHED_EXACT_UP_TO)."""
     queues: list[QueueKindStats]
     tenants: list[TenantStats]
     limits: list[LimitInfo]
@@ -84,7 +85,8 @@ class StatsCache:
             # One snapshot of the database for every number (REPEATABLE READ would need a
             # separate transaction start; the figures are seconds-fresh anyway).
             now = tx.database_now()
-            counts = tx.counts_by_state_kind(UNFINISHED_STATES)
+            unfinished = tx.unfinished(now)
+            counts = dict(unfinished.counts)
             if (self._finished_taken is None
                     or started - self._finished_taken >= self.finished_ttl_seconds):
                 # The history (succeeded, dead, cancelled) is the expensive part and
@@ -92,12 +94,12 @@ class StatsCache:
                 self._finished, self._finished_estimated = tx.finished_counts(FINISHED_STATES)
                 self._finished_taken = started
             counts.update(self._finished)
-            queues = tx.queue_stats(now)
             tenants = tx.tenant_stats(now)
             limits = tx.sibling(FlowStore).limits(now=now)
             workers = tx.workers(stale_after_seconds=self.stale_after_seconds, now=now)
             buckets = timeline(tx, now=now)
-        return Snapshot(now, counts, self._finished_estimated, queues, tenants, limits,
+        return Snapshot(now, counts, self._finished_estimated | unfinished.estimated,
+                        unfinished.queues, tenants, limits,
                         workers, buckets, self.clock() - started)
 
 
@@ -124,9 +126,10 @@ class ClusterCollector(Collector):
         yield jobs
         estimated = GaugeMetricFamily(
             "tock_jobs_estimated",
-            "1 where the tock_jobs counts of a finished state are estimates (its history "
-            "partitions past 20,000 rows are not counted)", labels=["state"])
-        for state in FINISHED_STATES:
+            "1 where the tock_jobs counts of a state include estimates (history partitions "
+            "past 20,000 rows, unfinished (queue, kind, state) ranges past 10,000)",
+            labels=["state"])
+        for state in JobState:
             estimated.add_metric([state.value], int(state.value in snap.estimated))
         yield estimated
         depth = GaugeMetricFamily(

@@ -195,11 +195,11 @@ function renderOverview() {
        el("div", {className: "grid"}, tenants, limits), workers);
   poll(async () => {
     const o = await api("/api/stats/overview");
-    // Big history partitions are estimated, not counted: their states' figures show "≈".
+    // Counts past a bound are estimated, not counted: their states' figures show "≈".
     const approx = s => o.estimated.includes(s) ? "≈" : "";
     cards.replaceChildren(...STATES.map(s => el("a", {
       className: `card s-${s}`, href: `#/jobs?state=${s}`, "data-testid": `count-${s}`,
-      title: approx(s) ? "estimated from the statistics of big history partitions" : ""},
+      title: approx(s) ? "estimated from statistics: past a bound, jobs are not counted" : ""},
       el("div", {className: "n"}, `${approx(s)}${o.totals[s] || 0}`),
       el("div", {className: "l"}, s))));
     charts.replaceChildren(
@@ -211,10 +211,11 @@ function renderOverview() {
     queues.replaceChildren(el("h2", {}, "Queues"), o.queues.length ? el("table", {},
       el("thead", {}, el("tr", {}, ["queue", "kind", "due", "in SQS", "running", "later",
                                      "oldest due"].map((h, i) => el("th", {className: i > 1 ? "num" : ""}, h)))),
-      el("tbody", {}, o.queues.map(q => el("tr", {"data-testid": `queue-${q.queue}-${q.kind}`},
-        el("td", {}, q.queue), el("td", {}, q.kind), el("td", {className: "num"}, q.due),
-        el("td", {className: "num"}, q.dispatched), el("td", {className: "num"}, q.running),
-        el("td", {className: "num"}, q.future),
+      el("tbody", {}, o.queues.map(q => el("tr", {"data-testid": `queue-${q.queue}-${q.kind}`,
+          title: q.estimated ? "≈: estimated from statistics (past 10,000 jobs)" : ""},
+        el("td", {}, q.queue), el("td", {}, q.kind),
+        ...[q.due, q.dispatched, q.running, q.future].map(n => el("td", {className: "num"},
+          q.estimated ? `≈${n}` : n)),
         el("td", {className: "num", "data-testid": "oldest-due"},
            q.depth ? human(q.oldest_due_age_seconds) : "–")))))
       : el("p", {className: "muted"}, "No unfinished work."));
@@ -239,12 +240,14 @@ function tenantTable(list) {
   return el("table", {}, el("thead", {}, el("tr", {},
     ["tenant", "weight", "due", "in SQS", "running", "later", "oldest due"].map(
       (h, i) => el("th", {className: i ? "num" : ""}, h)))),
-    el("tbody", {}, list.map(t => el("tr", {"data-testid": `tenant-${t.tenant ?? ""}`},
+    el("tbody", {}, list.map(t => el("tr", {"data-testid": `tenant-${t.tenant ?? ""}`,
+        title: t.estimated ? "≈: sampled (more than 10,000 jobs wait)" : ""},
       el("td", {}, t.tenant === null ? el("span", {className: "muted"}, "(no tenant)")
                                      : el("a", {href: `#/jobs?tenant=${encodeURIComponent(t.tenant)}`}, t.tenant)),
       el("td", {className: "num", "data-testid": "tenant-weight"}, t.weight),
-      el("td", {className: "num"}, t.due), el("td", {className: "num"}, t.dispatched),
-      el("td", {className: "num"}, t.running), el("td", {className: "num"}, t.future),
+      el("td", {className: "num"}, t.estimated ? `≈${t.due}` : t.due),
+      el("td", {className: "num"}, t.dispatched), el("td", {className: "num"}, t.running),
+      el("td", {className: "num"}, t.estimated ? `≈${t.future}` : t.future),
       el("td", {className: "num"}, t.due ? human(t.oldest_due_age_seconds) : "–")))));
 }
 
@@ -290,7 +293,8 @@ function limitTable(list) {
          limitRunning(l)),
       el("td", {className: "num"}, l.rate_per_second === null ? "–" : `${+l.rate_per_second.toFixed(3)}/s`),
       el("td", {className: "num"}, l.tokens === null ? "–" : `${l.tokens.toFixed(1)} / ${l.burst}`),
-      el("td", {className: "num", "data-testid": "limit-waiting"}, l.waiting)))));
+      el("td", {className: "num", "data-testid": "limit-waiting"},
+         l.waiting_more ? `more than ${l.waiting}` : l.waiting)))));
 }
 
 function limitForm() {

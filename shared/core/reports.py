@@ -50,7 +50,10 @@ class QueueKindStats:
     future: int
     """scheduled/retrying, not yet due."""
     oldest_due_age_seconds: float
-    """How long the oldest due-but-not-started job (due or dispatched) has waited; 0 if none."""
+    """How long the oldest due-but-not-started job (due or dispatched) has waited; 0 if none.
+    Always exact."""
+    estimated: bool = False
+    """Some of the counts are estimates: past a bound, a state's range is not counted."""
 
     @property
     def depth(self) -> int:
@@ -71,6 +74,20 @@ class TenantStats:
     future: int
     oldest_due_age_seconds: float
     """How long its oldest due job (not yet dispatched) has waited; 0 if none."""
+    estimated: bool = False
+    """due, future and the oldest age come from a sample of a big backlog (scaled), not a
+    count; dispatched and running are always counted."""
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """Unfinished work as of one instant: per queue and kind, and per (state, kind)."""
+
+    queues: list[QueueKindStats]
+    counts: dict[tuple[str, str], int]
+    """(state, kind) -> jobs, every unfinished state with jobs."""
+    estimated: set[str]
+    """States whose counts include an estimate."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,13 @@ class LimitInfo:
     """A kind_key limit: concurrency keys with max_running jobs in flight now."""
     concurrency_key: str | None = None
     """A kind_key limit as one key sees it (`explain`): in_flight and waiting are its own."""
+    waiting_more: bool = False
+    """More than `waiting` jobs wait: the count stops at a bound (UNFINISHED_EXACT_UP_TO)."""
+
+    @property
+    def waiting_shown(self) -> str:
+        """The waiting count for people: "37", or "more than 10,000"."""
+        return f"more than {self.waiting:,}" if self.waiting_more else str(self.waiting)
 
     @property
     def seconds_to_next_token(self) -> float | None:

@@ -187,7 +187,7 @@ def _held(job: Job, ctx: Context, limit: LimitInfo, details: list[str]) -> Expla
                    f"{name} (limit {rate:g} per second; the next token in {duration(wait)}).")
         step = "A timer dispatches it as tokens come, oldest first."
     if limit.waiting > 1:
-        details.append(f"{limit.waiting} due job(s) of {name} are waiting for it.")
+        details.append(f"{limit.waiting_shown} due job(s) of {name} are waiting for it.")
     return Explanation(job.id, job.state, summary, details, step, can_cancel=True)
 
 

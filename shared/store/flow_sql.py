@@ -12,6 +12,8 @@ rows, SKIP LOCKED, so any number of timers claim side by side and each row goes 
 exactly one of them. Jobs without a tenant are the tenant ''.
 """
 
+from shared.core.validation import MAX_PRIORITY, MIN_PRIORITY
+from shared.store.counts_sql import PAIRS
 from shared.store.jobs_sql import NOW
 
 _DUE = "j.state IN ('scheduled', 'retrying')"
@@ -244,20 +246,35 @@ SET max_running = EXCLUDED.max_running, rate = EXCLUDED.rate, burst = EXCLUDED.b
 
 DELETE_LIMIT = "DELETE FROM tock_limits WHERE scope = %(scope)s AND key = %(key)s RETURNING 1"
 
+_PRIORITIES = "'{" + ",".join(map(str, range(MIN_PRIORITY, MAX_PRIORITY + 1))) + "}'"
+
+
+def _up_to_bound(rows: str) -> str:
+    """count(*) of `rows` (a FROM ... WHERE ...), stopping at %(bound)s + 1."""
+    return f"(SELECT count(*) FROM (SELECT 1 {rows} LIMIT %(bound)s + 1) w)"
+
+
+# Waiting jobs are counted up to %(bound)s + 1, each through an index range: a kind's in
+# tock_jobs_group_idx, one range per queue it has jobs on (PAIRS walks them); a tenant's
+# in tock_jobs_fair_idx, one per priority level and kind.
+_KIND_WAITING = _up_to_bound(f"""FROM tock_jobs j
+    WHERE j.queue = ANY(ARRAY(SELECT p.queue FROM pairs p WHERE p.kind = l.key))
+      AND j.kind = l.key AND {_DUE} AND j.run_at <= {NOW}""")
+_KEYED_WAITING = _up_to_bound(f"""FROM tock_jobs j
+    WHERE {_KEYED_DUE} AND j.kind = l.key AND j.run_at <= {NOW}""")
+_TENANT_WAITING = _up_to_bound(f"""FROM tock_jobs j
+    WHERE {_DUE} AND j.priority = ANY({_PRIORITIES}::smallint[])
+      AND j.kind = ANY(ARRAY(SELECT DISTINCT p.kind FROM pairs p))
+      AND {TENANT_KEY} = l.key AND j.run_at <= {NOW}""")
+
 LIMITS = f"""
+WITH RECURSIVE {PAIRS}
 SELECT l.scope, l.key, l.max_running, l.rate, l.burst,
        CASE WHEN l.max_running IS NULL THEN NULL ELSE {_IN_FLIGHT_OF} END,
        {_TOKENS_NOW},
-       CASE WHEN l.scope = 'kind'
-            THEN (SELECT count(*) FROM tock_jobs j
-                  WHERE j.state IN ('scheduled', 'retrying') AND j.kind = l.key
-                    AND j.run_at <= {NOW})
-            WHEN l.scope = 'kind_key'
-            THEN (SELECT count(*) FROM tock_jobs j
-                  WHERE {_KEYED_DUE} AND j.kind = l.key AND j.run_at <= {NOW})
-            ELSE (SELECT count(*) FROM tock_jobs j
-                  WHERE j.state IN ('scheduled', 'retrying') AND {TENANT_KEY} = l.key
-                    AND j.run_at <= {NOW}) END,
+       CASE WHEN l.scope = 'kind' THEN {_KIND_WAITING}
+            WHEN l.scope = 'kind_key' THEN {_KEYED_WAITING}
+            ELSE {_TENANT_WAITING} END,
        CASE WHEN l.scope = 'kind_key'
             THEN (SELECT count(*) FROM (
                       SELECT 1 FROM tock_jobs j
@@ -271,14 +288,15 @@ ORDER BY l.scope, l.key
 
 # One key's use of its kind's kind_key limit (for `explain`): the limit, the key's jobs in
 # flight, and its due jobs.
+_KEY_WAITING = _up_to_bound(f"""FROM tock_jobs j
+    WHERE {_KEYED_DUE} AND j.kind = l.key AND j.concurrency_key = %(ck)s
+      AND j.run_at <= {NOW}""")
 KEY_LIMIT = f"""
 SELECT l.max_running,
        (SELECT count(*) FROM tock_jobs j
         WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL AND j.kind = l.key
           AND j.concurrency_key = %(ck)s),
-       (SELECT count(*) FROM tock_jobs j
-        WHERE {_KEYED_DUE} AND j.kind = l.key AND j.concurrency_key = %(ck)s
-          AND j.run_at <= {NOW})
+       {_KEY_WAITING}
 FROM tock_limits l
 WHERE l.scope = 'kind_key' AND l.key = %(kind)s
 """

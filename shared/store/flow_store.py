@@ -11,6 +11,7 @@ from shared.core.reports import LimitInfo
 from shared.core.states import JobState
 from shared.store import flow_sql as sql
 from shared.store.base import Row, Store
+from shared.store.counts_sql import UNFINISHED_EXACT_UP_TO
 from shared.store.rows import DueJob, LimitRoom
 
 
@@ -112,20 +113,26 @@ class FlowStore(Store):
         return self._one(sql.DELETE_LIMIT, {"scope": scope, "key": key}) is not None
 
     def limits(self, scope: str | None = None, key: str | None = None,
-               now: datetime | None = None) -> list[LimitInfo]:
+               now: datetime | None = None, *,
+               waiting_up_to: int = UNFINISHED_EXACT_UP_TO) -> list[LimitInfo]:
         """Every limit (or the one of `scope`/`key`) with its slots in use, tokens and
-        due jobs waiting."""
-        rows = self._rows(sql.LIMITS, {"scope": scope, "key": key, "now": now})
-        return [LimitInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows]
+        due jobs waiting (counted up to `waiting_up_to`)."""
+        rows = self._rows(sql.LIMITS, {"scope": scope, "key": key, "now": now,
+                                       "bound": waiting_up_to})
+        return [LimitInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
+                          min(r[7], waiting_up_to), r[8], waiting_more=r[7] > waiting_up_to)
+                for r in rows]
 
-    def key_limit(self, kind: str, concurrency_key: str,
-                  now: datetime | None = None) -> LimitInfo | None:
+    def key_limit(self, kind: str, concurrency_key: str, now: datetime | None = None, *,
+                  waiting_up_to: int = UNFINISHED_EXACT_UP_TO) -> LimitInfo | None:
         """The kind_key limit of `kind` as one of its keys sees it (None: no such limit)."""
-        row = self._one(sql.KEY_LIMIT, {"kind": kind, "ck": concurrency_key, "now": now})
+        row = self._one(sql.KEY_LIMIT, {"kind": kind, "ck": concurrency_key, "now": now,
+                                        "bound": waiting_up_to})
         if row is None:
             return None
-        return LimitInfo("kind_key", kind, row[0], None, None, row[1], None, row[2],
-                         concurrency_key=concurrency_key)
+        return LimitInfo("kind_key", kind, row[0], None, None, row[1], None,
+                         min(row[2], waiting_up_to), concurrency_key=concurrency_key,
+                         waiting_more=row[2] > waiting_up_to)
 
     def set_tenant_weight(self, tenant: str, weight: int) -> None:
         """A tenant's share of each batch relative to the others (default 1)."""

@@ -147,55 +147,6 @@ def bulk_batch(action: str, clause: pgsql.Composable, *, bounded: bool) -> pgsql
         back=pgsql.SQL(back_to_hot("gone", "id")), from_history=pgsql.SQL(from_history("gone")))
 
 
-QUEUE_STATS = """
-SELECT queue, kind,
-       count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at <= n.now),
-       count(*) FILTER (WHERE state = 'dispatched'),
-       count(*) FILTER (WHERE state = 'running'),
-       count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at > n.now),
-       coalesce(extract(epoch FROM n.now - min(run_at) FILTER (
-           WHERE state = 'dispatched'
-              OR (state IN ('scheduled', 'retrying') AND run_at <= n.now))), 0)::float8
-FROM tock_jobs, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
-WHERE state IN ('scheduled', 'retrying', 'dispatched', 'running')
-GROUP BY queue, kind, n.now
-ORDER BY queue, kind
-"""
-
-# Per tenant, the same counts with the weight; the busiest MAX_TENANT_ROWS tenants (by due
-# work), so a fleet of many small tenants keeps a bounded page and metric cardinality.
-MAX_TENANT_ROWS = 200
-TENANT_STATS = f"""
-SELECT coalesce(t.tenant, w.tenant), coalesce(w.weight, 1), coalesce(t.due, 0),
-       coalesce(t.dispatched, 0), coalesce(t.running, 0), coalesce(t.future, 0),
-       coalesce(t.oldest, 0)
-FROM (
-    SELECT coalesce(tenant, '') AS tenant,
-           count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at <= n.now)
-               AS due,
-           count(*) FILTER (WHERE state = 'dispatched') AS dispatched,
-           count(*) FILTER (WHERE state = 'running') AS running,
-           count(*) FILTER (WHERE state IN ('scheduled', 'retrying') AND run_at > n.now)
-               AS future,
-           coalesce(extract(epoch FROM n.now - min(run_at) FILTER (
-               WHERE state IN ('scheduled', 'retrying') AND run_at <= n.now)), 0)::float8
-               AS oldest
-    FROM tock_jobs, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
-    WHERE state IN ('scheduled', 'retrying', 'dispatched', 'running')
-    GROUP BY 1, n.now
-) t
-FULL JOIN tock_tenant_weights w ON w.tenant = t.tenant
-ORDER BY t.due DESC NULLS LAST, t.running DESC NULLS LAST, coalesce(t.tenant, w.tenant)
-LIMIT {MAX_TENANT_ROWS}
-"""
-
-
-# Unfinished jobs live in tock_jobs only, behind the state index (finished ones: below).
-COUNTS_BY_STATE_KIND = """
-SELECT state::text, kind, count(*) FROM tock_jobs
-WHERE state = ANY(%(states)s::tock_job_state[]) GROUP BY state, kind
-"""
-
 # --- finished counts: exact for small partitions, estimated for big ones -----------------
 # Rows a finished state still has in tock_jobs (left by an earlier version; the retention
 # loop moves them): the state index, a short range.

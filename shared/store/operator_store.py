@@ -10,10 +10,12 @@ from datetime import datetime
 from shared.core.errors import DatabaseBug
 from shared.core.filters import JobFilter
 from shared.core.jobs import Job
-from shared.core.reports import QueueKindStats, TenantStats, WorkerInfo
+from shared.core.reports import QueueKindStats, TenantStats, Unfinished, WorkerInfo
 from shared.core.states import FINAL_STATES, JobState
+from shared.store import counts_sql
 from shared.store import operator_sql as sql
-from shared.store.base import Store
+from shared.store.base import Query, Store
+from shared.store.counts_sql import UNFINISHED_EXACT_UP_TO
 
 DUE_AHEAD_CAP = 10_000
 UNDEFINED_TABLE = "42P01"
@@ -21,6 +23,7 @@ FINISHED_EXACT_UP_TO = 20_000
 """A history partition up to this many rows is counted exactly; a bigger one is estimated
 from its statistics (or a sample of this many rows), so finished counts cost a bounded
 read however long the history is."""
+WAITING = (JobState.SCHEDULED, JobState.RETRYING)
 OTHER_KINDS = "(other)"
 """The kind label of an estimate's rows whose kinds the statistics do not name."""
 
@@ -66,25 +69,85 @@ class OperatorStore(Store):
         statement = sql.bulk_batch(action, clause, bounded=up_to_id is not None)
         return [r[0] for r in self._rows(statement, params)]
 
-    def queue_stats(self, now: datetime | None = None) -> list[QueueKindStats]:
-        """Per queue and kind: due, dispatched, running and future counts, oldest due age."""
-        return [QueueKindStats(r[0], r[1], r[2], r[3], r[4], r[5], max(float(r[6]), 0.0))
-                for r in self._rows(sql.QUEUE_STATS, {"now": now})]
+    def unfinished(self, now: datetime | None = None, *,
+                   exact_up_to: int = UNFINISHED_EXACT_UP_TO) -> Unfinished:
+        """Unfinished work per queue and kind and per (state, kind), a bounded read: each
+        (queue, kind, state) is counted up to `exact_up_to` jobs due and as many not yet
+        due, and estimated past that (see shared.store.counts_sql). Oldest ages are exact."""
+        rows = self._rows(counts_sql.GROUP_COUNTS, {"now": now, "bound": exact_up_to})
+        # (queue, kind) -> state -> [due, later]; the pairs' estimated flags; oldest ages.
+        pairs: dict[tuple[str, str], dict[str, list[int]]] = {}
+        guessed: set[tuple[str, str]] = set()
+        oldest: dict[tuple[str, str], float] = {}
+        counts: Counter[tuple[str, str]] = Counter()
+        estimated: set[str] = set()
+        for queue, kind, state, at, due, later, age in rows:
+            figures = [int(due), int(later)]
+            for i, is_due in ((0, True), (1, False)):
+                if figures[i] > exact_up_to:
+                    figures[i] = self._estimate(counts_sql.estimate_range(
+                        queue, kind, state, due=is_due, now=at), exact_up_to)
+                    estimated.add(state)
+                    guessed.add((queue, kind))
+            pairs.setdefault((queue, kind), {})[state] = figures
+            if sum(figures):
+                counts[(state, kind)] += sum(figures)
+            # Waiting: in SQS, or scheduled/retrying with some due (then its oldest is).
+            if age is not None and (state == JobState.DISPATCHED or (
+                    state in WAITING and figures[0])):
+                oldest[(queue, kind)] = max(oldest.get((queue, kind), 0.0), float(age))
+        queues = []
+        for (queue, kind), by_state in pairs.items():
+            def total(*states: str, at: int | None = None,
+                      by_state: dict[str, list[int]] = by_state) -> int:
+                return sum(sum(f) if at is None else f[at]
+                           for f in (by_state.get(s, [0, 0]) for s in states))
+            stats = QueueKindStats(
+                queue, kind, due=total(*WAITING, at=0), dispatched=total(JobState.DISPATCHED),
+                running=total(JobState.RUNNING), future=total(*WAITING, at=1),
+                oldest_due_age_seconds=max(oldest.get((queue, kind), 0.0), 0.0),
+                estimated=(queue, kind) in guessed)
+            if stats.depth + stats.running + stats.future:  # else: all finished meanwhile
+                queues.append(stats)
+        return Unfinished(queues, dict(counts), estimated)
 
-    def tenant_stats(self, now: datetime | None = None) -> list[TenantStats]:
+    def queue_stats(self, now: datetime | None = None) -> list[QueueKindStats]:
+        """Per queue and kind: due, dispatched, running and future counts, oldest due age
+        (`unfinished().queues`)."""
+        return self.unfinished(now).queues
+
+    def tenant_stats(self, now: datetime | None = None, *,
+                     exact_up_to: int = UNFINISHED_EXACT_UP_TO) -> list[TenantStats]:
         """Per tenant with unfinished work or a weight set (the busiest first, at most
-        MAX_TENANT_ROWS): weight, due, dispatched, running, future, oldest due age."""
-        return [TenantStats(r[0], r[1], r[2], r[3], r[4], r[5], max(float(r[6]), 0.0))
-                for r in self._rows(sql.TENANT_STATS, {"now": now})]
+        MAX_TENANT_ROWS): weight, due, dispatched, running, future, oldest due age. With
+        more than `exact_up_to` jobs waiting in all, due, future and the age come from a
+        sample of about that many rows (`estimated` set)."""
+        row = self._one(counts_sql.WAITING_UP_TO, {"bound": exact_up_to})
+        sampled = row is not None and int(row[0]) > exact_up_to
+        params: dict[str, object] = {"now": now, "scale": 1.0}
+        if sampled:
+            total = self._estimate(counts_sql.TABLE_ROWS, exact_up_to)
+            percent = min(100.0, 100.0 * exact_up_to / total)
+            params.update(percent=percent, scale=100.0 / percent)
+        return [TenantStats(r[0], r[1], r[2], r[3], r[4], r[5], max(float(r[6]), 0.0),
+                            sampled)
+                for r in self._rows(counts_sql.tenant_stats(sampled=sampled), params)]
 
     def counts_by_state_kind(self, states: Sequence[JobState]) -> dict[tuple[str, str], int]:
-        """Unfinished jobs in `states` counted by (state, kind), exactly (finished ones:
-        `finished_counts`)."""
+        """Unfinished jobs in `states` by (state, kind) (`unfinished().counts`: estimated
+        past a bound; finished ones: `finished_counts`)."""
         if any(s in FINAL_STATES for s in states):
             raise ValueError("counts_by_state_kind counts unfinished states; "
                              "finished ones are finished_counts()")
-        rows = self._rows(sql.COUNTS_BY_STATE_KIND, {"states": [s.value for s in states]})
-        return {(r[0], r[1]): r[2] for r in rows}
+        wanted = {s.value for s in states}
+        return {k: n for k, n in self.unfinished().counts.items() if k[0] in wanted}
+
+    def _estimate(self, explain: Query, at_least: int) -> int:
+        """The planner's row estimate of a statement, and at least `at_least` + 1 (what a
+        bounded count already found)."""
+        plan = self._one(explain)
+        assert plan is not None
+        return max(int(plan[0][0]["Plan"]["Plan Rows"]), at_least + 1)
 
     def finished_counts(self, states: Sequence[JobState], *,
                         exact_up_to: int = FINISHED_EXACT_UP_TO

@@ -81,6 +81,7 @@ jobs = Table(
           postgresql_where=text("schedule_name IS NOT NULL AND state IN "
                                 "('scheduled', 'retrying', 'dispatched', 'running')")),
     Index("tock_jobs_queue_idx", "queue", "id"),
+    Index("tock_jobs_group_idx", "queue", "kind", "state", "run_at"),  # 0011: bounded counts
     Index("tock_jobs_tenant_idx", "tenant", "id", postgresql_where=text("tenant IS NOT NULL")),
     Index("tock_jobs_finished_idx", "finished_at",
           postgresql_where=text("finished_at IS NOT NULL")),

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
+from shared.store.counts_sql import UNFINISHED_EXACT_UP_TO
 from tests.support.dashboard import METRICS, OPERATOR, TEST_HOSTS, VIEWER, make_dead
 from tests.support.history import fill_history
 
@@ -220,6 +221,29 @@ def test_a_big_history_partition_is_estimated_and_says_so(operator, anon, db):
     assert 'tock_jobs_estimated{state="succeeded"} 1.0' in text
     assert 'tock_jobs_estimated{state="dead"} 0.0' in text
     assert 'tock_jobs{kind="email",state="succeeded"} 25000.0' in text
+
+
+def test_a_big_backlog_is_estimated_past_the_bound_with_its_oldest_age_exact(operator, anon,
+                                                                            db):
+    # One more due job than the bound, the oldest due 120 s ago, and one job on its own
+    # queue: the big pair is estimated and says so, the rare one is counted.
+    n = UNFINISHED_EXACT_UP_TO + 500
+    db.execute("INSERT INTO tock_jobs (kind, queue, run_at, payload) "
+               "SELECT 'email', 'mail', now() - interval '120 s' + g * interval '1 ms', '{}' "
+               "FROM generate_series(1, %s) g", [n])
+    db.execute("INSERT INTO tock_jobs (kind, queue, run_at, payload) "
+               "VALUES ('sms', 'rare', now() - interval '30 s', '{}')")
+    db.execute("ANALYZE tock_jobs")
+    overview = operator.get("/api/stats/overview").json()
+    assert overview["estimated"] == ["scheduled"]
+    mail, rare = overview["queues"]
+    assert mail["estimated"] and mail["due"] > UNFINISHED_EXACT_UP_TO
+    assert 119 <= mail["oldest_due_age_seconds"] < 300
+    assert (rare["estimated"], rare["due"]) == (False, 1)
+    text = anon.get("/metrics", headers={"Authorization": f"Bearer {METRICS}"}).text
+    assert 'tock_jobs_estimated{state="scheduled"} 1.0' in text
+    assert 'tock_jobs_estimated{state="running"} 0.0' in text
+    assert 'tock_queue_depth{kind="sms",queue="rare"} 1.0' in text
 
 
 def test_timeline_counts_finished_attempts(operator, db):
