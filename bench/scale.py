@@ -16,7 +16,9 @@ import psycopg
 from bench import noop_tasks
 from bench.pipeline import Context, insert_due
 from bench.stats import rate
+from dashboard.stats import StatsCache
 from shared.runtime.settings import TimerSettings
+from shared.store import Database, OperatorStore
 from timer_service.service import Timer
 
 ADD_PENDING = """
@@ -47,6 +49,9 @@ FROM (SELECT g, now() - random() * interval '6 days' AS at
 
 BATCH: int = TimerSettings.model_fields["batch_size"].default
 """The timer's default batch size."""
+SNAPSHOT_TARGET_MS = 100
+"""The dashboard snapshot at the largest size: its counts are bounded reads, so it stays
+well under this however big the backlog."""
 CLAIM_LOOPS = 5
 """Claim loops per size; the best one counts."""
 
@@ -70,11 +75,14 @@ def scale(ctx: Context) -> None:
             claim = _claim_rate(url, timer, ctx.profile.scale_due)
             dispatch = _dispatch_rate(url, timer, ctx.profile.scale_due)
             sizes = _sizes(url)
+            snapshot = _snapshot_seconds(url)
             points.append({"pending_rows": size, "claim_jobs_per_s": claim,
-                           "dispatch_jobs_per_s": dispatch, **sizes})
+                           "dispatch_jobs_per_s": dispatch, "snapshot_seconds": snapshot,
+                           **sizes})
             ctx.progress.say(f"  at {size:,}: claim {claim:,.0f} jobs/s, dispatch "
                              f"{dispatch:,.0f} jobs/s, table+indexes "
-                             f"{sizes['total_bytes'] / 2**20:,.0f} MB")
+                             f"{sizes['total_bytes'] / 2**20:,.0f} MB, dashboard snapshot "
+                             f"{snapshot * 1000:,.0f} ms")
     finally:
         timer.close()
         ctx.services.drop_database("bench_scale")
@@ -94,6 +102,13 @@ def scale(ctx: Context) -> None:
         ctx.results.ratio(f"scale.dispatch.{n}", "scale", f"timer dispatch at {n:,} pending",
                           point["dispatch_jobs_per_s"], "jobs/s", "scale.dispatch.base")
     largest = points[-1]
+    for point in points:
+        n = point["pending_rows"]
+        fig = ctx.results.raw(f"scale.snapshot.{n}", "scale",
+                              f"dashboard snapshot (every count of /metrics and the live page) "
+                              f"at {n:,} pending", point["snapshot_seconds"] * 1000, "ms")
+        if point is largest and len(points) > 2:
+            fig.target, fig.met = f"<= {SNAPSHOT_TARGET_MS} ms", fig.value <= SNAPSHOT_TARGET_MS
     _with_history(ctx, smallest)
     ctx.results.raw("scale.table_mb", "scale",
                     f"tock_jobs heap at {largest['pending_rows']:,} rows",
@@ -177,6 +192,16 @@ def _dispatch_rate(url: str, timer: Timer, due: int) -> float:
         if result.dispatched < BATCH:
             break
     return rate(sent, time.perf_counter() - start)
+
+
+def _snapshot_seconds(url: str) -> float:
+    """The dashboard's statistics snapshot (dashboard.stats.StatsCache), best of three."""
+    database = Database(url)
+    try:
+        cache = StatsCache(OperatorStore(database), ttl_seconds=0, stale_after_seconds=30)
+        return min(cache.get().compute_seconds for _ in range(3))
+    finally:
+        database.close()
 
 
 def _sizes(url: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ EXPECTED_FIGURES = [
     "dbwork.memory.c8", "dbwork.memory.c32", "latency.memory.p99", "latency.simultaneous.p99",
     "latency.steady.p99", "burst.drain",
     "burst.lag_p99", "scale.claim.base", "scale.claim.3000", "scale.dispatch.3000",
-    "scale.history.claim", "scale.history.hot_size",
+    "scale.history.claim", "scale.history.hot_size", "scale.snapshot.1000", "scale.snapshot.3000",
     "memory.timer.peak", "memory.consumer.peak", "memory.consumer.growth",
     "burst.vs_steady", "fair.b_alone.p99", "fair.b_backlog.p99", "fair.a_rate_before",
     "fair.a_rate_during", "fair.sqs.b_alone.p99", "fair.sqs.b_backlog.p99",

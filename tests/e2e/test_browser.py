@@ -16,6 +16,7 @@ from consumer.service import Consumer
 from consumer.tasks import Registry
 from devstack.ports import free_port
 from shared.client import Client
+from shared.store.counts_sql import UNFINISHED_EXACT_UP_TO
 from tests.support.dashboard import OPERATOR, VIEWER, LiveServer, make_dead
 from tests.support.wait import wait_for
 from timer_service.service import Timer
@@ -214,6 +215,24 @@ def test_tenants_panel_shows_the_share_and_operators_change_weights(
     page.get_by_test_id("weight-reset").click()
     expect(page.locator("#toast")).to_have_text("acme: weight 1.")
     assert client.tenant_weights() == {}
+
+
+def test_a_backlog_past_the_count_bound_shows_as_estimated_and_a_rare_queue_exactly(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    db.execute("INSERT INTO tock_jobs (kind, queue, run_at, payload, tenant) "
+               "SELECT 'email', 'mail', now() - interval '1 minute', '{}', 'acme' "
+               "FROM generate_series(1, %s)", [UNFINISHED_EXACT_UP_TO + 500])
+    db.execute("ANALYZE tock_jobs")
+    client.schedule("sms", queue="rare")
+    login(page, live_server, VIEWER)
+    mail = page.get_by_test_id("queue-mail-email")
+    expect(mail).to_contain_text("≈")
+    expect(mail).to_have_attribute("title", "≈: estimated from statistics (past 10,000 jobs)")
+    expect(page.get_by_test_id("count-scheduled")).to_contain_text("≈")
+    rare = page.get_by_test_id("queue-rare-sms")
+    expect(rare).to_contain_text("rare")
+    expect(rare).not_to_contain_text("≈")
+    expect(page.get_by_test_id("tenant-acme")).to_contain_text("≈")
 
 
 def test_viewer_sees_tenants_but_no_weight_form(
