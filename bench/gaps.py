@@ -122,7 +122,11 @@ GAP_NOTES: dict[str, str] = {
         "as its MessageGroupId (`TOCK_SQS_FAIR_QUEUES`), which makes an AWS standard "
         "queue a fair queue. LocalStack carries the group but delivers in send order "
         "(checked: 10 of B's sent after 1,000 of A's came back last), so this run cannot "
-        "show what fair queues change."
+        "show what fair queues change. A's completions while B's jobs ran "
+        "(`fair.sqs.a_rate_during`) are counted from B's arrival to B's last finish, about "
+        "a second, in which B's 100 jobs take their turn on the same busy consumers: A's "
+        "own rate there is at most one minus B's share of the completions, which the "
+        "`fair.sqs.fleet_rate_during` figure (A and B together) gives in its note."
     ),
     "fair.": (
         "Both p99s are dispatch lags of about a millisecond (SQS is a sink here), so the "

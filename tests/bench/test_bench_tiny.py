@@ -28,6 +28,7 @@ EXPECTED_FIGURES = [
     "burst.vs_steady", "fair.b_alone.p99", "fair.b_backlog.p99", "fair.a_rate_before",
     "fair.a_rate_during", "fair.sqs.b_alone.p99", "fair.sqs.b_backlog.p99",
     "fair.sqs.b_lag_ratio", "fair.sqs.a_rate_before", "fair.sqs.a_rate_during",
+    "fair.sqs.fleet_rate_during",
 ]
 PRESENT = ["health.tock_jobs.hot_share", "health.tock_jobs.dead", "health.tock_workers.hot_share"]
 """Measured, but zero is a possible value (a tiny run may not update a worker row at all)."""
