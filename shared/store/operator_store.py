@@ -190,9 +190,7 @@ class OperatorStore(Store):
         return self._estimate_leaf(leaf, reltuples, exact_up_to), True
 
     def _estimate_leaf(self, leaf: str, reltuples: float, sample_rows: int) -> dict[str, int]:
-        plan = self._one(sql.estimate_leaf(leaf))
-        assert plan is not None
-        total = max(float(plan[0][0]["Plan"]["Plan Rows"]), sample_rows + 1.0)
+        total = float(self._estimate(sql.estimate_leaf(leaf), sample_rows))
         shares: dict[str, float] = {}
         stats = self._one(sql.KIND_SHARES, {"leaf": leaf}) if reltuples > sample_rows else None
         if stats and stats[0]:
