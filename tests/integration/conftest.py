@@ -2,19 +2,22 @@
 `test_robustness_*.py`): a timer on the test's queues, an empty task registry, a pinned
 clock, and consumers driven one step at a time (`consumers`) or started for real
 (`running`); and of the store and history tests: a pinned `now` taken from the database
-clock, and a second connection (`other`) that holds locks in an open transaction."""
+clock, and a second connection (`other`) that holds locks in an open transaction; and of
+the upgrade tests: a database at the module's `BEFORE` migration (`old_url`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
+from shared.store.migrate import migrate
 from tests.support.drive import Clock, db_now, make_consumer
 from timer_service.service import Timer
 
@@ -96,3 +99,12 @@ def other(database_url: str) -> Iterator[psycopg.Connection[Any]]:
         if not conn.closed:
             conn.rollback()
         conn.close()
+
+
+@pytest.fixture
+def old_url(pg_server, request) -> str:
+    """A fresh database migrated up to the test module's `BEFORE` (the schema an upgrade
+    test starts from)."""
+    url = pg_server.create_database(f"upgrade_{uuid4().hex[:8]}")
+    migrate(url, up_to=request.module.BEFORE)
+    return url

@@ -10,7 +10,6 @@ from datetime import timedelta
 from uuid import uuid4
 
 import psycopg
-import pytest
 
 from shared.client import Client
 from shared.core.filters import JobFilter
@@ -29,12 +28,6 @@ DAY = timedelta(days=1)
 BEFORE = "0006_worker_leases.sql"
 BACKLOG = 1200
 
-
-@pytest.fixture
-def old_url(pg_server) -> str:
-    url = pg_server.create_database(f"upgrade_{uuid4().hex[:8]}")
-    migrate(url, up_to=BEFORE)
-    return url
 
 
 def _fill(conn, now) -> dict[str, int]:

@@ -3,10 +3,7 @@ already there for the bounded counts, and the counts read them as before."""
 
 from __future__ import annotations
 
-from uuid import uuid4
-
 import psycopg
-import pytest
 
 from shared.core.reports import QueueKindStats
 from shared.store import Database, OperatorStore
@@ -16,12 +13,6 @@ from tests.support.drive import db_now
 
 BEFORE = "0010_newest_first_fair_index.sql"
 
-
-@pytest.fixture
-def old_url(pg_server) -> str:
-    url = pg_server.create_database(f"upgrade_counts_{uuid4().hex[:8]}")
-    migrate(url, up_to=BEFORE)
-    return url
 
 
 def test_0011_indexes_the_jobs_already_there_and_counts_them(old_url):

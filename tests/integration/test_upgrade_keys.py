@@ -4,10 +4,7 @@ there read and work as before, and new jobs take keys."""
 
 from __future__ import annotations
 
-from uuid import uuid4
-
 import psycopg
-import pytest
 
 from shared.client import Client
 from shared.core.states import JobState
@@ -18,12 +15,6 @@ from tests.support.drive import db_now
 
 BEFORE = "0008_flow_control.sql"
 
-
-@pytest.fixture
-def old_url(pg_server) -> str:
-    url = pg_server.create_database(f"upgrade_keys_{uuid4().hex[:8]}")
-    migrate(url, up_to=BEFORE)
-    return url
 
 
 def test_0009_keeps_jobs_and_limits_and_takes_keys_from_then_on(old_url):
