@@ -129,13 +129,16 @@ GAP_NOTES: dict[str, str] = {
         "`fair.sqs.fleet_rate_during` figure (A and B together) gives in its note."
     ),
     "fair.a_rate_": (
-        "Two rates of the same dispatch loop, A's 50,000 jobs before B's arrival and 50,000 "
-        "after, about 3 s each with SQS a sink. B's 100 jobs are 0.2% of the second window, "
-        "so B taking its turn does not explain a drop of more than that; the due watcher's "
-        "pass for B is one claim. The same code measured 0.94 in the run before this one: "
-        "on this 2-core machine the two dispatch threads and their Postgres backends keep "
-        "both cores busy, and anything else that runs (a checkpoint, autovacuum of the "
-        "million rows A's claims leave dead) lands in one window or the other."
+        "A's rate from B's arrival on is compared with the mean of A's rates in the windows "
+        "just before and just after (the same number of A's jobs each, a few seconds with "
+        "SQS a sink), because A's rate falls as its backlog drains with or without B: each "
+        "claim takes a pair's oldest rows and steps over the index entries the claims "
+        "before it left dead, until a vacuum removes them (the `fair.a_rate_after` figure; "
+        "measured with no B at all, consecutive windows of a 1M drain here ran 19.4k, "
+        "16.8k, 14.5k, 14.8k, 14.1k, 13.0k jobs/s). B's 100 jobs are 0.2% of the window "
+        "and the due watcher's pass for them is one claim; on this 2-core machine the "
+        "dispatch threads and their Postgres backends keep both cores busy, so anything "
+        "else that runs (a checkpoint, autovacuum) lands in one window or another."
     ),
     "fair.": (
         "Both p99s are dispatch lags of about a millisecond (SQS is a sink here), so the "

@@ -26,7 +26,8 @@ EXPECTED_FIGURES = [
     "scale.history.claim", "scale.history.hot_size", "scale.snapshot.1000", "scale.snapshot.3000",
     "memory.timer.peak", "memory.consumer.peak", "memory.consumer.growth",
     "burst.vs_steady", "fair.b_alone.p99", "fair.b_backlog.p99", "fair.a_rate_before",
-    "fair.a_rate_during", "fair.sqs.b_alone.p99", "fair.sqs.b_backlog.p99",
+    "fair.a_rate_during", "fair.a_rate_after", "fair.a_rate_around",
+    "fair.sqs.b_alone.p99", "fair.sqs.b_backlog.p99",
     "fair.sqs.b_lag_ratio", "fair.sqs.a_rate_before", "fair.sqs.a_rate_during",
     "fair.sqs.fleet_rate_during",
 ]
