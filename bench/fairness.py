@@ -1,9 +1,9 @@
 """Fair share between tenants: tenant A has `fair_backlog` jobs overdue, tenant B then
 enqueues 100 due jobs. B's due-to-dispatch p99 against B's with no backlog at all, and A's
 dispatch rate from B's arrival on against A's rate around it: the mean of the windows just
-before and just after. A's rate falls as its backlog drains with or without B (each claim
-steps over the index entries the claims before it left dead, until a vacuum), so the
-window before alone would count that fall against B.
+before and just after. A's rate falls as its backlog drains with or without B (README,
+History and retention: a long drain claims more slowly as it goes), so the window before
+alone would count that fall against B.
 
 SQS is replaced by a sink that takes every message: this phase measures the timer's
 claim, the part fair share changes; the path through SQS and the consumers is measured by
