@@ -286,3 +286,26 @@ def test_translated_reraises_psycopg_errors_classified_from_the_original():
 def test_translated_lets_other_errors_through():
     with pytest.raises(KeyError), translated():
         raise KeyError("not a database error")
+
+
+@pytest.mark.parametrize("synchronous_commit", [True, False])
+def test_pool_connections_turn_jit_off_and_keep_the_urls_own_options(database_url,
+                                                                     synchronous_commit):
+    def settings(url: str) -> tuple[str, str, str]:
+        db = Database(url, check=False, synchronous_commit=synchronous_commit)
+        try:
+            with db.connection() as conn:
+                row = conn.execute("SELECT current_setting('jit'), "
+                                   "current_setting('synchronous_commit'), "
+                                   "current_setting('application_name')").fetchone()
+        finally:
+            db.close()
+        assert row is not None
+        return row[0], row[1], row[2]
+
+    with psycopg.connect(database_url) as plain:  # the test server's own default
+        default = plain.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    commit = default[0] if synchronous_commit and default else "off"
+    assert settings(database_url) == ("off", commit, "tock")
+    # The URL's options come after tock's: they win, and tock's others still apply.
+    assert settings(f"{database_url}?options=-c%20jit%3Don")[:2] == ("on", commit)
