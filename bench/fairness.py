@@ -47,11 +47,24 @@ SELECT extract(epoch FROM dispatched_at - run_at)::float8 FROM tock_jobs
 WHERE tenant = 'B' AND state = 'dispatched'
 """
 
-# A's rate over a window of its dispatches: from the timestamps Postgres wrote.
+# A's rate over `window` of its dispatches just before B's arrival (`side` "before"), or
+# from it on, skipping `skip` (`side` "from"): cut by rank from the timestamps Postgres
+# wrote, so how long the phase took to look does not move the windows.
 A_WINDOW = """
-SELECT count(*), extract(epoch FROM max(dispatched_at) - min(dispatched_at))::float8
-FROM tock_jobs WHERE tenant = 'A' AND state = 'dispatched'
-  AND dispatched_at >= %(since)s AND dispatched_at < %(until)s
+SELECT count(*), extract(epoch FROM max(t) - min(t))::float8 FROM (
+    SELECT dispatched_at AS t FROM tock_jobs
+    WHERE tenant = 'A' AND state = 'dispatched'
+      AND CASE WHEN %(side)s = 'before' THEN dispatched_at < %(at)s
+               ELSE dispatched_at >= %(at)s END
+    ORDER BY CASE WHEN %(side)s = 'before' THEN -extract(epoch FROM dispatched_at)
+                  ELSE extract(epoch FROM dispatched_at) END
+    OFFSET %(skip)s LIMIT %(window)s
+) w
+"""
+
+A_SINCE = """
+SELECT count(*) FROM tock_jobs
+WHERE tenant = 'A' AND state = 'dispatched' AND dispatched_at >= %(at)s
 """
 
 DB_NOW = "SELECT now()"
@@ -65,8 +78,9 @@ class Sink:
     A's dispatched rows every 0.1 s took 20-100 ms a count as they grew to 350,000, CPU
     taken from the timer it measures on a 2-core machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, backlog: dict[str, int]) -> None:
         self._sent: Counter[str] = Counter()
+        self._backlog = backlog
         self._changed = threading.Condition()
 
     def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
@@ -75,11 +89,20 @@ class Sink:
             self._changed.notify_all()
         return []
 
+    def sent(self, tenant: str) -> int:
+        with self._changed:
+            return self._sent[tenant]
+
     def wait_sent(self, tenant: str, n: int, *, timeout: float, what: str) -> None:
-        """Until `n` messages of `tenant` were sent; TimeoutError after `timeout` s."""
+        """Until `n` messages of `tenant` were sent; TimeoutError after `timeout` s, and
+        RuntimeError at once if the tenant's whole backlog went out short of `n`."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while self._sent[tenant] < n:
+                if self._sent[tenant] >= self._backlog.get(tenant, n):
+                    raise RuntimeError(f"{what}: all {self._sent[tenant]:,} of tenant "
+                                       f"{tenant}'s jobs went out first; a larger "
+                                       "fair_backlog is needed")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what} "
@@ -117,25 +140,24 @@ def fairness(ctx: Context) -> None:
     ctx.progress.say(f"  {backlog:,} jobs of tenant A overdue "
                      f"({time.monotonic() - started:.0f} s to insert)")
     window = ctx.profile.fair_window
-    with _running_timer(url) as sink:
-        sink.wait_sent("A", window, timeout=600, what=f"A's first {window:,} sent")
-        before_from = waiting.scalar(url, DB_NOW)
-        sink.wait_sent("A", 2 * window, timeout=600, what=f"A's next {window:,} sent")
+    with _running_timer(url, backlog) as sink:
+        sink.wait_sent("A", 2 * window, timeout=600, what=f"A's first {2 * window:,} sent")
         b_due = waiting.scalar(url, "SELECT now() + interval '200 milliseconds'")
         _insert(url, SMALL, "B", at=b_due)
         waiting.until(url, DISPATCHED, lambda v: v >= SMALL, params={"tenant": "B"},
                       timeout=120, what="B's jobs dispatched")
-        sink.wait_sent("A", 3 * window, timeout=600, what=f"A's {window:,} after B's")
-        after_from = waiting.scalar(url, DB_NOW)
-        sink.wait_sent("A", 4 * window, timeout=600, what=f"A's next {window:,} sent")
-        # Their commits (a send comes before its batch commits), then no more windows.
-        waiting.until(url, DISPATCHED, lambda v: v >= 4 * window, params={"tenant": "A"},
-                      timeout=60, what=f"A's {4 * window:,} dispatched", interval=0.5)
+        # Every A job sent from here on was claimed after B's arrival, so this many more
+        # hold both windows after it; then their commits (a send precedes its commit).
+        sink.wait_sent("A", sink.sent("A") + 2 * window, timeout=600,
+                       what=f"A's {2 * window:,} after B's")
+        waiting.until(url, A_SINCE, lambda v: v >= 2 * window, params={"at": b_due},
+                      timeout=60, what=f"A's {2 * window:,} after B's committed",
+                      interval=0.5)
     with psycopg.connect(url, autocommit=True) as conn:
         lags = [r[0] for r in conn.execute(LAGS).fetchall()]
-        a_before = _a_rate(conn, before_from, b_due)
-        a_during = _a_rate(conn, b_due, after_from)
-        a_after = _a_rate(conn, after_from, None)
+        a_before = _a_rate(conn, b_due, window, side="before")
+        a_during = _a_rate(conn, b_due, window, side="from")
+        a_after = _a_rate(conn, b_due, window, side="from", skip=window)
     with_backlog = percentiles(lags)
     ctx.results.series["fairness"] = {
         "backlog": backlog, "window": window, "b_alone": alone,
@@ -182,12 +204,12 @@ def _small_tenant_alone(ctx: Context) -> dict[str, float]:
 class _running_timer:
     """A real Timer (all its loops) on a thread, sending into the sink."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, a_backlog: int = 0) -> None:
         # Nothing reaches a consumer here: the lost-message check must not re-send, and
         # the dispatch window, which would stop the timer at its size, is off.
         settings = TimerSettings(database_url=url, queue_prefix="fair-",
                                  dispatch_timeout_seconds=3600, dispatch_window=0)
-        self.sink = Sink()
+        self.sink = Sink({"A": a_backlog})
         self.timer = Timer(settings, self.sink)
         self.thread = threading.Thread(target=self.timer.run_forever, daemon=True)
 
@@ -205,11 +227,16 @@ def _insert(url: str, n: int, tenant: str, *, at: Any = None) -> None:
         conn.execute(INSERT, {"kind": noop_tasks.KIND, "tenant": tenant, "n": n, "at": at})
 
 
-def _a_rate(conn: psycopg.Connection[Any], since: Any, until: Any) -> float:
-    row = conn.execute(A_WINDOW, {"since": since,
-                                  "until": until or "infinity"}).fetchone()
+def _a_rate(conn: psycopg.Connection[Any], at: Any, window: int, *, side: str,
+            skip: int = 0) -> float:
+    row = conn.execute(A_WINDOW, {"at": at, "window": window, "side": side,
+                                  "skip": skip}).fetchone()
     assert row is not None
-    return rate(row[0], row[1] or 0.0)
+    if row[0] < window or not row[1]:
+        raise RuntimeError(f"tenant A's window {side} B's arrival (+{skip:,}) holds "
+                           f"{row[0]:,} of {window:,} dispatches over {row[1] or 0:.3f} s: "
+                           "a larger fair_backlog is needed to time it")
+    return rate(row[0], row[1])
 
 
 def _ratio(a: dict[str, float], b: dict[str, float]) -> float:
