@@ -106,9 +106,16 @@ class Consumer:
         or the kill grace does not fit the lease."""
         self.executor.prepare()
         self.open()
-        self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
-                                  self.pipe.clock())
-        self.lease_keeper.mark_ok()  # ready from the start
+        try:
+            self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
+                                      self.pipe.clock())
+            self.lease_keeper.mark_ok()  # ready from the start
+        except Retryable as exc:
+            # The database went away since the start-up probe: the heartbeat loop announces
+            # this worker once it is back (until then nothing can be claimed, and the
+            # readiness probe says so).
+            emit(log, "announce_failed", logging.WARNING, worker=self.worker_id,
+                 error=str(exc), detail="retried by the heartbeat loop")
         self.supervisor.start()
         emit(log, "consumer_started", worker=self.worker_id, queues=self.settings.queues,
              concurrency=self.settings.concurrency, isolation=self.settings.isolation,

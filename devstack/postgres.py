@@ -49,6 +49,8 @@ class PostgresServer:
     bin_dir: Path
     run_as: str | None
     log_file: Path = field(init=False)
+    options: str = field(default="", init=False)
+    """The extra server options of the first start, which a restart keeps."""
 
     def __post_init__(self) -> None:
         self.log_file = self.data_dir / "server.log"
@@ -63,6 +65,7 @@ class PostgresServer:
         return subprocess.run(cmd, check=True, capture_output=True, text=True)
 
     def start(self, extra_options: str = "") -> None:
+        self.options = extra_options
         opts = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.data_dir} "
             f"-c max_connections=300 {extra_options}"
@@ -77,6 +80,29 @@ class PostgresServer:
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir / "data"),
                       "-m", mode, "stop")
+
+    def running(self) -> bool:
+        """Whether the server's postmaster is alive (its pid file names a live process)."""
+        try:
+            pid = int((self.data_dir / "data" / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError):
+            return False
+        return True
+
+    def restart(self) -> None:
+        """Start a server that stopped or was killed, on its port, with its data and options.
+        Right after a kill -9 the old backends may still hold its shared memory for a moment
+        (they exit once they notice): retried until they have."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.start(self.options)
+                return
+            except subprocess.CalledProcessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def destroy(self) -> None:
         self.stop()

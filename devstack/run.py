@@ -1,30 +1,70 @@
 """`make run`: the whole system on this machine, with throwaway services.
 
 Starts a private Postgres and LocalStack (SQS), applies migrations, creates the queue and
-its dead-letter queue, then runs a timer, two consumers with the demo tasks and a demo
-producer, streaming their logs. Ctrl-C stops every process and removes what it started.
+its dead-letter queue, then runs a timer, two consumers with the demo tasks, a demo
+producer and the dashboard, streaming their logs. Ctrl-C stops every process and removes
+what it started.
+
+It looks after them as an orchestrator would (ECS restarts a task, Kubernetes a pod): a
+process that exits or is killed is started again after a backoff (1 s, doubling to 30 s
+while it keeps failing within 30 s of its start), and a Postgres or LocalStack server that
+dies is started again on its port, Postgres with its data, as a managed database comes
+back. So `kill -9` anything it printed the pid of and watch the system heal.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 from devstack.postgres import PostgresServer, start_postgres
-from devstack.sqs import SqsServer, start_sqs
+from devstack.sqs import SqsServer, start_localstack, start_sqs
 from shared.store.migrate import migrate
 from shared.transport.sqs import SqsTransport
+
+POLL_SECONDS = 0.5
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 30.0
+STABLE_SECONDS = 30.0
+"""A process that ran this long before it exited is restarted after the first backoff
+again, not after a longer one."""
+QUEUE = "default"
+
+
+@dataclass
+class Child:
+    """One supervised tock process and its restart state."""
+
+    name: str
+    args: list[str]
+    popen: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff: float = FIRST_BACKOFF_SECONDS
+    restart_at: float | None = None
+    """When it is due to start again (it exited); None while it runs."""
+
+    def start(self, env: dict[str, str]) -> None:
+        self.popen = subprocess.Popen([sys.executable, *self.args],
+                                      env={**env, "TOCK_PROCESS_NAME": self.name})
+        self.started_at = time.monotonic()
+        self.restart_at = None
 
 
 @dataclass
 class Stack:
     postgres: PostgresServer | None = None
     sqs: SqsServer | None = None
-    processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def processes(self) -> list[tuple[str, subprocess.Popen[bytes]]]:
+        return [(c.name, c.popen) for c in self.children if c.popen is not None]
 
     def stop(self) -> None:
         for _, proc in self.processes:
@@ -60,8 +100,10 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
         "TOCK_HEARTBEAT_SECONDS": "1",
         "TOCK_VISIBILITY_TIMEOUT_SECONDS": "10",
         "TOCK_SHUTDOWN_GRACE_SECONDS": "8",
-        # A LocalStack restart loses its queues: the processes create them again.
+        # A LocalStack restart loses its queues: the processes create them again, and the
+        # timer sends the lost messages again after 10 s instead of a minute.
         "TOCK_CREATE_QUEUES": "1",
+        "TOCK_DISPATCH_TIMEOUT_SECONDS": "10",
         "PYTHONUNBUFFERED": "1",
         # Development tokens (printed below), so the dashboard binds 127.0.0.1 only (it
         # refuses TOCK_DASHBOARD_DEV on any other address: the tokens are public).
@@ -70,13 +112,82 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
     }
 
 
-PROCESSES: list[tuple[str, list[str]]] = [
-    ("timer", ["-m", "timer_service"]),
-    ("consumer-1", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
-    ("consumer-2", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
-    ("producer", ["-m", "demo.producer"]),
-    ("dashboard", ["-m", "dashboard"]),
-]
+def children() -> list[Child]:
+    return [
+        Child("timer", ["-m", "timer_service"]),
+        Child("consumer-1", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
+        Child("consumer-2", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
+        Child("producer", ["-m", "demo.producer"]),
+        Child("dashboard", ["-m", "dashboard"]),
+    ]
+
+
+def exit_reason(code: int) -> str:
+    """`code 1`, or `signal SIGKILL` for a process a signal ended (Popen's negative codes)."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def tend(child: Child, env: dict[str, str], now: float) -> None:
+    """Notice that `child` exited and schedule its restart, or restart it when due."""
+    assert child.popen is not None
+    if child.restart_at is None:
+        code = child.popen.poll()
+        if code is None:
+            return
+        if now - child.started_at >= STABLE_SECONDS:
+            child.backoff = FIRST_BACKOFF_SECONDS
+        child.restart_at = now + child.backoff
+        _say(f"{child.name} (pid {child.popen.pid}) exited with {exit_reason(code)}; "
+             f"restarting it in {child.backoff:.0f} s")
+        child.backoff = min(child.backoff * 2, MAX_BACKOFF_SECONDS)
+    elif now >= child.restart_at:
+        child.restarts += 1
+        child.start(env)
+        _say(f"{child.name} restarted (pid {child.popen.pid}, restart {child.restarts})")
+
+
+def tend_services(stack: Stack) -> None:
+    """Start Postgres or LocalStack again if it died, on the same port."""
+    postgres, sqs = stack.postgres, stack.sqs
+    assert postgres is not None and sqs is not None
+    if not postgres.running():
+        _say(f"Postgres (port {postgres.port}) is down; starting it again with its data")
+        postgres.restart()
+        _say(f"Postgres is back (pid {_postmaster_pid(postgres)})")
+    if sqs.process.poll() is not None:
+        port = int(sqs.endpoint.rsplit(":", 1)[1])
+        _say(f"LocalStack (port {port}) exited with {exit_reason(sqs.process.returncode)}; "
+             "starting it again (its queues and messages are gone: the processes create "
+             "the queues again and the timer sends lost messages again)")
+        sqs.stop()
+        stack.sqs = start_localstack(port=port)
+        _create_queue()
+        _say(f"LocalStack is back (pid {stack.sqs.process.pid})")
+
+
+def _create_queue() -> None:
+    SqsTransport("tock-").create_queue(QUEUE, visibility_timeout=10, dead_letter_after=10)
+
+
+def _postmaster_pid(postgres: PostgresServer) -> str:
+    try:
+        return (postgres.data_dir / "data" / "postmaster.pid").read_text().split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -84,6 +195,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> int:
+    port = os.environ.get("TOCK_DASHBOARD_PORT", "8080")
+    if not port.isdigit() or not _port_free(int(port)):
+        _say(f"port {port} on 127.0.0.1 is taken (or not a port): the dashboard needs it; "
+             "choose another with TOCK_DASHBOARD_PORT=8081 make run")
+        return 2
     stack = Stack()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -95,28 +211,30 @@ def main() -> int:
         _say("starting LocalStack (SQS) ...")
         stack.sqs = start_sqs("localstack")
         os.environ.update(stack.sqs.env())
-        SqsTransport("tock-").create_queue("default", visibility_timeout=10,
-                                           dead_letter_after=10)
-        _say(f"SQS ready at {stack.sqs.endpoint} (queue tock-default, DLQ tock-default-dlq)")
+        _create_queue()
+        _say(f"SQS ready at {stack.sqs.endpoint} (queue tock-{QUEUE}, DLQ tock-{QUEUE}-dlq)")
         env = process_env(stack, database_url)
-        for name, args in PROCESSES:
-            proc = subprocess.Popen([sys.executable, *args],
-                                    env={**env, "TOCK_PROCESS_NAME": name})
-            stack.processes.append((name, proc))
+        stack.children = children()
+        for child in stack.children:
+            child.start(env)
         from dashboard.settings import DEV_OPERATOR_TOKEN, DEV_VIEWER_TOKEN
 
-        port = os.environ.get("TOCK_DASHBOARD_PORT", "8080")
         _say(f"dashboard at http://127.0.0.1:{port}/  log in with operator token "
              f"{DEV_OPERATOR_TOKEN} (or viewer token {DEV_VIEWER_TOKEN}, read only)")
         _say(f"metrics: curl -H 'Authorization: Bearer {DEV_VIEWER_TOKEN}' "
              f"http://127.0.0.1:{port}/metrics")
+        _say("pids: " + ", ".join(f"{c.name} {c.popen.pid}" for c in stack.children
+                                  if c.popen is not None)
+             + f", Postgres {_postmaster_pid(stack.postgres)}, LocalStack "
+             f"{stack.sqs.process.pid}; kill any of them and make run starts it again, as an "
+             "orchestrator would")
         _say("running; press Ctrl-C to stop everything")
-        while all(p.poll() is None for _, p in stack.processes):
-            time.sleep(0.5)
-        for name, proc in stack.processes:
-            if proc.poll() is not None and proc.returncode != 0:
-                _say(f"{name} exited with code {proc.returncode}")
-        return 1
+        while True:
+            time.sleep(POLL_SECONDS)
+            tend_services(stack)
+            now = time.monotonic()
+            for child in stack.children:
+                tend(child, env, now)
     except KeyboardInterrupt:
         return 0
     finally:

@@ -152,3 +152,36 @@ def test_the_due_watcher_serves_a_newcomer_again_after_a_restart_mid_backlog(ser
         assert timer.supervisor.live()[0], timer.supervisor.live()[1]
     finally:
         timer.stop()
+
+
+def test_a_consumer_started_while_postgres_is_down_runs_jobs_once_it_is_back(server,
+                                                                             sqs_server):
+    """The database can go away between a consumer's start-up probe and its first
+    announcement: it starts its loops anyway, is not ready until a heartbeat gets through,
+    and then runs jobs, instead of dying with a traceback."""
+    prefix = f"r{uuid.uuid4().hex[:8]}-"
+    SqsTransport(prefix).create_queue("default", visibility_timeout=10)
+    registry = Registry()
+    registry.add("work", lambda payload, ctx: None)
+    consumer = Consumer(ConsumerSettings(
+        database_url=server.url(), queue_prefix=prefix, lease_seconds=4, heartbeat_seconds=1,
+        visibility_timeout_seconds=10, receive_wait_seconds=1), registry)
+    timer = Timer(TimerSettings(database_url=server.url(), queue_prefix=prefix,
+                                max_idle_seconds=0.2))
+    client = Client(ClientSettings(database_url=server.url()))
+    server.stop("immediate")
+    try:
+        consumer.start()  # announces nothing: Postgres is down
+        ready, why = consumer.supervisor.ready()
+        assert not ready and "heartbeat" in why
+        assert consumer.supervisor.live()[0], consumer.supervisor.live()[1]
+        server.start()
+        timer.start()
+        job = client.schedule("work")
+        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+                 message="a job run by the consumer that started during the outage")
+        wait_for(lambda: consumer.supervisor.ready()[0], timeout=30, message="ready")
+    finally:
+        consumer.shutdown()
+        timer.stop()
+        client.close()

@@ -1,0 +1,131 @@
+"""`make run` as a user meets it (`python -m devstack.run`, what the Makefile calls): the whole
+local system starts, and it heals when one of its processes or servers is killed, as it
+would under an orchestrator, instead of stopping everything."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from devstack.ports import free_port
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SUCCEEDED = "SELECT count(*) FROM tock_jobs_all WHERE state = 'succeeded'"
+
+
+class MakeRun:
+    """`python -m devstack.run` with its stderr in a file the test reads as it grows."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        env = {**os.environ, "TOCK_DASHBOARD_PORT": str(free_port())}
+        with log.open("wb") as out:
+            self.popen = subprocess.Popen([sys.executable, "-m", "devstack.run"], cwd=ROOT,
+                                          env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def said(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        def found() -> re.Match[str] | None:
+            assert self.popen.poll() is None, f"make run exited:\n{self.text()[-3000:]}"
+            return re.search(pattern, self.text())
+        return wait_for(found, timeout=timeout, interval=0.2, message=f"make run: {pattern}")
+
+    def pid_of(self, name: str) -> int:
+        return int(self.said(rf"\b{name} (\d+)\b").group(1))
+
+    def stop(self) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        return self.popen.wait(timeout=90)
+
+
+def _succeeded(url: str) -> int:
+    try:
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            row = conn.execute(SUCCEEDED).fetchone()
+    except psycopg.OperationalError:
+        return -1
+    assert row is not None
+    return int(row[0])
+
+
+def _announced(url: str, pid: int) -> bool:
+    with psycopg.connect(url, connect_timeout=2) as conn:
+        row = conn.execute("SELECT count(*) FROM tock_workers WHERE pid = %s "
+                           "AND stopped_at IS NULL", (pid,)).fetchone()
+    return bool(row and row[0])
+
+
+def _more_succeed(url: str, timeout: float = 60) -> None:
+    """Jobs still run: the count of succeeded jobs grows from what it is now."""
+    before = wait_for(lambda: _succeeded(url) + 1, timeout=timeout,
+                      message="the database answering") - 1
+    wait_for(lambda: _succeeded(url) > before, timeout=timeout, interval=0.2,
+             message=f"more than {before} jobs succeeded")
+
+
+def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
+    run = MakeRun(tmp_path / "make-run.log")
+    try:
+        run.said("running; press Ctrl-C", timeout=180)
+        url = run.said(r"Postgres ready at (\S+)").group(1)
+        _more_succeed(url)
+
+        # A consumer killed -9: restarted, and jobs keep finishing.
+        consumer = run.pid_of("consumer-1")
+        os.kill(consumer, signal.SIGKILL)
+        run.said(rf"consumer-1 \(pid {consumer}\) exited with signal SIGKILL; restarting")
+        restarted = int(run.said(r"consumer-1 restarted \(pid (\d+)").group(1))
+        assert restarted != consumer
+        wait_for(lambda: _announced(url, restarted), timeout=60,
+                 message="the restarted consumer announced itself")
+        _more_succeed(url)
+
+        # The database killed -9: started again with its data; every process heals.
+        postmaster = run.pid_of("Postgres")
+        os.kill(postmaster, signal.SIGKILL)
+        run.said(r"Postgres \(port \d+\) is down; starting it again")
+        run.said(r"Postgres is back", timeout=60)
+        _more_succeed(url)
+        # They healed by themselves: no process had to be started again for it.
+        assert "exited with" not in run.text().split("is down; starting it again")[-1]
+
+        # LocalStack killed -9: started again on its port; its queue and the messages in
+        # it are gone, so the processes create the queue and the timer sends again.
+        localstack = run.pid_of("LocalStack")
+        os.killpg(localstack, signal.SIGKILL)
+        run.said(r"LocalStack \(port \d+\) exited with signal SIGKILL; starting it again")
+        run.said(r"LocalStack is back", timeout=120)
+        _more_succeed(url, timeout=90)
+
+        assert run.stop() == 0
+        assert "stopped; everything started by make run was removed" in run.text()
+    finally:
+        if run.popen.poll() is None:
+            run.popen.kill()
+
+
+def test_make_run_says_which_port_is_taken_instead_of_starting():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "devstack.run"], cwd=ROOT, check=False,
+                              env={**os.environ, "TOCK_DASHBOARD_PORT": str(port)},
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"port {port} on 127.0.0.1 is taken" in done.stderr
+    assert "TOCK_DASHBOARD_PORT" in done.stderr
