@@ -8,14 +8,41 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from shared.client import Client
+from shared.core.errors import ConfigError, DatabaseUnavailable
 from shared.runtime.settings import ClientSettings
-from shared.store.database import Database
+from shared.store.database import Database, probe, redacted
+from shared.store.migrate import missing_migrations
 from shared.store.operator_store import OperatorStore
+
+PROBE_SECONDS = 5.0
+_reachable: set[str] = set()
 
 
 def settings(args: argparse.Namespace) -> ClientSettings:
-    return ClientSettings.load(**({"database_url": args.database_url}
-                                  if args.database_url else {}))
+    """The client settings, once the database they name has answered: a command against a
+    wrong URL or a stopped server says why within seconds, instead of waiting out a pool's
+    30 s timeout."""
+    loaded = ClientSettings.load(**({"database_url": args.database_url}
+                                    if args.database_url else {}))
+    check_reachable(loaded.database_url)
+    return loaded
+
+
+def check_reachable(url: str, *, migrated: bool = True) -> None:
+    """`DatabaseUnavailable`, saying why and which setting to fix, unless `url` answers;
+    `ConfigError` if `migrated` and the database lacks a migration of this version."""
+    if url in _reachable:
+        return
+    reason = probe(url, timeout=PROBE_SECONDS)
+    if reason is not None:
+        raise DatabaseUnavailable(f"cannot use the database at {redacted(url)}: {reason} "
+                                  "(set TOCK_DATABASE_URL or --database-url)")
+    if migrated:
+        pending = missing_migrations(url)
+        if pending:
+            raise ConfigError(f"the database at {redacted(url)} lacks migration(s) "
+                              f"{', '.join(pending)}: run `tock migrate` first")
+        _reachable.add(url)
 
 
 def client(args: argparse.Namespace) -> Client:

@@ -5,6 +5,7 @@ found, invalid transition), 2 bad usage or configuration, 3 a service is unavail
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -14,6 +15,7 @@ from shared.core.errors import (
     InvalidInput,
     InvalidTransition,
     JobNotFound,
+    TockError,
     TransportError,
 )
 
@@ -23,11 +25,13 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from cli.connect import check_reachable
     from shared.runtime.settings import CommonSettings
     from shared.store.migrate import migrate
 
     settings = CommonSettings.load(**({"database_url": args.database_url}
                                       if args.database_url else {}))
+    check_reachable(settings.database_url, migrated=False)
     applied = migrate(settings.database_url)
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied
                                                     else "; database is up to date"))
@@ -80,6 +84,9 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:  # type
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The pool's own reconnection warnings would repeat, several lines each, what the one
+    # error line below says.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Command = args.func
@@ -94,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DatabaseUnavailable, TransportError) as exc:
         print(f"tock: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except TockError as exc:  # anything else tock raised: its message, not a traceback
+        print(f"tock: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -126,10 +127,24 @@ def test_stats_and_workers(tock, db):
     assert code == 0 and "w1" in out and "alive" in out and "0/4" in out
 
 
-def test_database_down_exits_3(tock):
-    code, _, err = tock("jobs", "--database-url",
-                        f"postgresql://postgres@127.0.0.1:{free_port()}/x")
-    assert code == 3 and "database unavailable" in err
+def test_database_down_exits_3_naming_the_cause_and_the_setting(tock):
+    port = free_port()
+    code, _, err = tock("jobs", "--database-url", f"postgresql://me:secret@127.0.0.1:{port}/x")
+    assert code == 3
+    assert f"cannot use the database at postgresql://me:***@127.0.0.1:{port}/x" in err
+    assert "Connection refused" in err and "TOCK_DATABASE_URL" in err
+    assert "secret" not in err
+
+
+def test_an_unmigrated_database_says_run_migrate_and_migrate_fixes_it(tock, pg_server):
+    url = pg_server.create_database(f"empty_{uuid.uuid4().hex[:8]}")
+    code, _, err = tock("jobs", "--database-url", url)
+    assert code == 2 and "lacks migration(s) 0001_core.sql" in err
+    assert "run `tock migrate` first" in err and "Traceback" not in err
+    code, out, _ = tock("migrate", "--database-url", url)
+    assert code == 0 and "applied" in out
+    code, out, _ = tock("jobs", "--database-url", url)
+    assert code == 0 and "no jobs match" in out
 
 
 @pytest.mark.parametrize("command", ["enqueue", "jobs", "show", "retry", "cancel", "stats",

@@ -1,0 +1,30 @@
+"""While Postgres is down the connection pool warns on every reconnection attempt: the
+processes pass the first warning of each kind per pool, then one per 30 s."""
+
+from __future__ import annotations
+
+import logging
+
+from shared.runtime.logs import Repeats
+
+
+def _record(msg: str, *args: object, at: float) -> logging.LogRecord:
+    record = logging.LogRecord("psycopg.pool", logging.WARNING, __file__, 1, msg, args, None)
+    record.created = at
+    return record
+
+
+def test_one_warning_per_pool_and_template_per_window():
+    repeats = Repeats(30.0)
+    connecting = "error connecting in %r: %s"
+    passed = [repeats.filter(_record(connecting, pool, reason, at=at)) for pool, reason, at in [
+        ("tock-timer", "connection refused", 100.0),  # first: passes, with its reason
+        ("tock-timer", "connection refused", 100.5),
+        ("tock-timer", "timeout expired", 110.0),     # same template, same pool: held
+        ("tock-claim", "connection refused", 110.0),  # another pool: passes
+        ("tock-timer", "connection refused", 130.0),  # a window later: passes again
+    ]]
+    assert passed == [True, False, False, True, True]
+    other = repeats.filter(_record("reconnection attempt in pool %r failed after %s sec",
+                                   "tock-timer", 1.0, at=100.6))
+    assert other, "another template is news"
