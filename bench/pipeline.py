@@ -25,6 +25,7 @@ from bench.stats import rate
 from consumer.service import Consumer
 from consumer.tasks import Registry
 from shared.client import Client
+from shared.runtime import logs
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
 from shared.transport.memory import MemoryTransport
 from shared.transport.sqs import SqsTransport
@@ -252,7 +253,7 @@ def memory_latency(ctx: Context) -> None:
 
 def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None:
     """Run a Timer and a Consumer over one MemoryTransport until `jobs` jobs succeeded.
-    They log at INFO to `log_file`, as the real processes do."""
+    They log at INFO to `log_file`, in JSON, as the real processes do."""
     transport = MemoryTransport()
     registry = Registry()
     registry.add(noop_tasks.KIND, noop_tasks.noop, max_attempts=3, timeout=60)
@@ -260,6 +261,8 @@ def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None
     consumer = Consumer(ConsumerSettings(database_url=url, concurrency=concurrency,
                                          receive_wait_seconds=1), registry, transport)
     handler = logging.FileHandler(log_file)
+    handler.setFormatter(logs.formatter("json", "bench"))
+    logs.lean_records()
     root = logging.getLogger()
     saved_level = root.level
     root.addHandler(handler)

@@ -96,11 +96,27 @@ class Repeats(logging.Filter):
 REPEAT_SECONDS = 30.0
 
 
+def formatter(fmt: str, process_name: str) -> logging.Formatter:
+    """The formatter of `TOCK_LOG_FORMAT` (json or human)."""
+    name = os.environ.get("TOCK_PROCESS_NAME", process_name)
+    return JsonFormatter() if fmt == "json" else HumanFormatter(name)
+
+
+def lean_records() -> None:
+    """Skip what every log record would otherwise look up and no tock line prints: the
+    caller's file and line (a walk up the stack), the thread and process names (the
+    logging HOWTO's "Optimization" settings). A consumer logs a line per finished job."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+
+
 def configure(fmt: str, level: str, process_name: str) -> None:
     """Send every tock log line to stderr in the chosen format."""
+    lean_records()
     handler = logging.StreamHandler(sys.stderr)
-    name = os.environ.get("TOCK_PROCESS_NAME", process_name)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter(name))
+    handler.setFormatter(formatter(fmt, process_name))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
