@@ -54,33 +54,6 @@ def latency_and_burst(ctx: Context, consumers: int) -> None:
     finally:
         fleet.stop()
         ctx.sampler.watch(None)
-    table_health(ctx, url)
-
-
-HEALTH = """
-SELECT relname, n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup
-FROM pg_stat_user_tables WHERE relname IN ('tock_jobs', 'tock_workers') ORDER BY relname
-"""
-
-
-def table_health(ctx: Context, url: str) -> None:
-    """After the latency and burst runs (all of them on one database): the share of updates
-    Postgres could make HOT (no index touched) and the dead tuples left for vacuum."""
-    time.sleep(1.0)  # the servers' statistics reach the shared counters about once a second
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(HEALTH).fetchall()
-    health = {}
-    for name, upd, hot, dead, live in rows:
-        share = hot / upd if upd else 0.0
-        health[name] = {"updates": upd, "hot_updates": hot, "hot_share": share,
-                        "dead_tuples": dead, "live_tuples": live}
-        ctx.results.raw(f"health.{name}.hot_share", "table health",
-                        f"{name}: share of updates that were HOT", share * 100, "%",
-                        note=f"{hot:,} of {upd:,} updates, after the latency and burst runs")
-        ctx.results.raw(f"health.{name}.dead", "table health",
-                        f"{name}: dead tuples left for vacuum", float(dead), "rows",
-                        note=f"{live:,} live rows")
-    ctx.results.series["table_health"] = health
 
 
 def _sampler_now(ctx: Context) -> float:

@@ -6,6 +6,7 @@ dispatched_at, started_at, finished_at), so nothing is timed inside a handler pr
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -204,14 +205,27 @@ MEMORY_CONCURRENCY = (8, 32)
 """Consumer concurrency of the in-memory runs (issue: database work at 8 and 32)."""
 
 
+@dataclass
+class CpuUse:
+    """CPU seconds spent from the timer's start until the last job succeeded."""
+
+    python: float
+    """This process: the timer's and the consumer's threads."""
+    postgres: float | None
+    """The whole Postgres server (None: not readable here)."""
+
+
 def database_work(ctx: Context) -> None:
     """The same Timer and Consumer code in this process over `MemoryTransport`: what is left
-    is tock's database work (and its Python) per job, at two consumer concurrencies."""
+    is tock's database work (and its Python) per job, at two consumer concurrencies. Beside
+    the rate, the CPU each job cost, in this process and in Postgres: on a machine this
+    small the two share the cores, so together they bound the rate."""
     n = ctx.profile.memory_jobs
     for concurrency in MEMORY_CONCURRENCY:
         url = ctx.services.fresh_database(f"bench_memory_{concurrency}")
         insert_due(url, n)
-        run_in_memory(url, concurrency, n, ctx.log_dir / f"memory-{concurrency}.log")
+        used = run_in_memory(url, concurrency, n, ctx.log_dir / f"memory-{concurrency}.log",
+                             ctx.services.postgres_cpu_seconds)
         rows = _row(url, """
             SELECT count(*), extract(epoch FROM max(finished_at) - min(dispatched_at))
             FROM tock_jobs_all WHERE state = 'succeeded'""")
@@ -223,7 +237,40 @@ def database_work(ctx: Context) -> None:
                           note="timer and consumer share one Python process (one GIL)")
         ctx.progress.say(f"  database work per job (memory transport, concurrency "
                          f"{concurrency}): {jobs:,.0f} jobs/s")
+        _cpu_figures(ctx, concurrency, n, used)
     memory_latency(ctx)
+
+
+def _cpu_figures(ctx: Context, concurrency: int, jobs: int, used: CpuUse) -> None:
+    """Jobs per CPU second of Postgres (against the raw loop's), tock's own CPU per job, and
+    how many cores the throughput target would take at those costs."""
+    results, c = ctx.results, concurrency
+    python_us = used.python / jobs * 1e6
+    results.raw(f"cpu.memory.c{c}.python", "cpu",
+                f"tock's Python CPU per job (timer + consumer), concurrency {c}", python_us,
+                "us/job", note="this process, from the timer's start to the last outcome")
+    if used.postgres is None or used.postgres <= 0 \
+            or results.figure("raw.pg.cpu_claim_complete_b100") is None:
+        return
+    postgres_us = used.postgres / jobs * 1e6
+    results.ratio(f"cpu.memory.c{c}.postgres", "cpu",
+                  f"database work per job by Postgres CPU (jobs per CPU second of the "
+                  f"server), in-memory, concurrency {c}", jobs / used.postgres, "jobs/cpu-s",
+                  "raw.pg.cpu_claim_complete_b100", minimum=0.5,
+                  note=f"{postgres_us:.0f} us of Postgres CPU per job")
+    ceiling = results.figure("raw.pg.claim_complete_b100")
+    assert ceiling is not None
+    cores = os.cpu_count() or 1
+    need = (python_us + postgres_us) / 1e6 * 0.5 * ceiling.value
+    fig = results.raw(f"cpu.memory.c{c}.cores", "cpu",
+                      f"cores the in-memory target (0.5 of the raw ceiling) takes at this "
+                      f"run's CPU per job, concurrency {c}", need, "cores",
+                      note=f"({python_us:.0f} us in tock's process + {postgres_us:.0f} us in "
+                           f"Postgres) x {0.5 * ceiling.value:,.0f} jobs/s; this machine has "
+                           f"{cores}")
+    fig.target, fig.met = f"<= {cores} (this machine's cores)", need <= cores
+    ctx.progress.say(f"  CPU per job at concurrency {c}: {python_us:.0f} us in tock's "
+                     f"process, {postgres_us:.0f} us in Postgres")
 
 
 def memory_latency(ctx: Context) -> None:
@@ -251,9 +298,11 @@ def memory_latency(ctx: Context) -> None:
     ctx.progress.say(f"  {n} due at once over memory: p99 {summary['p99_ms']:.0f} ms")
 
 
-def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None:
-    """Run a Timer and a Consumer over one MemoryTransport until `jobs` jobs succeeded.
-    They log at INFO to `log_file`, in JSON, as the real processes do."""
+def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path,
+                  postgres_cpu: Callable[[], float | None] | None = None) -> CpuUse:
+    """Run a Timer and a Consumer over one MemoryTransport until `jobs` jobs succeeded;
+    returns the CPU used meanwhile. They log at INFO to `log_file`, in JSON, as the real
+    processes do."""
     transport = MemoryTransport()
     registry = Registry()
     registry.add(noop_tasks.KIND, noop_tasks.noop, max_attempts=3, timeout=60)
@@ -270,9 +319,22 @@ def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None
     timer_thread = threading.Thread(target=timer.run_forever, name="bench-timer", daemon=True)
     try:
         consumer.start()
+        postgres_before = postgres_cpu() if postgres_cpu else None
+        python_before = _process_cpu()
         timer_thread.start()
+        # Deleted messages first (no query: the database's CPU is being measured), then
+        # the database's own count to be sure.
+        deadline = time.monotonic() + _timeout(jobs)
+        while transport.deleted < jobs and time.monotonic() < deadline:
+            time.sleep(0.02)
         waiting.until(url, COUNT_STATE, lambda v: v == jobs, params={"state": "succeeded"},
-                      timeout=_timeout(jobs), what=f"{jobs} jobs succeeded in memory")
+                      timeout=max(deadline - time.monotonic(), 5),
+                      what=f"{jobs} jobs succeeded in memory")
+        python = _process_cpu() - python_before
+        postgres_after = postgres_cpu() if postgres_cpu else None
+        postgres = (postgres_after - postgres_before
+                    if postgres_after is not None and postgres_before is not None else None)
+        return CpuUse(python, postgres)
     finally:
         timer.stop_flag.set()
         timer_thread.join(timeout=30)
@@ -283,6 +345,11 @@ def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path) -> None
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+def _process_cpu() -> float:
+    used = os.times()
+    return used.user + used.system
+
 
 def _row(url: str, statement: str) -> tuple[Any, ...]:
     with psycopg.connect(url, autocommit=True) as conn:

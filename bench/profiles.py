@@ -44,6 +44,10 @@ class Profile:
     """TOCK_DISPATCH_WINDOW for that run (None: the default)."""
     fair_sqs_compare: bool
     """Run it again with no window, to show what the window changes."""
+    soak_seconds: float
+    """The sustained run (table health, memory over a long run)."""
+    soak_rate: float
+    """Its rate in jobs/s (capped at half the run's best end to end)."""
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.consumer_counts) or not self.consumer_counts:
@@ -68,6 +72,7 @@ QUICK = Profile(
     fair_backlog=1_000_000, fair_window=20_000,
     history_rows=1_000_000,
     fair_sqs_backlog=10_000, fair_sqs_window=None, fair_sqs_compare=False,
+    soak_seconds=60.0, soak_rate=200.0,
 )
 
 FULL = Profile(
@@ -82,13 +87,14 @@ FULL = Profile(
     fair_backlog=1_000_000, fair_window=50_000,
     history_rows=10_000_000,
     fair_sqs_backlog=20_000, fair_sqs_window=None, fair_sqs_compare=True,
+    soak_seconds=600.0, soak_rate=200.0,
 )
 
 TINY = Profile(
     name="tiny", raw_seconds=0.5, raw_rows=3_000,
     enqueue_one_by_one=30, enqueue_batches=3, enqueue_batch_size=20,
     dispatch_jobs=600, consumer_counts=(1, 2), consumer_concurrency=10,
-    memory_jobs=150,
+    memory_jobs=1_000,
     latency_simultaneous=40, latency_steady_rate=20.0, latency_steady_seconds=1.0,
     burst_jobs=150,
     scale_sizes=(1_000, 3_000), scale_due=600,
@@ -96,6 +102,7 @@ TINY = Profile(
     fair_backlog=30_000, fair_window=2_000,
     history_rows=20_000,
     fair_sqs_backlog=1_000, fair_sqs_window=100, fair_sqs_compare=False,
+    soak_seconds=3.0, soak_rate=20.0,
 )
 
 PROFILES = {p.name: p for p in (QUICK, FULL, TINY)}

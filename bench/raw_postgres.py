@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -75,8 +76,15 @@ SELECT 'bench.noop', 'default', p::jsonb, now() FROM unnest(%(payloads)s::text[]
 """
 
 
-def measure(database_url: str, profile: Profile, results: Results, progress: Progress) -> None:
-    """Record every raw Postgres ceiling in `results` (group `raw-postgres`)."""
+CpuMeter = Callable[[], float | None]
+"""CPU seconds the Postgres server has used so far (None: cannot be read here)."""
+
+
+def measure(database_url: str, profile: Profile, results: Results, progress: Progress,
+            postgres_cpu: CpuMeter | None = None) -> None:
+    """Record every raw Postgres ceiling in `results` (group `raw-postgres`); with
+    `postgres_cpu`, also how many jobs the claim + completion loop gets through per CPU
+    second of the server."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(CREATE_TABLES)
         for batch in (1, 10, 100):
@@ -86,11 +94,19 @@ def measure(database_url: str, profile: Profile, results: Results, progress: Pro
                         f"bare SKIP LOCKED claim, batch {batch}", jobs_per_s, "jobs/s")
             progress.say(f"  bare claim batch {batch}: {jobs_per_s:,.0f} jobs/s")
         _refill(conn, profile.raw_rows)
-        cycle = _claim_complete_loop(conn, 100, profile.raw_seconds)
+        before = postgres_cpu() if postgres_cpu else None
+        cycle, jobs = _claim_complete_loop(conn, 100, profile.raw_seconds)
+        after = postgres_cpu() if postgres_cpu else None
         results.raw("raw.pg.claim_complete_b100", "raw-postgres",
                     "bare claim + batched fenced completion, batch 100", cycle, "jobs/s",
                     note="two transactions per batch: claim, then complete with attempt rows")
         progress.say(f"  bare claim + fenced completion: {cycle:,.0f} jobs/s")
+        if before is not None and after is not None and after > before and jobs:
+            per_cpu = jobs / (after - before)
+            results.raw("raw.pg.cpu_claim_complete_b100", "raw-postgres",
+                        "bare claim + batched fenced completion: jobs per CPU second of "
+                        "Postgres", per_cpu, "jobs/cpu-s",
+                        note="jobs / the server's CPU seconds over the loop")
         one = _insert_loop(conn, 1, profile.raw_seconds)
         many = _insert_loop(conn, profile.enqueue_batch_size, profile.raw_seconds)
         results.raw("raw.pg.insert_1", "raw-postgres", "bare INSERT, one row per commit",
@@ -120,7 +136,9 @@ def _claim_loop(conn: psycopg.Connection[Any], batch: int, seconds: float) -> fl
     return rate(claimed, time.perf_counter() - start)
 
 
-def _claim_complete_loop(conn: psycopg.Connection[Any], batch: int, seconds: float) -> float:
+def _claim_complete_loop(conn: psycopg.Connection[Any], batch: int, seconds: float
+                         ) -> tuple[float, int]:
+    """(jobs/s, jobs) of claim + completion in batches of `batch` for `seconds`."""
     worker = f"raw-{uuid.uuid4().hex[:6]}"
     params = {"limit": batch, "state": "running", "worker": worker}
     done = 0
@@ -133,7 +151,7 @@ def _claim_complete_loop(conn: psycopg.Connection[Any], batch: int, seconds: flo
         conn.execute(COMPLETE, {"ids": [r[0] for r in rows], "attempts": [r[1] for r in rows],
                                 "tokens": [r[2] for r in rows], "worker": worker})
         done += len(rows)
-    return rate(done, time.perf_counter() - start)
+    return rate(done, time.perf_counter() - start), done
 
 
 def _insert_loop(conn: psycopg.Connection[Any], batch: int, seconds: float) -> float:

@@ -23,6 +23,7 @@ from bench import (
     raw_sqs,
     report,
     scale,
+    soak,
 )
 from bench.pipeline import Context
 from bench.procs import RssSampler
@@ -33,8 +34,8 @@ from bench.services import environment, running_services
 
 PHASES = ("services", "raw Postgres ceilings", "raw SQS ceilings", "enqueue",
           "dispatch", "end to end", "database work (memory transport)",
-          "latency + burst", "fairness through SQS", "scale", "fairness", "profile",
-          "raw ceilings again", "report")
+          "latency + burst", "sustained load", "fairness through SQS", "scale", "fairness",
+          "profile", "raw ceilings again", "report")
 
 
 def run(profile: Profile, out: Path) -> Path:
@@ -62,7 +63,8 @@ def run(profile: Profile, out: Path) -> Path:
         try:
             for name, action in (
                 ("raw Postgres ceilings", lambda: raw_postgres.measure(
-                    services.fresh_database("bench_raw"), profile, results, progress)),
+                    services.fresh_database("bench_raw"), profile, results, progress,
+                    services.postgres_cpu_seconds)),
                 ("raw SQS ceilings", lambda: raw_sqs.measure("raw-", profile, results,
                                                              progress)),
                 ("enqueue", lambda: pipeline.enqueue(ctx)),
@@ -70,6 +72,7 @@ def run(profile: Profile, out: Path) -> Path:
                 ("end to end", lambda: best.__setitem__(0, pipeline.end_to_end(ctx))),
                 ("database work (memory transport)", lambda: pipeline.database_work(ctx)),
                 ("latency + burst", lambda: latency.latency_and_burst(ctx, best[0])),
+                ("sustained load", lambda: soak.soak(ctx, best[0])),
                 ("fairness through SQS", lambda: fair_sqs.fair_through_sqs(ctx, best[0])),
                 ("scale", lambda: scale.scale(ctx)),
                 ("fairness", lambda: fairness.fairness(ctx)),
@@ -97,7 +100,7 @@ def _raw_again(ctx: Context) -> None:
     """Ceilings measured at one moment of a noisy machine can land in a spike of someone
     else's load; a second sample at the end of the run, best one kept, guards against it."""
     raw_postgres.measure(ctx.services.fresh_database("bench_raw_again"), ctx.profile,
-                         ctx.results, ctx.progress)
+                         ctx.results, ctx.progress, ctx.services.postgres_cpu_seconds)
     raw_sqs.measure("raw2-", ctx.profile, ctx.results, ctx.progress)
 
 

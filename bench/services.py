@@ -63,6 +63,23 @@ class Services:
     def aws_env(self) -> dict[str, str]:
         return self.sqs.env()
 
+    def postgres_cpu_seconds(self) -> float | None:
+        """CPU seconds the Postgres cluster has used so far: the postmaster, its live
+        children, and the children it has reaped (the backends of closed connections);
+        None if this user may not read them."""
+        try:
+            pid_file = self.postgres.data_dir / "data" / "postmaster.pid"
+            postmaster = psutil.Process(int(pid_file.read_text().split()[0]))
+            own = postmaster.cpu_times()
+            total = own.user + own.system + own.children_user + own.children_system
+            for child in postmaster.children():
+                with contextlib.suppress(psutil.Error):  # exited meanwhile: reaped above
+                    used = child.cpu_times()
+                    total += used.user + used.system
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return None
+        return float(total)
+
     def postgres_settings(self) -> dict[str, str]:
         with psycopg.connect(self.admin_url()) as conn:
             return {name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]

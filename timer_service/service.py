@@ -103,7 +103,8 @@ class Timer:
             batch_size=settings.retention_batch_size,
             interval_seconds=settings.retention_interval_seconds)
         self.due_watcher = DueWatcher(self.dispatcher)
-        self.statistics = Statistics(StatisticsStore(self.database))
+        self.statistics = Statistics(StatisticsStore(self.database),
+                                     vacuum_dead_rows=settings.vacuum_dead_rows)
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("timer", self.stop_flag)
         self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.due_watcher,

@@ -1,7 +1,9 @@
-"""Keeps the planner's statistics of tock_jobs from lagging far behind the table: every
-`interval_seconds`, an ANALYZE if the table was never analyzed or grew tenfold since
-(shared/store/statistics_store.py says why autovacuum alone leaves a gap). A burst into a
-fresh or long-quiet table is planned from true statistics within seconds, not a minute."""
+"""Looks after tock_jobs between autovacuum's visits (shared/store/statistics_store.py says
+why they leave gaps). Every `interval_seconds`: an ANALYZE if the table was never analyzed
+or grew tenfold since, so a burst into a fresh or long-quiet table is planned from true
+statistics within seconds, not a minute; and a VACUUM once its dead rows pass
+`vacuum_dead_rows` and outnumber its live ones, so a busy hot table stays the size of the
+work in it instead of a minute of churn."""
 
 from __future__ import annotations
 
@@ -24,22 +26,46 @@ class Statistics(Loop):
 
     name = "statistics"
 
-    def __init__(self, store: StatisticsStore, interval_seconds: float = INTERVAL_SECONDS
-                 ) -> None:
+    def __init__(self, store: StatisticsStore, interval_seconds: float = INTERVAL_SECONDS,
+                 vacuum_dead_rows: int = 10_000) -> None:
         super().__init__()
         self.store = store
         self.idle_seconds = interval_seconds
+        self.vacuum_dead_rows = vacuum_dead_rows
+        """0: leave vacuuming to autovacuum."""
+        self._not_owner_logged = False
 
     def run_once(self, now: datetime | None = None) -> int:
+        # 0 whatever was done: the next check waits the interval (a pass that did work
+        # would run again at once).
+        self._analyze()
+        if self.vacuum_dead_rows:
+            self._vacuum()
+        return 0
+
+    def _analyze(self) -> None:
         if not self.store.stale():
-            return 0
+            return
         started = time.monotonic()
         try:
             analyzed = self.store.analyze()
         except LockTimeout:
-            return 0  # an autovacuum holds the table: it is refreshing the statistics itself
+            return  # an autovacuum holds the table: it is refreshing the statistics itself
         if analyzed:
             emit(log, "hot_table_analyzed", ms=round((time.monotonic() - started) * 1000, 1))
-        # 0 either way: the next check waits the interval (a pass that did work would run
-        # again at once).
-        return 0
+
+    def _vacuum(self) -> None:
+        dead, live, may = self.store.dead_rows()
+        if dead < self.vacuum_dead_rows or dead < live:
+            return
+        if not may:
+            if not self._not_owner_logged:
+                self._not_owner_logged = True
+                emit(log, "hot_table_vacuum_skipped", logging.WARNING, dead_rows=dead,
+                     detail="the timer's role does not own tock_jobs, so it cannot vacuum "
+                            "it; autovacuum still does, once a minute at most")
+            return
+        started = time.monotonic()
+        self.store.vacuum()
+        emit(log, "hot_table_vacuumed", logging.DEBUG, dead_rows=dead, live_rows=live,
+             ms=round((time.monotonic() - started) * 1000, 1))

@@ -136,6 +136,11 @@ class TimerSettings(CommonSettings):
                     "backlog (standard queues take one since 2025). Turn off for an "
                     "SQS-compatible server that refuses it.")
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
+    vacuum_dead_rows: int = Field(
+        default=10_000, ge=0, le=100_000_000,
+        description="VACUUM tock_jobs (checked every 10 s) once it holds this many dead "
+                    "rows and more dead rows than live ones, rather than wait up to a "
+                    "minute for autovacuum (0: leave it to autovacuum).")
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0)
     default_max_attempts: int = Field(default=5, ge=1, le=1000)

@@ -61,6 +61,9 @@ class MemoryTransport:
         self._queues: dict[str, _Queue] = {}
         self._cond = threading.Condition()
         self._seq = itertools.count()
+        self.deleted = 0
+        """Messages deleted so far, across queues (the benchmark waits on it: a consumer
+        deletes a message only after its outcome is committed)."""
 
     # --- the Transport protocol ------------------------------------------------------------
 
@@ -110,6 +113,7 @@ class MemoryTransport:
                     continue
                 del q.messages[msg.message_id]
                 del q.by_receipt[receipt]
+                self.deleted += 1
         return failures
 
     def change_visibility_batch(self, queue: str, receipts: list[str],

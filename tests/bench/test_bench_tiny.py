@@ -21,6 +21,9 @@ EXPECTED_FIGURES = [
     "raw.pg.claim_complete_b100", "raw.sqs.send", "raw.sqs.cycle",
     "enqueue.one", "enqueue.many", "dispatch.sqs", "consume.c1", "e2e.c1", "e2e.c2",
     "dbwork.memory.c8", "dbwork.memory.c32", "latency.memory.p99", "latency.simultaneous.p99",
+    "raw.pg.cpu_claim_complete_b100", "cpu.memory.c8.python", "cpu.memory.c8.postgres",
+    "cpu.memory.c8.cores", "cpu.memory.c32.python", "cpu.memory.c32.postgres",
+    "cpu.memory.c32.cores",
     "latency.steady.p99", "burst.drain",
     "burst.lag_p99", "scale.claim.base", "scale.claim.3000", "scale.dispatch.3000",
     "scale.history.claim", "scale.history.hot_size", "scale.snapshot.1000", "scale.snapshot.3000",
@@ -31,7 +34,8 @@ EXPECTED_FIGURES = [
     "fair.sqs.b_lag_ratio", "fair.sqs.a_rate_before", "fair.sqs.a_rate_during",
     "fair.sqs.fleet_rate_during",
 ]
-PRESENT = ["health.tock_jobs.hot_share", "health.tock_jobs.dead", "health.tock_workers.hot_share"]
+PRESENT = ["health.tock_jobs.hot_share", "health.tock_jobs.dead", "health.tock_workers.hot_share",
+           "soak.hot_table_growth", "soak.p99"]
 """Measured, but zero is a possible value (a tiny run may not update a worker row at all)."""
 PLOTS = ["throughput_vs_consumers.png", "latency_distribution.png", "burst_drain.png",
          "rate_vs_table_size.png", "memory_rss.png"]
@@ -46,7 +50,7 @@ def test_tiny_profile_runs_end_to_end(tmp_path: Path) -> None:
         [sys.executable, "-m", "bench", "--profile", "tiny", "--out", str(out)],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "(14/14) report done" in proc.stderr  # progress was shown
+    assert "(15/15) report done" in proc.stderr  # progress was shown
 
     data = json.loads((out / "results.json").read_text())
     assert validate(data) == []
@@ -63,6 +67,7 @@ def test_tiny_profile_runs_end_to_end(tmp_path: Path) -> None:
             assert fig["ratio"] is not None and fig["ratio"] > 0, fig["key"]
     assert figures["e2e.c1"]["ceiling"] == "raw.sqs.cycle"
     assert figures["dbwork.memory.c8"]["ceiling"] == "raw.pg.claim_complete_b100"
+    assert figures["cpu.memory.c32.postgres"]["ceiling"] == "raw.pg.cpu_claim_complete_b100"
 
     env_info = data["environment"]
     assert env_info["postgres_settings"]["fsync"] == "on"

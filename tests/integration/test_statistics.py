@@ -69,3 +69,61 @@ def test_one_timer_analyzes_at_a_time(database: Database, db, database_url: str)
         assert _analyzed(db) < 0
     assert store.analyze() is True
     assert _analyzed(db) > 1_000
+
+
+def _churn(db: Any, n: int) -> None:
+    """`n` jobs that came and went: `n` dead rows, none live."""
+    _insert_due(db, n)
+    db.execute("DELETE FROM tock_jobs")
+    db.execute("SELECT pg_stat_force_next_flush()")
+
+
+def _dead_and_vacuumed(db: Any) -> tuple[int, bool]:
+    row = db.execute("SELECT n_dead_tup, last_vacuum IS NOT NULL FROM pg_stat_user_tables "
+                     "WHERE relid = 'tock_jobs'::regclass").fetchone()
+    return int(row[0]), bool(row[1])
+
+
+def test_a_hot_table_full_of_dead_rows_is_vacuumed_without_waiting_for_autovacuum(
+        database: Database, db):
+    _no_autovacuum(db)
+    loop = Statistics(StatisticsStore(database), vacuum_dead_rows=5_000)
+    _churn(db, 3_000)
+    loop.run_once()
+    assert _dead_and_vacuumed(db) == (3_000, False), "under the threshold: left alone"
+    _churn(db, 3_000)
+    _insert_due(db, 100)  # a few live rows: still far fewer than the dead ones
+    loop.run_once()
+    dead, vacuumed = _dead_and_vacuumed(db)
+    assert vacuumed and dead == 0
+
+
+def test_dead_rows_fewer_than_live_ones_are_left_to_autovacuum(database: Database, db):
+    _no_autovacuum(db)
+    _insert_due(db, 9_000)
+    db.execute("DELETE FROM tock_jobs WHERE id % 3 = 0")
+    db.execute("SELECT pg_stat_force_next_flush()")
+    Statistics(StatisticsStore(database), vacuum_dead_rows=1_000).run_once()
+    assert _dead_and_vacuumed(db) == (3_000, False)
+
+
+def test_a_timer_that_may_not_vacuum_says_so_once_and_goes_on(db, database_url: str, caplog):
+    _no_autovacuum(db)
+    _churn(db, 6_000)
+    role = "tock_not_owner"
+    db.execute(f"DROP ROLE IF EXISTS {role}")
+    db.execute(f"CREATE ROLE {role} LOGIN")
+    url = database_url.replace("postgres@", f"{role}@", 1)
+    other = Database(url, max_size=1, name="not-owner")
+    try:
+        loop = Statistics(StatisticsStore(other), vacuum_dead_rows=5_000)
+        with caplog.at_level("WARNING", logger="tock.timer.statistics"):
+            loop.run_once()
+            loop.run_once()
+        skipped = [r for r in caplog.records if getattr(r, "event", "") ==
+                   "hot_table_vacuum_skipped"]
+        assert len(skipped) == 1
+        assert _dead_and_vacuumed(db) == (6_000, False)
+    finally:
+        other.close()
+        db.execute(f"DROP ROLE IF EXISTS {role}")
