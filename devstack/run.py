@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_localstack, start_sqs
+from shared.core.errors import TransportError
 from shared.store.migrate import migrate
 from shared.transport.sqs import SqsTransport
 
@@ -34,6 +35,8 @@ STABLE_SECONDS = 30.0
 """A process that ran this long before it exited is restarted after the first backoff
 again, not after a longer one."""
 QUEUE = "default"
+VISIBILITY_SECONDS = 10
+DEAD_LETTER_AFTER = 10
 
 
 @dataclass
@@ -98,11 +101,13 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
         # Short leases so the demo shows heartbeats and crash recovery within seconds.
         "TOCK_LEASE_SECONDS": "3",
         "TOCK_HEARTBEAT_SECONDS": "1",
-        "TOCK_VISIBILITY_TIMEOUT_SECONDS": "10",
+        "TOCK_VISIBILITY_TIMEOUT_SECONDS": str(VISIBILITY_SECONDS),
         "TOCK_SHUTDOWN_GRACE_SECONDS": "8",
-        # A LocalStack restart loses its queues: the processes create them again, and the
-        # timer sends the lost messages again after 10 s instead of a minute.
+        # A LocalStack restart loses its queues: the processes create them again (as make
+        # run does: the same visibility and redrive), and the timer sends the lost messages
+        # again after 10 s instead of a minute.
         "TOCK_CREATE_QUEUES": "1",
+        "TOCK_DEAD_LETTER_AFTER": str(DEAD_LETTER_AFTER),
         "TOCK_DISPATCH_TIMEOUT_SECONDS": "10",
         "PYTHONUNBUFFERED": "1",
         # Development tokens (printed below), so the dashboard binds 127.0.0.1 only (it
@@ -166,12 +171,16 @@ def tend_services(stack: Stack) -> None:
              "the queues again and the timer sends lost messages again)")
         sqs.stop()
         stack.sqs = start_localstack(port=port)
-        _create_queue()
+        try:
+            _create_queue()
+        except TransportError as exc:  # a process got there first: the queue is there
+            _say(f"(the queue was there already: {exc})")
         _say(f"LocalStack is back (pid {stack.sqs.process.pid})")
 
 
 def _create_queue() -> None:
-    SqsTransport("tock-").create_queue(QUEUE, visibility_timeout=10, dead_letter_after=10)
+    SqsTransport("tock-").create_queue(QUEUE, visibility_timeout=VISIBILITY_SECONDS,
+                                       dead_letter_after=DEAD_LETTER_AFTER)
 
 
 def _postmaster_pid(postgres: PostgresServer) -> str:
@@ -231,7 +240,11 @@ def main() -> int:
         _say("running; press Ctrl-C to stop everything")
         while True:
             time.sleep(POLL_SECONDS)
-            tend_services(stack)
+            try:
+                tend_services(stack)
+            except Exception as exc:  # keep looking after the rest; tried again next poll
+                _say(f"could not restart a service yet ({type(exc).__name__}: {exc}); "
+                     "trying again")
             now = time.monotonic()
             for child in stack.children:
                 tend(child, env, now)
