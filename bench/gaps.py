@@ -108,8 +108,11 @@ GAP_NOTES: dict[str, str] = {
         "Over the in-memory transport the timer, the consumer and the 500 jobs share one "
         "Python process: the p99 is the time the last of the 500 waits for a handler slot "
         "and the GIL behind the others (five batches of 100, then claims and outcomes of "
-        "up to 32 at a time), not a wait on Postgres; see the database work figure for the "
-        "per-job cost that sets it."
+        "up to 32 at a time), not a wait on Postgres. It is the in-memory rate again: 500 "
+        "jobs times the process's CPU per job (`cpu.memory.c32.python`, about 200 us) is "
+        "about 100 ms of one core under one GIL before any wait, so the last of them "
+        "cannot start within 100 ms in one process at that cost; see the note on the CPU "
+        "figures."
     ),
     "memory.": (
         "RSS grew while the backlog moved: look for caches keyed by job (the consumer's "

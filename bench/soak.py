@@ -21,7 +21,7 @@ from shared.runtime.settings import ClientSettings
 
 TABLES = """
 SELECT c.relname, pg_total_relation_size(c.oid), s.n_tup_upd, s.n_tup_hot_upd, s.n_dead_tup,
-       s.n_live_tup, s.autovacuum_count, s.autoanalyze_count
+       s.n_live_tup, s.autovacuum_count, s.vacuum_count
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.relname IN ('tock_jobs', 'tock_workers') ORDER BY c.relname
 """
@@ -118,8 +118,8 @@ def _tables(url: str) -> dict[str, dict[str, Any]]:
         rows = conn.execute(TABLES).fetchall()
     return {name: {"bytes": size, "updates": upd, "hot_updates": hot,
                    "hot_share": hot / upd if upd else 0.0, "dead": dead, "live": live,
-                   "autovacuums": vacuums, "autoanalyzes": analyzes}
-            for name, size, upd, hot, dead, live, vacuums, analyzes in rows}
+                   "autovacuums": autovacuums, "vacuums": vacuums}
+            for name, size, upd, hot, dead, live, autovacuums, vacuums in rows}
 
 
 def _flat(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -152,8 +152,8 @@ def _health(ctx: Context, final: dict[str, dict[str, Any]], minutes: float,
         ctx.results.raw(f"health.{name}.dead", "table health",
                         f"{name}: dead tuples left for vacuum, after the {minutes:g}-minute run",
                         float(t["dead"]), "rows",
-                        note=f"{t['live']:,} live rows; {t['autovacuums']} autovacuum(s) of it "
-                             "during the run")
+                        note=f"{t['live']:,} live rows; vacuumed {t['vacuums']} time(s) by the "
+                             f"timer and {t['autovacuums']} by autovacuum during the run")
 
 
 def _size(ctx: Context, samples: list[dict[str, Any]], minutes: float) -> None:

@@ -47,9 +47,18 @@ class MakeRun:
         return int(self.said(rf"\b{name} (\d+)\b").group(1))
 
     def stop(self) -> int:
+        """SIGTERM, as Ctrl-C would: make run stops and removes everything it started."""
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)
         return self.popen.wait(timeout=90)
+
+    def close(self) -> None:
+        """After a failure too: stop it the same way, so that nothing it started outlives
+        the test (a SIGKILL would leave its processes and servers running)."""
+        try:
+            self.stop()
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
 
 
 def _succeeded(url: str) -> int:
@@ -114,8 +123,7 @@ def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
         assert run.stop() == 0
         assert "stopped; everything started by make run was removed" in run.text()
     finally:
-        if run.popen.poll() is None:
-            run.popen.kill()
+        run.close()
 
 
 def test_make_run_says_which_port_is_taken_instead_of_starting():
