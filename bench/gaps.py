@@ -51,15 +51,15 @@ _PIPELINE = (
 )
 
 _CPU = (
-    "The in-memory target is 0.5 of the raw claim + completion loop, about 8,000 jobs/s "
-    "here. Timer and consumer run in one Python process there, and the `python` figure is "
-    "that process's CPU per job: one process cannot go past one core of Python (the GIL), "
-    "so its rate is at most one second over that CPU (for example 4,700 jobs/s at 211 us), "
-    "whatever the machine; the target needs it at or under about 120 us. Postgres's CPU "
-    "per job (the `postgres` figure, against the raw loop's in the same run) comes on top, "
-    "on the same "
-    "two cores, and the `cores` figure adds the two up at the target rate. So on this "
-    "machine the target is out of reach by CPU arithmetic, not by waiting: the 2 cores "
+    "The in-memory target is half the raw claim + completion loop's rate (the `cores` "
+    "figure's note gives it for this run). Timer and consumer run in one Python process "
+    "there, and the `python` figure is that process's CPU per job: one process cannot go "
+    "past one core of Python (the GIL), so its rate is at most a million over that figure "
+    "(in us) jobs/s, whatever the machine, and the target needs the figure at a million "
+    "over the target rate or less (120-150 us on the machines measured). Postgres's CPU per "
+    "job (the `postgres` figure, against the raw loop's in the same run) comes on top, on "
+    "the same two cores, and the `cores` figure adds the two up at the target rate. So on "
+    "this machine the target is out of reach by CPU arithmetic, not by waiting: the 2 cores "
     "are fewer than the rate needs. Where Postgres's share goes: tock writes each job "
     "three times in the hot table (the timer's claim, the consumer's claim, the move to "
     "the history) where the raw loop writes it twice, each update of a row (not HOT: "
@@ -109,10 +109,10 @@ GAP_NOTES: dict[str, str] = {
         "Python process: the p99 is the time the last of the 500 waits for a handler slot "
         "and the GIL behind the others (five batches of 100, then claims and outcomes of "
         "up to 32 at a time), not a wait on Postgres. It is the in-memory rate again: 500 "
-        "jobs times the process's CPU per job (`cpu.memory.c32.python`, about 200 us) is "
-        "about 100 ms of one core under one GIL before any wait, so the last of them "
-        "cannot start within 100 ms in one process at that cost; see the note on the CPU "
-        "figures."
+        "jobs times the process's CPU per job (`cpu.memory.c32.python`, 200-300 us on the "
+        "machines measured) is 100-150 ms of one core under one GIL before any wait, so the "
+        "last of them cannot start within 100 ms in one process at that cost; see the note "
+        "on the CPU figures."
     ),
     "memory.": (
         "RSS grew while the backlog moved: look for caches keyed by job (the consumer's "
@@ -121,7 +121,10 @@ GAP_NOTES: dict[str, str] = {
     "scale.history": (
         "The history lives in its own partitioned tables, so the hot table and the claim's "
         "indexes do not see it; a drop here would point at the key trigger "
-        "(`tock_claim_key`, only for keyed jobs) or at autovacuum busy on the history."
+        "(`tock_claim_key`, only for keyed jobs) or at autovacuum busy on the history. "
+        "Both compare with the same base loop (`scale.claim.base`): when the claim at the "
+        "largest size is low by as much, the base was the outlier (each is the best of five "
+        "sub-second loops, which spread by a fifth here)."
     ),
     "scale.claim": (
         "Measure again before acting: each size's claim is the best of five loops of well "
