@@ -19,6 +19,9 @@ from shared.store.statistics_store import StatisticsStore
 log = logging.getLogger("tock.timer.statistics")
 
 INTERVAL_SECONDS = 10.0
+MAX_BACKOFF_PASSES = 32
+"""A vacuum that removes little is not tried again for up to this many passes (5 minutes
+at the default interval)."""
 
 
 class Statistics(Loop):
@@ -34,6 +37,8 @@ class Statistics(Loop):
         self.vacuum_dead_rows = vacuum_dead_rows
         """0: leave vacuuming to autovacuum."""
         self._not_owner_logged = False
+        self._backoff = 0
+        self._skip_passes = 0
 
     def run_once(self, now: datetime | None = None) -> int:
         # 0 whatever was done: the next check waits the interval (a pass that did work
@@ -65,7 +70,23 @@ class Statistics(Loop):
                      detail="the timer's role does not own tock_jobs, so it cannot vacuum "
                             "it; autovacuum still does, once a minute at most")
             return
+        if self._skip_passes:
+            self._skip_passes -= 1
+            return
         started = time.monotonic()
         self.store.vacuum()
+        left, _, _ = self.store.dead_rows()
         emit(log, "hot_table_vacuumed", logging.DEBUG, dead_rows=dead, live_rows=live,
-             ms=round((time.monotonic() - started) * 1000, 1))
+             left=left, ms=round((time.monotonic() - started) * 1000, 1))
+        if left * 2 >= dead:
+            # Vacuum could not remove most of them: a transaction somewhere still sees them
+            # (a long report, a forgotten session). Vacuuming again every pass would only
+            # re-read the table; back off, doubling, until one does its job.
+            self._backoff = min(max(self._backoff * 2, 1), MAX_BACKOFF_PASSES)
+            self._skip_passes = self._backoff
+            emit(log, "hot_table_vacuum_blocked", logging.WARNING, dead_rows=dead, left=left,
+                 next_try_seconds=round(self._skip_passes * self.idle_seconds),
+                 detail="an open transaction keeps the dead rows of tock_jobs alive; find it "
+                        "in pg_stat_activity (oldest xact_start) and end it")
+        else:
+            self._backoff = 0

@@ -127,3 +127,31 @@ def test_a_timer_that_may_not_vacuum_says_so_once_and_goes_on(db, database_url: 
     finally:
         other.close()
         db.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_vacuum_an_open_transaction_defeats_backs_off_and_says_why(
+        database: Database, db, database_url: str, caplog):
+    _no_autovacuum(db)
+    loop = Statistics(StatisticsStore(database), vacuum_dead_rows=5_000)
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        blocker.execute("SELECT count(*) FROM tock_workers")  # holds its snapshot
+        _churn(db, 6_000)
+        with caplog.at_level("WARNING", logger="tock.timer.statistics"):
+            loop.run_once()
+        blocked = [r for r in caplog.records if getattr(r, "event", "") ==
+                   "hot_table_vacuum_blocked"]
+        assert len(blocked) == 1 and "pg_stat_activity" in blocked[0].fields["detail"]
+        assert _dead_and_vacuumed(db) == (6_000, True), "tried, and could remove nothing"
+        blocker.rollback()
+    vacuums = _vacuum_count(db)
+    loop.run_once()  # backing off: not tried this pass
+    assert _vacuum_count(db) == vacuums
+    loop.run_once()  # tried again, and now it works
+    assert _vacuum_count(db) == vacuums + 1 and _dead_and_vacuumed(db)[0] == 0
+
+
+def _vacuum_count(db: Any) -> int:
+    row = db.execute("SELECT vacuum_count FROM pg_stat_user_tables "
+                     "WHERE relid = 'tock_jobs'::regclass").fetchone()
+    return int(row[0])
