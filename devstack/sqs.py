@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from devstack.lifetime import dies_with_parent
 from devstack.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,10 +70,11 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, check: st
     raise RuntimeError(f"SQS server not ready after 90 s:\n{log.read_text()[-3000:]}")
 
 
-def start_localstack(port: int | None = None) -> SqsServer:
+def start_localstack(port: int | None = None, *, die_with_parent: bool = False) -> SqsServer:
     """Start LocalStack natively from its pinned venv (see localstack/requirements.txt).
     `port` fixes the listening port (e.g. to restart a killed server where clients expect
-    it); by default a free one is picked."""
+    it); by default a free one is picked. `die_with_parent`: it is killed when the calling
+    thread ends (make run; not for servers a worker thread restarts)."""
     python = LOCALSTACK_VENV / "bin" / "python"
     if not python.exists():
         raise RuntimeError(
@@ -98,9 +100,12 @@ def start_localstack(port: int | None = None) -> SqsServer:
     }
     log = work / "localstack.log"
     with log.open("wb") as out:
+        # Only make run asks to tie LocalStack's life to its own, and it runs no threads.
+        on_parent_death = dies_with_parent(signal.SIGKILL) if die_with_parent else None
         proc = subprocess.Popen(
             [str(python), "-m", "localstack.runtime.main"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=on_parent_death,  # noqa: PLW1509
         )
     endpoint = f"http://127.0.0.1:{port}"
     _wait_ready(f"{endpoint}/_localstack/health", proc, log, '"sqs": "running"')
@@ -123,10 +128,10 @@ def start_moto() -> SqsServer:
     return SqsServer(endpoint, proc, work, "moto")
 
 
-def start_sqs(kind: str = "localstack") -> SqsServer:
+def start_sqs(kind: str = "localstack", *, die_with_parent: bool = False) -> SqsServer:
     """Start the named local SQS server: `localstack` or `moto`."""
     if kind == "localstack":
-        return start_localstack()
+        return start_localstack(die_with_parent=die_with_parent)
     if kind == "moto":
         return start_moto()
     raise ValueError(f"unknown SQS server {kind!r}: expected 'localstack' or 'moto'")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 
@@ -124,6 +126,46 @@ def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
         assert "stopped; everything started by make run was removed" in run.text()
     finally:
         run.close()
+
+
+def test_make_run_killed_9_takes_its_processes_and_localstack_with_it(tmp_path):
+    """kill -9 of make run itself (no chance to clean up): its tock processes get SIGTERM
+    and LocalStack SIGKILL from the kernel, so a second make run is not refused because an
+    orphaned dashboard holds the port. Postgres (daemonized by pg_ctl) stays, on its own
+    port and directory; the test removes it."""
+    run = MakeRun(tmp_path / "make-run.log")
+    postmaster: psutil.Process | None = None
+    try:
+        run.said("running; press Ctrl-C", timeout=180)
+        names = ("timer", "consumer-1", "consumer-2", "producer", "dashboard", "LocalStack")
+        pids = [run.pid_of(name) for name in names]
+        postmaster = psutil.Process(run.pid_of("Postgres"))
+        run.popen.kill()
+        run.popen.wait(timeout=30)
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout=60,
+                 message="every process make run started, gone")
+    finally:
+        run.close()
+        if postmaster is not None:
+            _remove_postgres(postmaster)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _remove_postgres(postmaster: psutil.Process) -> None:
+    args = postmaster.cmdline()
+    data = args[args.index("-D") + 1]
+    stop = [str(Path(postmaster.exe()).parent / "pg_ctl"), "-D", data, "-m", "immediate",
+            "stop"]
+    if os.geteuid() == 0:
+        stop = ["runuser", "-u", postmaster.username(), "--", *stop]
+    subprocess.run(stop, check=False, capture_output=True, timeout=60)
+    shutil.rmtree(Path(data).parent, ignore_errors=True)
 
 
 def test_make_run_says_which_port_is_taken_instead_of_starting():
