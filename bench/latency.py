@@ -75,7 +75,7 @@ def _run_batch(url: str, n: int, fleet: Any, *, lead_seconds: float,
     return after, t0
 
 
-def _lags(url: str, after: int) -> tuple[list[float], list[float]]:
+def lags(url: str, after: int) -> tuple[list[float], list[float]]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(LAGS, {"after": after}).fetchall()
     return [r[0] for r in rows], [r[1] for r in rows]
@@ -84,7 +84,7 @@ def _lags(url: str, after: int) -> tuple[list[float], list[float]]:
 def simultaneous(ctx: Context, url: str, fleet: Any, consumers: int) -> None:
     n = ctx.profile.latency_simultaneous
     after, _ = _run_batch(url, n, fleet, lead_seconds=2.0)
-    start, dispatch = _lags(url, after)
+    start, dispatch = lags(url, after)
     summary = percentiles(start)
     ctx.results.series["latency_simultaneous"] = {
         "jobs": n, "consumers": consumers, "due_to_start": summary,
@@ -137,7 +137,7 @@ def steady(ctx: Context, url: str, fleet: Any, consumers: int) -> None:
     total = waiting.scalar(url, "SELECT count(*) FROM tock_jobs_all")
     waiting.until(url, COUNT_STATE, lambda v: v == total, params={"state": "succeeded"},
                   timeout=_timeout(count), what="steady jobs succeeded", fleet=fleet)
-    start_lags, dispatch_lags = _lags(url, after)
+    start_lags, dispatch_lags = lags(url, after)
     summary = percentiles(start_lags)
     ctx.results.series["latency_steady"] = {
         "rate_per_s": target, "achieved_rate_per_s": achieved,

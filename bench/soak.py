@@ -13,7 +13,7 @@ import numpy as np
 import psycopg
 
 from bench import noop_tasks, waiting
-from bench.latency import LAGS, MAX_ID
+from bench.latency import MAX_ID, lags
 from bench.pipeline import COUNT_STATE, LIVE_WORKERS, Context, _timeout
 from bench.stats import percentiles
 from shared.client import Client
@@ -56,7 +56,7 @@ def soak(ctx: Context, consumers: int) -> None:
                       fleet=fleet)
         time.sleep(1.0)  # the servers' statistics reach the shared counters about once a second
         final = _tables(url)
-        lags, _ = _lags(url, after)
+        start_lags, _ = lags(url, after)
     finally:
         fleet.stop()
         ctx.sampler.watch(None)
@@ -65,7 +65,7 @@ def soak(ctx: Context, consumers: int) -> None:
                                   "samples": samples, "final": final}
     _health(ctx, final, minutes, rate)
     _size(ctx, samples, minutes)
-    summary = percentiles(lags)
+    summary = percentiles(start_lags)
     ctx.results.raw("soak.p99", "table health",
                     f"due-to-start p99 over the {minutes:g}-minute run at {rate:.0f} jobs/s",
                     summary["p99_ms"], "ms", note=f"{summary['n']:,} jobs")
@@ -126,12 +126,6 @@ def _flat(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
     jobs = tables.get("tock_jobs", {})
     return {"jobs_bytes": jobs.get("bytes"), "jobs_dead": jobs.get("dead"),
             "jobs_live": jobs.get("live"), "jobs_autovacuums": jobs.get("autovacuums")}
-
-
-def _lags(url: str, after: int) -> tuple[list[float], list[float]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(LAGS, {"after": after}).fetchall()
-    return [r[0] for r in rows], [r[1] for r in rows]
 
 
 def _health(ctx: Context, final: dict[str, dict[str, Any]], minutes: float,

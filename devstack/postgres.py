@@ -81,12 +81,21 @@ class PostgresServer:
             self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir / "data"),
                       "-m", mode, "stop")
 
+    def pid(self) -> int | None:
+        """The postmaster's pid from its pid file (None without one)."""
+        try:
+            return int((self.data_dir / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def running(self) -> bool:
         """Whether the server's postmaster is alive (its pid file names a live process)."""
+        pid = self.pid()
+        if pid is None:
+            return False
         try:
-            pid = int((self.data_dir / "data" / "postmaster.pid").read_text().split()[0])
             os.kill(pid, 0)
-        except (OSError, ValueError, IndexError):
+        except OSError:
             return False
         return True
 

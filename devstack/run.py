@@ -168,7 +168,7 @@ def tend_services(stack: Stack) -> None:
     if not postgres.running():
         _say(f"Postgres (port {postgres.port}) is down; starting it again with its data")
         postgres.restart()
-        _say(f"Postgres is back (pid {_postmaster_pid(postgres)})")
+        _say(f"Postgres is back (pid {postgres.pid()})")
     if sqs.process.poll() is not None:
         port = int(sqs.endpoint.rsplit(":", 1)[1])
         _say(f"LocalStack (port {port}) exited with {exit_reason(sqs.process.returncode)}; "
@@ -186,13 +186,6 @@ def tend_services(stack: Stack) -> None:
 def _create_queue() -> None:
     SqsTransport("tock-").create_queue(QUEUE, visibility_timeout=VISIBILITY_SECONDS,
                                        dead_letter_after=DEAD_LETTER_AFTER)
-
-
-def _postmaster_pid(postgres: PostgresServer) -> str:
-    try:
-        return (postgres.data_dir / "data" / "postmaster.pid").read_text().split()[0]
-    except (OSError, IndexError):
-        return "?"
 
 
 def _port_free(port: int) -> bool:
@@ -239,7 +232,7 @@ def main() -> int:
              f"http://127.0.0.1:{port}/metrics")
         _say("pids: " + ", ".join(f"{c.name} {c.popen.pid}" for c in stack.children
                                   if c.popen is not None)
-             + f", Postgres {_postmaster_pid(stack.postgres)}, LocalStack "
+             + f", Postgres {stack.postgres.pid()}, LocalStack "
              f"{stack.sqs.process.pid}; kill any of them and make run starts it again, as an "
              "orchestrator would")
         _say("running; press Ctrl-C to stop everything")
@@ -252,7 +245,10 @@ def main() -> int:
                      "trying again")
             now = time.monotonic()
             for child in stack.children:
-                tend(child, env, now)
+                try:
+                    tend(child, env, now)
+                except OSError as exc:  # could not start it: tried again next poll
+                    _say(f"could not start {child.name} ({exc}); trying again")
     except KeyboardInterrupt:
         return 0
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import psycopg
 
 from shared.store.base import Store
+from shared.store.database import LINK_OPTIONS
 from shared.store.errors import translated
 
 ANALYZE_LOCK = 0x746F636B61  # "tocka": one timer analyzes at a time
@@ -41,6 +42,7 @@ WHERE c.oid = 'tock_jobs'::regclass
 """
 # SKIP_LOCKED: another timer's vacuum or an autovacuum at it already: nothing to wait for.
 VACUUM_HOT_TABLE = "VACUUM (SKIP_LOCKED) tock_jobs"
+VACUUM_TIMEOUT_MS = 60_000
 
 MIN_ROWS = 1000
 """Below this many live rows a plan that reads them all costs nothing: never analyze."""
@@ -73,9 +75,12 @@ class StatisticsStore(Store):
         and a pooled connection would be held for its duration); skipped at once if the
         table is being vacuumed already."""
         assert self._db is not None, "vacuum needs a Database, not a caller's connection"
+        # The pool's link options (a vanished server is noticed within seconds) and a
+        # statement timeout: a pass never hangs past the loop's bound.
         with translated(), psycopg.connect(self._db.url, autocommit=True,
                                            application_name="tock-vacuum",
-                                           connect_timeout=5) as conn:
+                                           options=f"-c statement_timeout={VACUUM_TIMEOUT_MS}",
+                                           **LINK_OPTIONS) as conn:
             conn.execute(VACUUM_HOT_TABLE)
 
     def analyze(self) -> bool:

@@ -11,18 +11,23 @@ from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
+import psycopg
 import pytest
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
 from devstack.postgres import PostgresServer, start_postgres
 from shared.client import Client
+from shared.core.errors import Retryable
 from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.store.database import Database
 from shared.store.migrate import migrate
+from shared.store.statistics_store import StatisticsStore
 from shared.transport.sqs import SqsTransport
 from tests.support.wait import wait_for
 from timer_service.service import Timer
+from timer_service.statistics import Statistics
 
 
 @pytest.fixture
@@ -185,3 +190,43 @@ def test_a_consumer_started_while_postgres_is_down_runs_jobs_once_it_is_back(ser
         consumer.shutdown()
         timer.stop()
         client.close()
+
+
+def test_the_statistics_loop_waits_out_an_outage_and_vacuums_after_it(server):
+    """Postgres down under the timer's statistics loop: a pass fails with a retryable
+    error (the supervisor waits it out), never another one; once the server is back the
+    next pass vacuums the dead rows of tock_jobs."""
+    def churn() -> None:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute("""INSERT INTO tock_jobs (kind, run_at, payload)
+                            SELECT 'k', now(), '{}' FROM generate_series(1, 6000)""")
+            conn.execute("DELETE FROM tock_jobs")
+            conn.execute("SELECT pg_stat_force_next_flush()")
+
+    def vacuums() -> int:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables "
+                               "WHERE relid = 'tock_jobs'::regclass").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    database = Database.for_service(server.url(), name="tock-timer", max_size=2)
+    loop = Statistics(StatisticsStore(database), vacuum_dead_rows=5_000)
+    try:
+        server.stop("immediate")
+        with pytest.raises(Retryable):
+            loop.run_once()
+        server.start()
+        churn()  # the crash reset the statistics: dead rows made after it
+        wait_for(lambda: _passes(loop), timeout=30, message="a pass once Postgres is back")
+        assert vacuums() == 1
+    finally:
+        database.close()
+
+
+def _passes(loop: Statistics) -> bool:
+    try:
+        loop.run_once()
+    except Retryable:
+        return False  # the pool still reconnecting
+    return True
