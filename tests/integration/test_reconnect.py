@@ -119,8 +119,6 @@ def test_the_due_watcher_serves_a_newcomer_again_after_a_restart_mid_backlog(ser
     """The due watcher holds a LISTEN connection of its own while a tenant is backlogged.
     Postgres restarts under it: every loop stays alive, the backlog is picked up again, and
     a newcomer's jobs go out while the backlog is still being dispatched."""
-    import psycopg
-
     from shared.transport.memory import MemoryTransport
 
     with psycopg.connect(server.url(), autocommit=True) as conn:
