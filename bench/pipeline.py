@@ -309,8 +309,7 @@ def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path,
     timer = Timer(TimerSettings(database_url=url), transport)
     consumer = Consumer(ConsumerSettings(database_url=url, concurrency=concurrency,
                                          receive_wait_seconds=1), registry, transport)
-    handler = logging.FileHandler(log_file)
-    handler.setFormatter(logs.formatter("json", "bench"))
+    handler = logs.line_handler(log_file.open("a"), "json", "bench")
     logs.lean_records()
     root = logging.getLogger()
     saved_level = root.level
@@ -342,6 +341,7 @@ def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path,
         root.removeHandler(handler)
         root.setLevel(saved_level)
         handler.close()
+        handler.stream.close()
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -174,7 +174,7 @@ class Claimer(Loop):
         item = InFlight(Lease(row.id, row.attempt, row.token), self.queue, msg.receipt, ctx,
                         timeout_seconds=row.timeout_seconds)
         pipe.tracker.add(item)
-        metrics.DUE_TO_START.labels(row.kind).observe(max(row.lag_seconds, 0.0))
+        metrics.child(metrics.DUE_TO_START, row.kind).observe(max(row.lag_seconds, 0.0))
         emit(log, "job_started", logging.DEBUG, job_id=row.id, kind=row.kind,
              attempt=row.attempt, worker=pipe.worker_id, lag_ms=round(row.lag_seconds * 1000, 1))
         return Work(item, row.payload, pipe.registry.get(row.kind))

@@ -22,7 +22,7 @@ from consumer.pipeline import Pipeline
 from shared.core.errors import DataRejected, LeaseLost, Retryable
 from shared.core.states import AttemptOutcome, JobState
 from shared.runtime import metrics
-from shared.runtime.logs import emit
+from shared.runtime.logs import emit, one_write
 from shared.runtime.supervisor import Loop
 
 log = logging.getLogger("tock.consumer")
@@ -93,12 +93,13 @@ class Completer(Loop):
         unclaimed = self._claims_lost([f for f in live if f.item.job_id not in written])
         by_queue: dict[str, list[str]] = defaultdict(list)
         again: dict[str, list[str]] = defaultdict(list)
-        for f in batch:
-            if f.item.job_id in unclaimed:
-                again[f.item.queue].append(f.item.receipt)
-                continue
-            self._report(f, f.item.job_id in written)
-            by_queue[f.item.queue].append(f.item.receipt)
+        with one_write():  # the batch's job lines, in one write
+            for f in batch:
+                if f.item.job_id in unclaimed:
+                    again[f.item.queue].append(f.item.receipt)
+                    continue
+                self._report(f, f.item.job_id in written)
+                by_queue[f.item.queue].append(f.item.receipt)
         # Only now, after the commit: delete.
         for q, receipts in by_queue.items():
             pipe.delete(q, receipts)
@@ -173,12 +174,13 @@ class Completer(Loop):
                  attempt=item.attempt, worker=worker, error=f"LeaseLost: {lost}",
                  outcome=f.result.outcome.value)
             return
-        metrics.OUTCOMES.labels(kind, f.result.outcome.value).inc()
-        metrics.RUN_DURATION.labels(kind, f.result.outcome.value).observe(f.run_seconds)
+        outcome = f.result.outcome.value
+        metrics.child(metrics.OUTCOMES, kind, outcome).inc()
+        metrics.child(metrics.RUN_DURATION, kind, outcome).observe(f.run_seconds)
         if f.result.state is JobState.RETRYING and not f.result.refund:
-            metrics.RETRIES.labels(kind).inc()
+            metrics.child(metrics.RETRIES, kind).inc()
         if f.result.state is JobState.DEAD:
-            metrics.DEAD.labels(kind).inc()
+            metrics.child(metrics.DEAD, kind).inc()
         level = logging.INFO if f.result.state is JobState.SUCCEEDED else logging.WARNING
         extra: dict[str, Any] = {"error": f.result.error} if f.result.error else {}
         if f.result.state is JobState.RETRYING and not f.result.refund:

@@ -7,12 +7,16 @@ attempt and worker. JSON for machines (the default); a one-line human format for
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -26,16 +30,29 @@ def emit(logger: logging.Logger, event: str, level: int = logging.INFO, *,
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = dict(getattr(record, "fields", {}) or {})
+    if hasattr(record, "event"):
+        return fields  # emit() put everything in `fields`
     for key, value in record.__dict__.items():
         if key not in _RESERVED and key not in ("fields", "event"):
             fields[key] = value
     return fields
 
 
+@functools.lru_cache(maxsize=4)
+def _second(whole: int) -> str:
+    return datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _timestamp(created: float) -> str:
+    """ISO 8601 UTC to the millisecond; the date and time are formatted once a second."""
+    whole = int(created)
+    return f"{_second(whole)}.{int((created - whole) * 1000):03d}+00:00"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": getattr(record, "event", None) or "log",
@@ -95,6 +112,62 @@ class Repeats(logging.Filter):
 
 REPEAT_SECONDS = 30.0
 
+_held = threading.local()
+
+
+class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A StreamHandler whose lines a thread can hold while it logs a batch (`one_write`)
+    and then write with one call. A consumer logs a line per finished job; a write per
+    line is a system call each, and in a busy process a thread switch each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        held: list[tuple[LineHandler, str, logging.LogRecord]] | None = getattr(
+            _held, "lines", None)
+        if held is None:
+            super().emit(record)
+            return
+        try:
+            held.append((self, self.format(record), record))
+        except Exception:  # what logging does with a record it cannot format
+            self.handleError(record)
+
+    def write_lines(self, lines: list[str], first: logging.LogRecord) -> None:
+        """Write `lines` with one write and one flush."""
+        with self.lock or contextlib.nullcontext():
+            try:
+                self.stream.write(self.terminator.join(lines) + self.terminator)
+                self.flush()
+            except Exception:
+                self.handleError(first)
+
+
+@contextlib.contextmanager
+def one_write() -> Iterator[None]:
+    """Hold this thread's log lines (of `LineHandler`s) until the block ends, then write
+    them at once: for a loop that logs a line per item of a batch. The lines are held for
+    as long as the block runs, so keep it to the logging of one batch."""
+    if getattr(_held, "lines", None) is not None:
+        yield  # nested: the outer block writes
+        return
+    held: list[tuple[LineHandler, str, logging.LogRecord]] = []
+    _held.lines = held
+    try:
+        yield
+    finally:
+        _held.lines = None
+        by_handler: dict[LineHandler, list[str]] = {}
+        for handler, line, _ in held:
+            by_handler.setdefault(handler, []).append(line)
+        for handler, lines in by_handler.items():
+            handler.write_lines(lines, next(r for h, _, r in held if h is handler))
+
+
+def line_handler(stream: TextIO, fmt: str, process_name: str) -> LineHandler:
+    """A `LineHandler` on `stream` with the formatter of `fmt`."""
+    handler = LineHandler(stream)
+    handler.setFormatter(formatter(fmt, process_name))
+    return handler
+
 
 def formatter(fmt: str, process_name: str) -> logging.Formatter:
     """The formatter of `TOCK_LOG_FORMAT` (json or human)."""
@@ -115,8 +188,7 @@ def lean_records() -> None:
 def configure(fmt: str, level: str, process_name: str) -> None:
     """Send every tock log line to stderr in the chosen format."""
     lean_records()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(fmt, process_name))
+    handler = line_handler(sys.stderr, fmt, process_name)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

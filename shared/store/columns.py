@@ -5,6 +5,14 @@ NOW = "coalesce(%(now)s::timestamptz, now())"
 """The database clock, unless the caller pins `now` (tests)."""
 
 
+def unindented(statement: str) -> str:
+    """`statement` without its lines' indentation. psycopg caches the parsing of a
+    statement only up to 4,096 bytes (`MAX_CACHED_STATEMENT_LENGTH`); a longer one is
+    parsed again on every execution, and indentation is much of a long one. (Only leading
+    whitespace goes: newlines stay, so `--` comments still end where they did.)"""
+    return "\n".join(line.strip() for line in statement.splitlines() if line.strip())
+
+
 
 def state_is(alias: str, state: str) -> str:
     """`alias.state = state` for statements that name their rows by id, compared as text so

@@ -13,7 +13,7 @@ Conventions:
 - Batches travel as parallel arrays through `unnest`, so one round trip serves many jobs.
 """
 
-from shared.store.columns import JOB_COLUMNS, NOW, state_is
+from shared.store.columns import JOB_COLUMNS, NOW, state_is, unindented
 from shared.store.history_sql import FINISHED, final_row, movable, to_history
 
 __all__ = ["JOB_COLUMNS", "NOW"]  # the statement modules' shared names, also from here
@@ -155,7 +155,7 @@ _DEAD = {"state": "r.state", "last_error": "r.error", "lease_owner": "NULL::text
          "finished_at": NOW, "updated_at": NOW}
 """What the rescue writes to a job that goes dead (the columns of the update above)."""
 
-RESCUE_EXPIRED = f"""
+RESCUE_EXPIRED = unindented(f"""
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::tock_job_state[],
                          %(delays)s::float8[], %(errors)s::text[], %(workers)s::text[])
@@ -185,7 +185,7 @@ WITH r AS (
     SELECT id, attempt, worker, started_at, {NOW}, 'lease_expired', error FROM upd
 )
 SELECT id FROM upd UNION ALL SELECT id FROM gone
-"""
+""")
 
 # --- consumer ---------------------------------------------------------------------------------
 
@@ -285,7 +285,7 @@ _FINISHED = {"state": "r.state", "last_error": "coalesce(r.error, j.last_error)"
              "lease_detached": "false", "finished_at": NOW, "updated_at": NOW}
 """What an outcome writes to a job that finishes (the columns of the update above)."""
 
-FINISH_ATTEMPTS = f"""
+FINISH_ATTEMPTS = unindented(f"""
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[],
                          %(states)s::tock_job_state[], %(delays)s::float8[],
@@ -323,4 +323,4 @@ WITH r AS (
     FROM upd JOIN r ON r.id = upd.id
 )
 SELECT id FROM upd UNION ALL SELECT id FROM gone
-"""
+""")
