@@ -1,5 +1,6 @@
 """Fair share between tenants: tenant A has `fair_backlog` jobs overdue, tenant B then
-enqueues 100 due jobs. B's due-to-dispatch p99 against B's with no backlog at all, and A's
+enqueues 100 due jobs, five times over (`ROUNDS`). B's due-to-dispatch p99 against B's with
+no backlog at all, and A's
 dispatch rate from B's arrival on against A's rate around it: the mean of the windows just
 before and just after. A's rate falls as its backlog drains with or without B (README,
 History and retention: a long drain claims more slowly as it goes), so the window before
@@ -15,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -28,7 +29,11 @@ from shared.transport.base import EntryFailure, Outgoing, Received
 from timer_service.service import Timer
 
 SMALL = 100
-"""Tenant B's jobs."""
+"""Tenant B's jobs per round."""
+ROUNDS = 5
+"""B's rounds, one after another, pooled: both p99s are of a few milliseconds, and over
+100 jobs a p99 is the second-latest job's, which one late wake-up of a thread moves by
+several times."""
 
 INSERT = """
 INSERT INTO tock_jobs (kind, queue, payload, tenant, run_at)
@@ -142,10 +147,7 @@ def fairness(ctx: Context) -> None:
     window = ctx.profile.fair_window
     with _running_timer(url, backlog) as sink:
         sink.wait_sent("A", 2 * window, timeout=600, what=f"A's first {2 * window:,} sent")
-        b_due = waiting.scalar(url, "SELECT now() + interval '200 milliseconds'")
-        _insert(url, SMALL, "B", at=b_due)
-        waiting.until(url, DISPATCHED, lambda v: v >= SMALL, params={"tenant": "B"},
-                      timeout=120, what="B's jobs dispatched")
+        b_due = _tenant_b_rounds(url)
         # Every A job sent from here on was claimed after B's arrival, so this many more
         # hold both windows after it; then their commits (a send precedes its commit).
         sink.wait_sent("A", sink.sent("A") + 2 * window, timeout=600,
@@ -166,10 +168,11 @@ def fairness(ctx: Context) -> None:
     r = ctx.results
     r.raw("fair.b_alone.p99", "fairness",
           f"tenant B ({SMALL} due jobs), nothing else due: due-to-dispatch p99",
-          alone["p99_ms"], "ms")
+          alone["p99_ms"], "ms", note=f"{ROUNDS} rounds, pooled")
     r.raw("fair.b_backlog.p99", "fairness",
           f"tenant B ({SMALL} due jobs) behind {backlog:,} overdue of tenant A: "
-          "due-to-dispatch p99", with_backlog["p99_ms"], "ms")
+          "due-to-dispatch p99", with_backlog["p99_ms"], "ms",
+          note=f"{ROUNDS} rounds, pooled")
     fig = r.raw("fair.b_lag_ratio", "fairness",
                 "B's p99 with A's backlog / B's p99 alone", _ratio(with_backlog, alone), "x")
     fig.target, fig.met = f"<= {TARGET_LAG_RATIO:.0f}x", fig.value <= TARGET_LAG_RATIO
@@ -193,12 +196,26 @@ def _small_tenant_alone(ctx: Context) -> dict[str, float]:
     url = ctx.services.fresh_database("bench_fair_alone")
     with _running_timer(url):
         time.sleep(0.5)  # let the timer settle into its idle wait, as in the backlog run
-        b_due = waiting.scalar(url, "SELECT now() + interval '200 milliseconds'")
-        _insert(url, SMALL, "B", at=b_due)
-        waiting.until(url, DISPATCHED, lambda v: v >= SMALL, params={"tenant": "B"},
-                      timeout=60, what="B's jobs dispatched")
+        _tenant_b_rounds(url)
     with psycopg.connect(url, autocommit=True) as conn:
         return percentiles([r[0] for r in conn.execute(LAGS).fetchall()])
+
+
+def _tenant_b_rounds(url: str) -> Any:
+    """`ROUNDS` rounds of B's `SMALL` jobs, each due 200 ms after it is enqueued and
+    enqueued once the round before it went out; returns when the first round fell due."""
+    first = None
+    for n in range(1, ROUNDS + 1):
+        due = waiting.scalar(url, "SELECT now() + interval '200 milliseconds'")
+        first = first or due
+        _insert(url, SMALL, "B", at=due)
+        waiting.until(url, DISPATCHED, _at_least(n * SMALL), params={"tenant": "B"},
+                      timeout=120, what=f"B's round {n} dispatched")
+    return first
+
+
+def _at_least(n: int) -> Callable[[Any], bool]:
+    return lambda v: v >= n
 
 
 class _running_timer:

@@ -99,7 +99,7 @@ TINY = Profile(
     burst_jobs=150,
     scale_sizes=(1_000, 3_000), scale_due=600,
     hotspot_jobs=100,
-    fair_backlog=30_000, fair_window=2_000,
+    fair_backlog=60_000, fair_window=2_000,
     history_rows=20_000,
     fair_sqs_backlog=1_000, fair_sqs_window=100, fair_sqs_compare=False,
     soak_seconds=3.0, soak_rate=20.0,
