@@ -12,8 +12,8 @@ from uuid import UUID
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import Worker
 from shared.core.states import JobState
+from shared.store import arrays, producer_sql
 from shared.store import jobs_sql as sql
-from shared.store import producer_sql
 from shared.store.base import Store
 from shared.store.rows import (
     AttemptResult,
@@ -164,9 +164,11 @@ class JobStore(Store):
         `worker`. With `wait_for_locks`, first wait (up to LOCK_WAIT_MS, else `LockTimeout`)
         for row locks an uncommitted dispatch holds: the timer sends before it commits."""
         params = {
-            "ids": [c.job_id for c in claims], "tokens": [c.token for c in claims],
-            "default_max_attempts": [c.default_max_attempts for c in claims],
-            "default_timeout_seconds": [c.default_timeout_seconds for c in claims],
+            "ids": arrays.numbers(c.job_id for c in claims),
+            "tokens": arrays.uuids(c.token for c in claims),
+            "default_max_attempts": arrays.numbers(c.default_max_attempts for c in claims),
+            "default_timeout_seconds": arrays.numbers(float(c.default_timeout_seconds)
+                                                      for c in claims),
             "worker": worker, "lease_seconds": lease_seconds, "now": now,
         }
         if wait_for_locks:
@@ -218,14 +220,17 @@ class JobStore(Store):
         """Write every outcome whose fence (state, owner, attempt, token) still holds, with
         its attempt row, in one statement (a finished job moves to the history); returns
         the job ids written."""
+        errors = [r.error for r in results]
+        tracebacks = [r.traceback for r in results]
         return {r[0] for r in self._rows(sql.FINISH_ATTEMPTS, {
-            "ids": [r.lease.job_id for r in results],
-            "attempts": [r.lease.attempt for r in results],
-            "tokens": [r.lease.token for r in results],
-            "states": [r.state.value for r in results],
-            "delays": [r.delay_seconds for r in results],
-            "outcomes": [r.outcome.value for r in results],
-            "errors": [r.error for r in results],
-            "tracebacks": [r.traceback for r in results],
-            "refunds": [r.refund for r in results],
+            "ids": arrays.numbers(r.lease.job_id for r in results),
+            "attempts": arrays.numbers(r.lease.attempt for r in results),
+            "tokens": arrays.uuids(r.lease.token for r in results),
+            "states": arrays.labels(r.state.value for r in results),
+            "delays": arrays.numbers(float(r.delay_seconds) for r in results),
+            "outcomes": arrays.labels(r.outcome.value for r in results),
+            # All NULL (every attempt succeeded): a NULL array, which unnest pads with NULLs
+            "errors": errors if any(e is not None for e in errors) else None,
+            "tracebacks": tracebacks if any(t is not None for t in tracebacks) else None,
+            "refunds": arrays.booleans(r.refund for r in results),
             "worker": worker, "now": now})}
