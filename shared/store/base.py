@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, LiteralString, Self, TypeVar
 
 import psycopg
+from psycopg import pq
 from psycopg import sql as pgsql
 
 from shared.store.database import Connection, Database
@@ -74,6 +75,10 @@ class Store:
     def _execute(conn: Connection, query: Query, params: Mapping[str, Any] | None) -> list[Row]:
         try:
             cur = conn.execute(query, params)
-            return cur.fetchall() if cur.description is not None else []
+            # Whether rows came back, without `cur.description`, which builds a Column per
+            # column on every call (a claim returns twelve).
+            result = cur.pgresult
+            return cur.fetchall() if result is not None and (
+                result.nfields or result.status == pq.ExecStatus.TUPLES_OK) else []
         except (psycopg.Error, UnicodeError) as exc:  # parameters are encoded client-side
             raise classify(exc) from exc
