@@ -49,6 +49,10 @@ def _timestamp(created: float) -> str:
     return f"{_second(whole)}.{int((created - whole) * 1000):03d}+00:00"
 
 
+_ENCODER = json.JSONEncoder(default=str)
+"""One encoder: `json.dumps` with an argument builds a new one per line."""
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -62,7 +66,7 @@ class JsonFormatter(logging.Formatter):
         out.update(_fields(record))
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return _ENCODER.encode(out)
 
 
 class HumanFormatter(logging.Formatter):
