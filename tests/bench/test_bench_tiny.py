@@ -27,6 +27,7 @@ EXPECTED_FIGURES = [
     "latency.steady.p99", "burst.drain",
     "burst.lag_p99", "scale.claim.base", "scale.claim.3000", "scale.dispatch.3000",
     "scale.history.claim", "scale.history.hot_size", "scale.snapshot.1000", "scale.snapshot.3000",
+    "scale.claim.base_at.3000", "scale.claim.base_at.history",
     "memory.timer.peak", "memory.consumer.peak", "memory.consumer.growth",
     "burst.vs_steady", "fair.b_alone.p99", "fair.b_backlog.p99", "fair.a_rate_before",
     "fair.a_rate_during", "fair.a_rate_after", "fair.a_rate_around",
