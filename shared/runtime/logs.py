@@ -136,13 +136,16 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(record)
 
     def write_lines(self, lines: list[str], first: logging.LogRecord) -> None:
-        """Write `lines` with one write and one flush."""
-        with self.lock or contextlib.nullcontext():
-            try:
-                self.stream.write(self.terminator.join(lines) + self.terminator)
-                self.flush()
-            except Exception:
-                self.handleError(first)
+        """Write `lines` with one write and one flush; a stream that fails is reported as
+        logging reports it (`handleError`), never raised into the caller."""
+        self.acquire()
+        try:
+            self.stream.write(self.terminator.join(lines) + self.terminator)
+            self.flush()
+        except Exception:
+            self.handleError(first)
+        finally:
+            self.release()
 
 
 @contextlib.contextmanager
@@ -159,11 +162,11 @@ def one_write() -> Iterator[None]:
         yield
     finally:
         _held.lines = None
-        by_handler: dict[LineHandler, list[str]] = {}
-        for handler, line, _ in held:
-            by_handler.setdefault(handler, []).append(line)
-        for handler, lines in by_handler.items():
-            handler.write_lines(lines, next(r for h, _, r in held if h is handler))
+        by_handler: dict[LineHandler, tuple[list[str], logging.LogRecord]] = {}
+        for handler, line, record in held:
+            by_handler.setdefault(handler, ([], record))[0].append(line)
+        for handler, (lines, first) in by_handler.items():
+            handler.write_lines(lines, first)
 
 
 def line_handler(stream: TextIO, fmt: str, process_name: str) -> LineHandler:

@@ -167,7 +167,7 @@ class JobStore(Store):
             "ids": arrays.numbers(c.job_id for c in claims),
             "tokens": arrays.uuids(c.token for c in claims),
             "default_max_attempts": arrays.numbers(c.default_max_attempts for c in claims),
-            "default_timeout_seconds": arrays.numbers(float(c.default_timeout_seconds)
+            "default_timeout_seconds": arrays.numbers(c.default_timeout_seconds
                                                       for c in claims),
             "worker": worker, "lease_seconds": lease_seconds, "now": now,
         }
@@ -227,7 +227,7 @@ class JobStore(Store):
             "attempts": arrays.numbers(r.lease.attempt for r in results),
             "tokens": arrays.uuids(r.lease.token for r in results),
             "states": arrays.labels(r.state.value for r in results),
-            "delays": arrays.numbers(float(r.delay_seconds) for r in results),
+            "delays": arrays.numbers(r.delay_seconds for r in results),
             "outcomes": arrays.labels(r.outcome.value for r in results),
             # All NULL (every attempt succeeded): a NULL array, which unnest pads with NULLs
             "errors": errors if any(e is not None for e in errors) else None,

@@ -106,3 +106,29 @@ def test_a_library_records_extra_fields_still_appear():
     assert line["message"] == "retrying SendMessage"
     assert line["attempt"] == 3
     assert line["event"] == "log"
+
+
+class BrokenStream(io.StringIO):
+    """A stream whose reader went away (EPIPE)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_stream_that_fails_does_not_break_the_batch(monkeypatch, capsys):
+    # The completer logs its batch inside one_write: a dead stderr must not raise into it.
+    monkeypatch.setattr(logging, "raiseExceptions", True)  # report it, as logging does
+    handler = line_handler(BrokenStream(), "json", "test")
+    log = logging.getLogger("tock.test-broken")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        with one_write():
+            emit(log, "job_succeeded", job_id=1)
+            emit(log, "job_succeeded", job_id=2)
+        emit(log, "after")  # outside a block too
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
+    assert "Broken pipe" in capsys.readouterr().err
