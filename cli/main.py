@@ -38,16 +38,16 @@ def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _timer(args: argparse.Namespace) -> int:
-    from timer_service.__main__ import main as timer_main
+def _launch(command: str, argv: list[str]) -> int:
+    """`tock timer ...` and `tock consumer ...`: the process's own command line, options
+    and --help included, handed over whole (argparse's REMAINDER drops a leading option)."""
+    if command == "timer":
+        from timer_service.__main__ import main as timer_main
 
-    return timer_main([])
-
-
-def _consumer(args: argparse.Namespace) -> int:
+        return timer_main(argv, prog="tock timer")
     from consumer.__main__ import main as consumer_main
 
-    return consumer_main(args.consumer_args)
+    return consumer_main(argv, prog="tock consumer")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,13 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
     p.set_defaults(func=_migrate)
 
-    p = sub.add_parser("timer", help="run a timer instance (python -m timer_service)")
-    p.set_defaults(func=_timer)
-
-    p = sub.add_parser("consumer", help="run a consumer (python -m consumer --tasks MODULE)",
-                       add_help=False)
-    p.add_argument("consumer_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_consumer)
+    # Listed for --help; main() hands their arguments over before parsing.
+    sub.add_parser("timer", help="run a timer instance (python -m timer_service)")
+    sub.add_parser("consumer", help="run a consumer (python -m consumer --tasks MODULE)")
 
     for register in _extensions():
         register(sub)
@@ -87,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The pool's own reconnection warnings would repeat, several lines each, what the one
     # error line below says.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["timer"], ["consumer"]):
+        return _launch(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Command = args.func

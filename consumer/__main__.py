@@ -13,9 +13,9 @@ from shared.runtime.settings import ConsumerSettings
 from shared.runtime.startup import database_problem, report_missing_queues
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m consumer",
+        prog=prog,
         description="Receive tock jobs from SQS and run their handlers. "
                     "Settings come from TOCK_* environment variables.")
     parser.add_argument("--tasks", action="append", required=True, metavar="MODULE",

@@ -12,9 +12,9 @@ from shared.runtime.settings import TimerSettings
 from shared.runtime.startup import database_problem
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m timer_service",
+        prog=prog,
         description="Dispatch due tock jobs to SQS and recover lost ones. "
                     "Settings come from TOCK_* environment variables.")
     parser.parse_args(argv)
