@@ -96,8 +96,7 @@ class Claimer(Loop):
                     raise
         finally:
             pipe.slots.release(reserved - len(claimed))
-        for entry in claimed:
-            pipe.work.put(entry)
+        pipe.work.put_many(claimed)
         return len(claimed)
 
     def _receive(self, room: int, wait: int) -> list[Received]:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from consumer.inflight import InFlight, Slots, Tracker
 from consumer.outcomes import Finished
 from consumer.tasks import Registry, Task
+from consumer.work_queue import WorkQueue
 from shared.core.errors import TransportError
 from shared.core.reports import Worker
 from shared.runtime import metrics
@@ -59,7 +60,7 @@ class Pipeline:
         f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"))
     slots: Slots = field(init=False)
     tracker: Tracker = field(default_factory=Tracker)
-    work: queues.Queue[Work] = field(default_factory=queues.Queue)
+    work: WorkQueue[Work] = field(default_factory=WorkQueue)
     done: queues.Queue[Finished] = field(default_factory=queues.Queue)
 
     def __post_init__(self) -> None:
