@@ -75,11 +75,17 @@ class PostgresServer:
             "-l", str(self.log_file), "-o", opts, "start",
         )
 
+    def stop_command(self, mode: str = "immediate") -> list[str]:
+        """The command that stops the server (as its OS user when we are root)."""
+        cmd = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir / "data"), "-m", mode,
+               "stop"]
+        return ["runuser", "-u", self.run_as, "--", *cmd] if self.run_as else cmd
+
     def stop(self, mode: str = "immediate") -> None:
         """Stop the server (immediate mode: the way a crash looks) and keep its files."""
         with contextlib.suppress(subprocess.CalledProcessError):
-            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir / "data"),
-                      "-m", mode, "stop")
+            subprocess.run(self.stop_command(mode), check=True, capture_output=True,
+                           text=True)
 
     def pid(self) -> int | None:
         """The postmaster's pid from its pid file (None without one)."""

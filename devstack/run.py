@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from devstack.janitor import Janitor, Manifest
 from devstack.lifetime import dies_with_parent
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_localstack, start_sqs
@@ -69,6 +70,21 @@ class Stack:
     postgres: PostgresServer | None = None
     sqs: SqsServer | None = None
     children: list[Child] = field(default_factory=list)
+    janitor: Janitor | None = None
+    """Removes the servers and their directories should make run be killed -9."""
+
+    def leave_to_janitor(self) -> None:
+        """Tell the janitor what the servers are now (after each start or restart)."""
+        if self.janitor is None:
+            return
+        manifest = Manifest()
+        if self.sqs is not None:
+            manifest.kill_groups.append(self.sqs.process.pid)  # its own session
+            manifest.remove.append(str(self.sqs.work_dir))
+        if self.postgres is not None:
+            manifest.stop_commands.append(self.postgres.stop_command())
+            manifest.remove.append(str(self.postgres.data_dir))
+        self.janitor.update(manifest)
 
     @property
     def processes(self) -> list[tuple[str, subprocess.Popen[bytes]]]:
@@ -89,6 +105,8 @@ class Stack:
             self.sqs.stop()
         if self.postgres:
             self.postgres.destroy()
+        if self.janitor:
+            self.janitor.stop()
 
 
 def _say(text: str) -> None:
@@ -176,6 +194,7 @@ def tend_services(stack: Stack) -> None:
              "the queues again and the timer sends lost messages again)")
         sqs.stop()
         stack.sqs = start_localstack(port=port, die_with_parent=True)
+        stack.leave_to_janitor()
         try:
             _create_queue()
         except TransportError as exc:  # a process got there first: the queue is there
@@ -210,13 +229,16 @@ def main() -> int:
     stack = Stack()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        stack.janitor = Janitor()
         _say("starting a throwaway Postgres ...")
         stack.postgres = start_postgres()
+        stack.leave_to_janitor()
         database_url = stack.postgres.create_database("tock")
         migrate(database_url)
         _say(f"Postgres ready at {database_url}")
         _say("starting LocalStack (SQS) ...")
         stack.sqs = start_sqs("localstack", die_with_parent=True)
+        stack.leave_to_janitor()
         os.environ.update(stack.sqs.env())
         _create_queue()
         _say(f"SQS ready at {stack.sqs.endpoint} (queue tock-{QUEUE}, DLQ tock-{QUEUE}-dlq)")
@@ -230,6 +252,8 @@ def main() -> int:
              f"{DEV_OPERATOR_TOKEN} (or viewer token {DEV_VIEWER_TOKEN}, read only)")
         _say(f"metrics: curl -H 'Authorization: Bearer {DEV_VIEWER_TOKEN}' "
              f"http://127.0.0.1:{port}/metrics")
+        _say(f"CLI, in another terminal: . .venv/bin/activate && export "
+             f"TOCK_DATABASE_URL={database_url}  then e.g. tock stats, tock jobs")
         _say("pids: " + ", ".join(f"{c.name} {c.popen.pid}" for c in stack.children
                                   if c.popen is not None)
              + f", Postgres {stack.postgres.pid()}, LocalStack "

@@ -107,9 +107,9 @@ def start_localstack(port: int | None = None, *, die_with_parent: bool = False) 
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=on_parent_death,  # noqa: PLW1509
         )
-    endpoint = f"http://127.0.0.1:{port}"
-    _wait_ready(f"{endpoint}/_localstack/health", proc, log, '"sqs": "running"')
-    return SqsServer(endpoint, proc, work, "localstack")
+    server = SqsServer(f"http://127.0.0.1:{port}", proc, work, "localstack")
+    _ready_or_removed(server, "/_localstack/health", '"sqs": "running"')
+    return server
 
 
 def start_moto() -> SqsServer:
@@ -123,9 +123,20 @@ def start_moto() -> SqsServer:
             [str(moto_server), "-H", "127.0.0.1", "-p", str(port)],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    endpoint = f"http://127.0.0.1:{port}"
-    _wait_ready(f"{endpoint}/moto-api/", proc, log, "")
-    return SqsServer(endpoint, proc, work, "moto")
+    server = SqsServer(f"http://127.0.0.1:{port}", proc, work, "moto")
+    _ready_or_removed(server, "/moto-api/", "")
+    return server
+
+
+def _ready_or_removed(server: SqsServer, path: str, check: str) -> None:
+    """Wait until `server` answers; if it never does (its port was still held, say), stop
+    it and remove its directory before raising, so a retry leaves nothing behind."""
+    try:
+        _wait_ready(f"{server.endpoint}{path}", server.process,
+                    server.work_dir / f"{server.kind}.log", check)
+    except BaseException:
+        server.stop()
+        raise
 
 
 def start_sqs(kind: str = "localstack", *, die_with_parent: bool = False) -> SqsServer:

@@ -128,25 +128,33 @@ def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
         run.close()
 
 
-def test_make_run_killed_9_takes_its_processes_and_localstack_with_it(tmp_path):
+def test_make_run_killed_9_takes_everything_it_started_with_it(tmp_path):
     """kill -9 of make run itself (no chance to clean up): its tock processes get SIGTERM
     and LocalStack SIGKILL from the kernel, so a second make run is not refused because an
-    orphaned dashboard holds the port. Postgres (daemonized by pg_ctl) stays, on its own
-    port and directory; the test removes it."""
+    orphaned dashboard holds the port; its janitor stops Postgres (daemonized by pg_ctl,
+    out of the kernel's reach) and removes both servers' directories."""
     run = MakeRun(tmp_path / "make-run.log")
     postmaster: psutil.Process | None = None
     try:
         run.said("running; press Ctrl-C", timeout=180)
-        names = ("timer", "consumer-1", "consumer-2", "producer", "dashboard", "LocalStack")
+        names = ("timer", "consumer-1", "consumer-2", "producer", "dashboard", "LocalStack",
+                 "Postgres")
         pids = [run.pid_of(name) for name in names]
         postmaster = psutil.Process(run.pid_of("Postgres"))
+        directories = [_data_dir(postmaster).parent,
+                       Path(psutil.Process(run.pid_of("LocalStack")).environ()
+                            ["FILESYSTEM_ROOT"])]
+        assert all(d.exists() for d in directories)
         run.popen.kill()
         run.popen.wait(timeout=30)
-        wait_for(lambda: not any(_alive(p) for p in pids), timeout=60,
-                 message="every process make run started, gone")
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout=90,
+                 message="every process and server make run started, gone")
+        wait_for(lambda: not any(d.exists() for d in directories), timeout=30,
+                 message=f"{directories} removed")
+        postmaster = None
     finally:
         run.close()
-        if postmaster is not None:
+        if postmaster is not None and postmaster.is_running():
             _remove_postgres(postmaster)
 
 
@@ -157,15 +165,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _remove_postgres(postmaster: psutil.Process) -> None:
+def _data_dir(postmaster: psutil.Process) -> Path:
     args = postmaster.cmdline()
-    data = args[args.index("-D") + 1]
-    stop = [str(Path(postmaster.exe()).parent / "pg_ctl"), "-D", data, "-m", "immediate",
-            "stop"]
+    return Path(args[args.index("-D") + 1])
+
+
+def _remove_postgres(postmaster: psutil.Process) -> None:
+    """After a failure: what the janitor should have done."""
+    data = _data_dir(postmaster)
+    stop = [str(Path(postmaster.exe()).parent / "pg_ctl"), "-D", str(data), "-m",
+            "immediate", "stop"]
     if os.geteuid() == 0:
         stop = ["runuser", "-u", postmaster.username(), "--", *stop]
     subprocess.run(stop, check=False, capture_output=True, timeout=60)
-    shutil.rmtree(Path(data).parent, ignore_errors=True)
+    shutil.rmtree(data.parent, ignore_errors=True)
 
 
 def test_make_run_says_which_port_is_taken_instead_of_starting():
