@@ -1,32 +1,91 @@
-"""The arguments the operator commands share: argument types (ISO 8601 times, job ids), the
-`--database-url`/`--json` pair, and the job filter flags with the `JobFilter` they make."""
+"""The arguments the operator commands share: argument types (ISO 8601 times, job ids,
+non-empty filter values), the `--database-url`/`--json` pair, and the job filter flags
+with the `JobFilter` they make."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
+from shared.core.text import shown
 
 Sub = Any  # argparse._SubParsersAction is private; its type adds nothing here
 
 
-def iso_time_type(name: str) -> Callable[[str], datetime]:
-    def parse(text: str) -> datetime:
-        try:
-            value = datetime.fromisoformat(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name}: {text!r} is not an ISO 8601 time such as "
-                "2026-12-02T15:04:05+00:00") from None
-        if value.tzinfo is None:
-            raise argparse.ArgumentTypeError(
-                f"{name}: {text!r} has no timezone; add one, e.g. {text}+00:00 or {text}Z")
+# A calendar date alone, maybe followed by a timezone: ISO 8601 puts a timezone only after
+# a time, and Python would read 2027-01-01-05:00 as 05:00 on a naive date.
+_DATE_ONLY = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2}|\d{8})(?P<zone>[Zz]|[+-]\d{2}(?::?\d{2})?)?")
+EXAMPLE_TIME = "2026-12-02T15:04:05+00:00"
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 date and time with a timezone (`2027-01-01T09:00+02:00`, `...Z`), in UTC.
+    Raise `argparse.ArgumentTypeError` with examples that this function accepts."""
+    date_only = _DATE_ONLY.fullmatch(text)
+    if date_only:
+        raise argparse.ArgumentTypeError(_date_only(text, date_only))
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        value = None
+    # Python also takes + or - as the date-time separator (2027-01-01-05:00 is 05:00)
+    if value is None or not re.search(r"[Tt ]", text):
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        given = value.isoformat()
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} has no timezone; add one, e.g. {given}+00:00 or {given}Z for UTC")
+    try:
         return value.astimezone(UTC)  # Postgres refuses offsets beyond 15:59
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} is out of range: in UTC it falls outside years 1 to 9999") from None
+
+
+def _date_only(text: str, match: re.Match[str]) -> str:
+    try:
+        day = date.fromisoformat(match["date"]).isoformat()
+    except ValueError:
+        return f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}"
+    if match["zone"] is None:
+        return (f"{shown(text)} is a date without a time of day or timezone; give both, e.g. "
+                f"{day}T00:00:00+00:00 or {day}T00:00Z for midnight UTC")
+    zone = "Z" if match["zone"] in "Zz" else _offset(match["zone"])
+    return (f"{shown(text)} has a timezone but no time of day (ISO 8601 puts the timezone "
+            f"after a time); write e.g. {day}T00:00:00{zone} for midnight there")
+
+
+def _offset(zone: str) -> str:
+    """`+05`, `+0530` or `+05:30` as `+05:30`; an impossible offset as `+00:00`."""
+    digits = zone[1:].replace(":", "").ljust(4, "0")
+    hours, minutes = int(digits[:2]), int(digits[2:])
+    return f"{zone[0]}{hours:02d}:{minutes:02d}" if hours < 24 and minutes < 60 else "+00:00"
+
+
+def nonempty(what: str) -> Callable[[str], str]:
+    """An argument type refusing '' (which would otherwise mean "no filter"): `what` names
+    the value, e.g. "a tenant"."""
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(
+                f"the value is empty; give {what}, or leave the option out")
+        return text
     return parse
+
+
+def states_type(text: str) -> str:
+    """One `--state` value: state names, comma-separated; at least one."""
+    if not any(part.strip() for part in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"the value is empty; give a state name ({', '.join(s.value for s in JobState)}) "
+            "or several, comma-separated, or leave the option out")
+    return text
 
 
 def job_id_type(text: str) -> int:
@@ -47,15 +106,17 @@ def add_common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
 
 def add_filters(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("filter")
-    g.add_argument("--state", action="append", default=[], metavar="STATE",
+    g.add_argument("--state", action="append", default=[], metavar="STATE", type=states_type,
                    help=f"repeatable or comma-separated: {', '.join(s.value for s in JobState)}")
-    g.add_argument("--kind")
-    g.add_argument("--queue")
-    g.add_argument("--tenant")
-    g.add_argument("--key", help="idempotency key")
-    g.add_argument("--since", type=iso_time_type("--since"),
-                   help="created at or after (ISO 8601)")
-    g.add_argument("--until", type=iso_time_type("--until"), help="created before (ISO 8601)")
+    g.add_argument("--kind", type=nonempty("a kind"))
+    g.add_argument("--queue", type=nonempty("a queue name"))
+    g.add_argument("--tenant", type=nonempty("a tenant"))
+    g.add_argument("--key", type=nonempty("an idempotency key"), help="idempotency key")
+    g.add_argument("--since", type=parse_time, metavar="TIME",
+                   help="created at or after (ISO 8601 with timezone, e.g. "
+                        "2026-12-02T00:00:00Z)")
+    g.add_argument("--until", type=parse_time, metavar="TIME",
+                   help="created before (ISO 8601 with timezone)")
 
 
 def filter_of(args: argparse.Namespace) -> JobFilter:

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from cli import connect
-from cli.arguments import Sub, add_common, add_filters, filter_of, iso_time_type, job_id_type
+from cli.arguments import (
+    Sub,
+    add_common,
+    add_filters,
+    filter_of,
+    job_id_type,
+    nonempty,
+    parse_time,
+)
 from cli.output import cell, print_json, print_table
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
@@ -15,15 +24,63 @@ from shared.ops import explain
 from shared.ops import jobs as ops_jobs
 
 EXIT_OK = 0
+# Room for an indented copy of the largest payload TOCK_MAX_PAYLOAD_BYTES allows (64 MiB);
+# reading stops there, so a wrong path (a huge log, /dev/zero) cannot take all memory.
+MAX_PAYLOAD_FILE_BYTES = 256 * 1024 * 1024
+
+
+def _payload(args: argparse.Namespace) -> object:
+    """The payload from --payload or --payload-file (None without either), parsed."""
+    if args.payload_file is not None:
+        where = "standard input" if args.payload_file == "-" else args.payload_file
+        return _parse_json(f"--payload-file: {where}", _read_payload_file(args.payload_file))
+    if args.payload is not None:
+        return _parse_json("--payload", args.payload)
+    return None
+
+
+def _read_payload_file(path: str) -> str:
+    """The text of `path` ('-': standard input), or `InvalidInput` saying why not."""
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            stdin = getattr(sys.stdin, "buffer", None)
+            data = (stdin.read(MAX_PAYLOAD_FILE_BYTES + 1) if stdin is not None
+                    else sys.stdin.read(MAX_PAYLOAD_FILE_BYTES + 1).encode())
+        else:
+            with open(path, "rb") as file:
+                data = file.read(MAX_PAYLOAD_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise InvalidInput(f"--payload-file: {path} does not exist") from None
+    except IsADirectoryError:
+        raise InvalidInput(f"--payload-file: {path} is a directory, not a file") from None
+    except OSError as exc:
+        raise InvalidInput(f"--payload-file: cannot read {name}: "
+                           f"{exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_PAYLOAD_FILE_BYTES:
+        raise InvalidInput(f"--payload-file: {name} is over {MAX_PAYLOAD_FILE_BYTES // 2**20} "
+                           "MiB, far more than a payload may be (TOCK_MAX_PAYLOAD_BYTES)")
+    if not data.strip():
+        raise InvalidInput(f"--payload-file: {name} is empty; it should hold the payload as "
+                           "JSON")
+    try:
+        return data.decode("utf-8-sig")  # -sig: a byte order mark is not part of the JSON
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"--payload-file: {name} is not valid UTF-8 text (byte "
+                           f"0x{data[exc.start]:02X} at offset {exc.start})") from None
+
+
+def _parse_json(source: str, text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{source} is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"{source} is nested too deeply to be read") from None
 
 
 def _enqueue(args: argparse.Namespace) -> int:
-    try:
-        payload = json.loads(args.payload) if args.payload is not None else None
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"--payload is not JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidInput("--payload is nested too deeply to be read") from None
+    payload = _payload(args)
     with connect.client(args) as client:
         job = client.schedule(args.kind, payload, at=args.at, delay=args.delay, key=args.key,
                               priority=args.priority, queue=args.queue,
@@ -94,9 +151,14 @@ def add_parser(sub: Sub) -> None:
     p = sub.add_parser("enqueue", help="enqueue a job",
                        description="Enqueue one job now, at a time, or after a delay.")
     p.add_argument("kind")
-    p.add_argument("--payload", help="JSON, e.g. '{\"to\": \"a@example.com\"}'")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--payload", help="JSON, e.g. '{\"to\": \"a@example.com\"}'")
+    data.add_argument("--payload-file", metavar="PATH",
+                      type=nonempty("a file path, or - for standard input"),
+                      help="read the payload JSON from a file; - for standard input (for "
+                           "payloads too large for the command line)")
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--at", type=iso_time_type("--at"),
+    when.add_argument("--at", type=parse_time,
                       help="run at (ISO 8601 with timezone)")
     when.add_argument("--delay", type=float, help="run after this many seconds")
     p.add_argument("--key", help="idempotency key: an existing job with it is returned")

@@ -9,6 +9,7 @@ from datetime import datetime
 from shared.core import validation
 from shared.core.errors import InvalidInput
 from shared.core.states import ACTIVE_STATES, FINAL_STATES, JobState
+from shared.core.text import shown
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
@@ -79,7 +80,7 @@ def parse_states(value: object) -> tuple[JobState, ...]:
     elif isinstance(value, list | tuple):
         items = list(value)
     else:
-        raise InvalidInput(f"state must be a state name or a list of them, got {value!r}")
+        raise InvalidInput(f"state must be a state name or a list of them, got {shown(value)}")
     out: list[JobState] = []
     for item in items:
         try:
@@ -97,7 +98,7 @@ def parse_states(value: object) -> tuple[JobState, ...]:
 
 def page_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"limit must be an integer, got {value!r}")
+        raise InvalidInput(f"limit must be an integer, got {shown(value)}")
     if not 1 <= value <= MAX_PAGE_SIZE:
         raise InvalidInput(f"limit must be between 1 and {MAX_PAGE_SIZE}, got {value}")
     return value

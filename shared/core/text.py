@@ -1,9 +1,16 @@
 """Text that has to fit in a database column: error messages and tracebacks come from
-handlers, which may put anything in an exception (NUL bytes, lone surrogates, megabytes)."""
+handlers, which may put anything in an exception (NUL bytes, lone surrogates, megabytes).
+And values quoted in error messages, in the words a user would write them."""
 
 from __future__ import annotations
 
+import math
+from datetime import date, time, timedelta
+
 ELLIPSIS = " [...]"
+SHOWN_TEXT_LIMIT = 60
+# Python decodes a byte that is not UTF-8 (in a command-line argument, say) to one of these.
+_ESCAPED_BYTES = range(0xDC80, 0xDD00)
 
 
 def storable(text: str) -> str:
@@ -42,3 +49,45 @@ def describe(exc: BaseException) -> str:
         message = f"<str() raised {type(inner).__name__}>"
     name = type(exc).__name__
     return f"{name}: {message}" if message else name
+
+
+def shown(value: object) -> str:
+    """`value` for an error message, as the user would write it: text quoted (cut to
+    SHOWN_TEXT_LIMIT characters), numbers as digits, times in ISO 8601, durations in
+    seconds, None as null, true/false; anything else by its type. Never a Python repr
+    such as `datetime.datetime(2027, 1, 1, 0, 0)`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if value.bit_length() < 200:
+            return str(value)
+        # str() raises past 4300 digits, and a message has no room for them anyway
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    if isinstance(value, float):
+        return repr(value)  # 0.1, 1e+16, nan, inf: as written
+    if isinstance(value, str):
+        cut = value if len(value) <= SHOWN_TEXT_LIMIT else value[:SHOWN_TEXT_LIMIT] + "..."
+        return repr(cut)  # quoted, with control characters and stray bytes escaped
+    if isinstance(value, date | time):  # datetime included
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g} s"
+    return f"a value of type {type(value).__name__}"
+
+
+def utf8_problem(text: str) -> str | None:
+    """Why `text` is not valid UTF-8 text, in words, or None if it is. It can hold a byte
+    that is not UTF-8 (a command-line argument in another encoding arrives like that) or
+    half of a UTF-16 surrogate pair (a JSON escape such as \\ud800 alone)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        where = f"at character {exc.start + 1}"
+        if code in _ESCAPED_BYTES:
+            return (f"the byte 0x{code - 0xDC00:02X} {where} is not UTF-8 (is the text in "
+                    "another encoding?)")
+        return f"{where} is an unpaired UTF-16 surrogate (\\u{code:04x})"
+    return None

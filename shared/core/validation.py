@@ -1,5 +1,6 @@
 """Checks on producer input, done before anything is written. Each failure is an
-`InvalidInput` that names the argument and what is wrong with it."""
+`InvalidInput` that names the argument and what is wrong with it, showing the value as
+the user would write it (`text.shown`), never as a Python repr."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.core.errors import InvalidInput
+from shared.core.text import shown, utf8_problem
 
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 KIND = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
@@ -24,21 +26,31 @@ MAX_PAYLOAD_DEPTH = 64
 MAX_PAYLOAD_INT = 10**1000
 
 
+def wrong(name: str, expected: str, value: object) -> InvalidInput:
+    """The error for a `value` of `name` that is not `expected` (e.g. "an integer"): it
+    says the value is missing when it is None, and shows it otherwise."""
+    if value is None:
+        return InvalidInput(f"{name} is missing: it must be {expected}")
+    return InvalidInput(f"{name} must be {expected}, got {shown(value)}")
+
+
 def kind(value: object) -> str:
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"kind must be a non-empty string, got {value!r}")
+        raise wrong("kind", "a non-empty string", value)
     if not KIND.fullmatch(value):
         raise InvalidInput(
-            f"kind {value!r} is not a valid kind: use letters, digits and . _ : - "
+            f"kind {shown(value)} is not a valid kind: use letters, digits and . _ : - "
             "(starting with a letter or _), at most 128 characters"
         )
     return value
 
 
 def queue(value: object) -> str:
-    if not isinstance(value, str) or not QUEUE_NAME.fullmatch(value):
+    if not isinstance(value, str):
+        raise wrong("queue", "a queue name: 1-64 letters, digits, - or _", value)
+    if not QUEUE_NAME.fullmatch(value):
         raise InvalidInput(
-            f"queue {value!r} is not a valid queue name: 1-64 letters, digits, - or _"
+            f"queue {shown(value)} is not a valid queue name: 1-64 letters, digits, - or _"
         )
     return value
 
@@ -81,8 +93,8 @@ def _check_json(value: object) -> None:
             for key, inner in item.items():
                 if not isinstance(key, str):
                     raise InvalidInput(
-                        f"payload key {key!r} at {path[:80]} is a {type(key).__name__}: JSON "
-                        "object keys are strings, and it would come back as a string")
+                        f"payload key {shown(key)} at {path[:80]} is not a string: JSON "
+                        "object keys are strings, and it would come back as one")
                 _check_text(key, f"{path}.{key[:20]}")
                 stack.append((inner, f"{path}.{key[:20]}", depth + 1))
         elif isinstance(item, list):
@@ -100,9 +112,9 @@ def _check_text(text: str, where: str) -> None:
     if "\x00" in text:
         raise InvalidInput(f"payload text at {where[:80]} contains a NUL character, which "
                            "Postgres cannot store")
-    if not _encodable(text):
-        raise InvalidInput(f"payload text at {where[:80]} contains a lone surrogate "
-                           "(not valid Unicode)")
+    problem = utf8_problem(text)
+    if problem:
+        raise InvalidInput(f"payload text at {where[:80]} is not valid UTF-8 text: {problem}")
 
 
 def _check_float(number: float, where: str) -> None:
@@ -112,39 +124,34 @@ def _check_float(number: float, where: str) -> None:
     # exponent as integers: 1e16 would come back as the int 10000000000000000, 1e23 as a
     # different value altogether.
     if number.is_integer() and "e" in repr(number):
-        raise InvalidInput(f"payload number {number!r} at {where[:80]} cannot be stored "
+        raise InvalidInput(f"payload number {shown(number)} at {where[:80]} cannot be stored "
                            "exactly (it would come back as a different integer); send it as "
                            "an int or a string")
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def aware(name: str, value: object) -> datetime:
     if not isinstance(value, datetime):
-        raise InvalidInput(f"{name} must be a datetime, got {type(value).__name__}")
+        raise wrong(name, "a timezone-aware datetime", value)
     if value.tzinfo is None or value.utcoffset() is None:
+        text = value.isoformat()
         raise InvalidInput(
-            f"{name} must be timezone-aware (naive datetimes are ambiguous): got {value!r}"
+            f"{name} must be timezone-aware: {text} has no timezone, so it is ambiguous; "
+            f"add one, e.g. {text}+00:00 for UTC"
         )
     # Stored in UTC: Postgres refuses offsets past +-15:59 that Python allows.
     try:
         return value.astimezone(UTC)
     except OverflowError:
-        raise InvalidInput(f"{name} is out of range: {value!r}") from None
+        raise InvalidInput(f"{name} {shown(value)} is out of range: in UTC it falls outside "
+                           "years 1 to 9999") from None
 
 
 def finite_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{name} must be a number, got {value!r}")
+        raise wrong(name, "a number", value)
     number = float(value)
     if not math.isfinite(number):
-        raise InvalidInput(f"{name} must be finite, got {value!r}")
+        raise InvalidInput(f"{name} must be finite, got {shown(value)}")
     return number
 
 
@@ -153,9 +160,9 @@ def delay_seconds(value: object) -> float:
         value.total_seconds() if isinstance(value, timedelta) else finite_number("delay", value)
     )
     if seconds < 0:
-        raise InvalidInput(f"delay must not be negative, got {value!r}")
+        raise InvalidInput(f"delay must not be negative, got {shown(value)}")
     if seconds > MAX_DELAY_SECONDS:
-        raise InvalidInput(f"delay must be at most 10 years, got {value!r}")
+        raise InvalidInput(f"delay must be at most 10 years, got {shown(value)}")
     return seconds
 
 
@@ -172,7 +179,7 @@ def run_time(at: object, delay: object) -> tuple[datetime | None, float]:
 
 def priority(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"priority must be an integer, got {value!r}")
+        raise wrong("priority", "an integer", value)
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
         raise InvalidInput(
             f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY} "
@@ -185,7 +192,7 @@ def max_attempts(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"max_attempts must be an integer, got {value!r}")
+        raise wrong("max_attempts", "an integer", value)
     if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
         raise InvalidInput(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {value}")
     return value
@@ -199,7 +206,7 @@ def timeout_seconds(value: object) -> float | None:
         else finite_number("timeout", value)
     )
     if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
-        raise InvalidInput(f"timeout must be > 0 and at most 12 hours, got {value!r}")
+        raise InvalidInput(f"timeout must be > 0 and at most 12 hours, got {shown(value)}")
     return seconds
 
 
@@ -207,13 +214,14 @@ def optional_text(name: str, value: object, max_length: int) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{name} must be a non-empty string, got {value!r}")
+        raise wrong(name, "a non-empty string", value)
     if len(value) > max_length:
         raise InvalidInput(f"{name} must be at most {max_length} characters, got {len(value)}")
     if "\x00" in value:
         raise InvalidInput(f"{name} must not contain NUL characters")
-    if not _encodable(value):
-        raise InvalidInput(f"{name} contains a lone surrogate (not valid Unicode)")
+    problem = utf8_problem(value)
+    if problem:
+        raise InvalidInput(f"{name} is not valid UTF-8 text: {problem}")
     return value
 
 
@@ -222,7 +230,7 @@ MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 1, 1000
 
 def tenant_weight(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"weight must be an integer, got {value!r}")
+        raise wrong("weight", "an integer", value)
     if not MIN_TENANT_WEIGHT <= value <= MAX_TENANT_WEIGHT:
         raise InvalidInput(f"weight must be between {MIN_TENANT_WEIGHT} and "
                            f"{MAX_TENANT_WEIGHT}, got {value}")
@@ -236,7 +244,7 @@ def tenant_key(value: object) -> str:
 
 def job_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInput(f"job id must be a positive integer, got {value!r}")
+        raise wrong("job id", "a positive integer", value)
     return value
 
 
@@ -246,9 +254,10 @@ def spec_fields(spec: dict[str, Any]) -> dict[str, Any]:
              "timeout", "tenant", "concurrency_key"}
     unknown = set(spec) - known
     if unknown:
-        raise InvalidInput(f"unknown job field(s) {sorted(unknown)}; known: {sorted(known)}")
+        raise InvalidInput(f"unknown job field(s) {', '.join(sorted(map(str, unknown)))}; "
+                           f"known: {', '.join(sorted(known))}")
     if "kind" not in spec:
-        raise InvalidInput("every job needs a kind")
+        raise InvalidInput("kind is missing: every job needs one")
     return spec
 
 

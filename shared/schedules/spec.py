@@ -33,6 +33,7 @@ from shared.core.schedules import (
     Timing,
     zone,
 )
+from shared.core.text import shown
 from shared.schedules.slots import next_slot
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -126,7 +127,7 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
     if isinstance(backfill, bool) or not isinstance(backfill, int) or not (
             1 <= backfill <= MAX_BACKFILL):
         raise InvalidSchedule(f"backfill_max must be an integer from 1 to {MAX_BACKFILL}, "
-                              f"got {backfill_max!r}")
+                              f"got {shown(backfill_max)}")
     return ScheduleSpec(
         name=name,
         kind=validation.kind(kind),
@@ -150,7 +151,7 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
 def cron_expression(value: object) -> str:
     """A 5-field cron, or 6 fields with seconds first. Raises `InvalidSchedule` saying why."""
     if not isinstance(value, str) or not value.strip():
-        raise InvalidSchedule(f"cron must be a non-empty string, got {value!r}")
+        raise InvalidSchedule(f"cron must be a non-empty string, got {shown(value)}")
     expr = " ".join(value.split())
     fields = expr.split(" ")
     if len(fields) not in (5, 6):
@@ -180,7 +181,7 @@ def time_zone(value: object) -> str:
     """An IANA zone name; an unknown one gets the closest names as hints."""
     if not isinstance(value, str) or not value:
         raise InvalidSchedule(f"tz must be an IANA time zone name such as 'Europe/Berlin', "
-                              f"got {value!r}")
+                              f"got {shown(value)}")
     try:
         zone(value)
     except (ZoneInfoNotFoundError, ValueError):
@@ -202,7 +203,8 @@ def interval_of(value: object) -> timedelta:
             raise InvalidSchedule(f"every must be at most 366 days, got {seconds:g} s")
         interval = timedelta(seconds=seconds)
     else:
-        raise InvalidSchedule(f"every must be a timedelta or a number of seconds, got {value!r}")
+        raise InvalidSchedule("every must be a timedelta or a number of seconds, "
+                              f"got {shown(value)}")
     if interval <= timedelta(0):
         raise InvalidSchedule(f"every must be positive, got {interval.total_seconds():g} s")
     if interval < MIN_EVERY:
@@ -221,7 +223,8 @@ def _choice(name: str, value: object, enum: type[StrEnum]) -> Any:
         allowed = ", ".join(repr(m.value) for m in enum)
         hints = difflib.get_close_matches(str(value), [m.value for m in enum], n=1)
         hint = f" (did you mean {hints[0]!r}?)" if hints else ""
-        raise InvalidSchedule(f"{name} must be one of {allowed}, got {value!r}{hint}") from None
+        raise InvalidSchedule(
+            f"{name} must be one of {allowed}, got {shown(value)}{hint}") from None
 
 
 def _seconds(name: str, value: object, low: float, high: float) -> float:

@@ -104,7 +104,7 @@ NAIVE = datetime(2030, 1, 1, 12)
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"at": NAIVE}, "timezone-aware"),
-    ({"at": "2030-01-01"}, "must be a datetime"),
+    ({"at": "2030-01-01"}, "must be a timezone-aware datetime"),
     ({"delay": -1}, "must not be negative"),
     ({"delay": math.nan}, "must be finite"),
     ({"delay": math.inf}, "must be finite"),

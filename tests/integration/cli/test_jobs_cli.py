@@ -3,6 +3,7 @@ cli.main.main (the same function the `tock` entry point calls)."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -53,11 +54,31 @@ def test_enqueue_list_and_show(tock, db):
     (["show", "abc"], 2, "'abc' is not a job id"),
     (["cancel"], 2, "say which jobs to cancel"),
     (["retry", "1", "--state", "dead"], 2, "not both"),
+    (["jobs", "--tenant", ""], 2, "argument --tenant: the value is empty"),
+    (["jobs", "--state", ""], 2, "argument --state: the value is empty"),
+    (["jobs", "--tenant", "\udcff"], 2, "tenant is not valid UTF-8 text: the byte 0xFF"),
+    (["enqueue", "email", "--at", "2030-01-01Z"], 2, "2030-01-01T00:00:00Z"),
+    (["enqueue", "email", "--payload-file", "/no/such/file.json"], 2, "does not exist"),
 ])
 def test_bad_input_exits_with_meaning(tock, argv, code, words):
     got, out, err = tock(*argv)
     assert got == code
     assert words in out + err
+
+
+def test_enqueue_a_payload_too_large_for_the_command_line(tock, db, tmp_path, monkeypatch):
+    payload = {"blob": "x" * (200 * 1024)}  # the OS refuses one argument over 128 KiB
+    path = tmp_path / "payload.json"
+    path.write_text(json.dumps(payload))
+    code, out, _ = tock("enqueue", "email", "--payload-file", str(path), "--json")
+    assert code == 0
+    first = json.loads(out)["id"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    code, out, _ = tock("enqueue", "email", "--payload-file", "-", "--json")
+    assert code == 0
+    stored = db.execute("SELECT payload FROM tock_jobs WHERE id IN (%s, %s)",
+                        (first, json.loads(out)["id"])).fetchall()
+    assert [row[0] for row in stored] == [payload, payload]
 
 
 def test_retry_and_cancel_by_id(tock, db):

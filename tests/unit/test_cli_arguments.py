@@ -1,0 +1,94 @@
+"""The CLI's argument types: `--at`/`--since`/`--until` times, whose hints must name values
+the parser then accepts, and filter values, where '' is refused rather than meaning "no
+filter". Nothing here reaches a database: argparse refuses before a command runs."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cli.arguments import parse_time
+from cli.main import main
+
+# What a suggested time looks like in a message: a date, T, a time, then Z or an offset.
+SUGGESTED = re.compile(r"\b\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:\d{2})")
+
+REFUSED = [
+    "2027-01-01", "20270101", "2027-01-01Z", "2027-01-01z", "2027-01-01+00:00",
+    "2027-01-01-05:00", "2027-01-01+05", "20270101+0530", "2027-01-01+99:99",
+    "2027-01-01T00:00", "2027-01-01T09:30:15.250", "2027-01-01 10:00", "20270101T1000",
+    "2027-01-01T00:00:00+00:00+00:00", "2027-01-01-05:00+02:00", "2027-13-01", "nope", "",
+    "0001-01-01T00:00+01:00",
+]
+
+
+def _refusal(text: str) -> str:
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        parse_time(text)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("text", REFUSED)
+def test_every_suggested_time_is_accepted(text):
+    message = _refusal(text)
+    for example in SUGGESTED.findall(message.replace(repr(text), "")):  # not the input
+        assert parse_time(example).tzinfo is not None, (text, example)
+    assert "datetime" not in message and "None" not in message
+
+
+@pytest.mark.parametrize(("text", "suggestions"), [
+    ("2027-01-01", ["2027-01-01T00:00:00+00:00", "2027-01-01T00:00Z"]),
+    ("2027-01-01Z", ["2027-01-01T00:00:00Z"]),
+    ("2027-01-01+00:00", ["2027-01-01T00:00:00+00:00"]),
+    ("2027-01-01-05", ["2027-01-01T00:00:00-05:00"]),
+    ("20270101+0530", ["2027-01-01T00:00:00+05:30"]),
+    ("2027-01-01T09:30", ["2027-01-01T09:30:00+00:00", "2027-01-01T09:30:00Z"]),
+])
+def test_hints_keep_the_date_time_and_zone_given(text, suggestions):
+    assert SUGGESTED.findall(_refusal(text)) == suggestions
+
+
+def test_a_date_with_a_timezone_but_no_time_is_refused_with_the_reason():
+    # Python would read 2027-01-01-05:00 as 05:00 on a naive date; ISO 8601 has no such form.
+    assert "has a timezone but no time of day" in _refusal("2027-01-01-05:00")
+    assert "has a timezone but no time of day" in _refusal("2027-01-01Z")
+    assert "without a time of day or timezone" in _refusal("2027-01-01")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2027-01-01T00:00Z", datetime(2027, 1, 1, tzinfo=UTC)),
+    ("2027-01-01T00:00:00+00:00", datetime(2027, 1, 1, tzinfo=UTC)),
+    ("2027-01-01 09:00+02:00", datetime(2027, 1, 1, 7, tzinfo=UTC)),
+    ("20270101T0000Z", datetime(2027, 1, 1, tzinfo=UTC)),
+    ("2027-01-01T00:00-05:00", datetime(2027, 1, 1, 5, tzinfo=UTC)),
+])
+def test_times_with_a_timezone_come_back_in_utc(text, expected):
+    value = parse_time(text)
+    assert value == expected and value.utcoffset() == timedelta(0)
+    assert value.tzinfo is UTC
+
+
+@pytest.mark.parametrize("argv", [
+    ["jobs", "--tenant", ""], ["jobs", "--kind", ""], ["jobs", "--queue", ""],
+    ["jobs", "--key", ""], ["jobs", "--state", ""], ["jobs", "--state", " , "],
+    ["retry", "--tenant", "", "--dry-run"], ["cancel", "--state", "", "--dry-run"],
+    ["enqueue", "email", "--payload-file", ""],
+])
+def test_empty_filter_values_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "the value is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--since", "--until"])
+def test_time_filters_say_what_to_write(flag, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["jobs", flag, "2027-01-01"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: '2027-01-01' is a date without a time of day" in err
+    assert f"{flag}: {flag}" not in err  # the name once, from argparse

@@ -1,0 +1,90 @@
+"""Messages of the shared input validation (client, CLI and API): values shown as a user
+would write them, never as Python reprs; a missing value said to be missing; text that is
+not UTF-8 (a stray byte in a command-line argument) said to be that."""
+
+from __future__ import annotations
+
+from datetime import datetime, time, timedelta
+from decimal import Decimal
+
+import pytest
+
+from shared.core import validation
+from shared.core.errors import InvalidInput
+from shared.core.text import shown, utf8_problem
+
+# Python reprs that a message must not show.
+REPRS = ("datetime.", "None", "Decimal(", "<object", "timedelta(")
+
+
+def _message(check, *args) -> str:
+    with pytest.raises(InvalidInput) as info:
+        check(*args)
+    message = str(info.value)
+    assert not any(r in message for r in REPRS), message
+    return message
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (None, "null"), (True, "true"), (False, "false"), (7, "7"), (0.5, "0.5"),
+    (float("nan"), "nan"), ("acme", "'acme'"), ("x" * 100, "'" + "x" * 60 + "...'"),
+    ("a\udcffb", "'a\\udcffb'"), (datetime(2027, 1, 1), "2027-01-01T00:00:00"),
+    (time(9, 30), "09:30:00"), (timedelta(seconds=-5), "-5 s"),
+    (Decimal("1.5"), "a value of type Decimal"), ([1], "a value of type list"),
+    (10 ** 5000, "an integer of about 5001 digits"),
+], ids=lambda v: type(v).__name__)
+def test_shown(value, text):
+    assert shown(value) == text
+
+
+def test_utf8_problem_names_the_byte_or_the_surrogate():
+    assert utf8_problem("fine, ünïcode ✓") is None
+    assert utf8_problem("ab\udcff") == ("the byte 0xFF at character 3 is not UTF-8 (is the "
+                                        "text in another encoding?)")
+    assert utf8_problem("\ud800") == "at character 1 is an unpaired UTF-16 surrogate (\\ud800)"
+
+
+def test_a_naive_time_is_shown_in_iso_8601_with_a_fix():
+    message = _message(validation.aware, "at", datetime(2027, 1, 1))
+    assert message == ("at must be timezone-aware: 2027-01-01T00:00:00 has no timezone, so it "
+                       "is ambiguous; add one, e.g. 2027-01-01T00:00:00+00:00 for UTC")
+    assert datetime.fromisoformat("2027-01-01T00:00:00+00:00").tzinfo is not None
+
+
+@pytest.mark.parametrize(("check", "args", "says"), [
+    (validation.kind, (None,), "kind is missing: it must be a non-empty string"),
+    (validation.queue, (None,), "queue is missing: it must be a queue name"),
+    (validation.aware, ("at", None), "at is missing"),
+    (validation.priority, (None,), "priority is missing: it must be an integer"),
+    (validation.tenant_weight, (None,), "weight is missing"),
+    (validation.job_id, (None,), "job id is missing"),
+    (validation.finite_number, ("delay", None), "delay is missing: it must be a number"),
+])
+def test_a_missing_value_is_called_missing(check, args, says):
+    assert _message(check, *args).startswith(says)
+
+
+@pytest.mark.parametrize(("check", "args", "says"), [
+    (validation.kind, (5,), "kind must be a non-empty string, got 5"),
+    (validation.kind, ("",), "kind must be a non-empty string, got ''"),
+    (validation.aware, ("at", "2027-01-01"), "at must be a timezone-aware datetime, got "
+                                             "'2027-01-01'"),
+    (validation.priority, (Decimal(3),), "got a value of type Decimal"),
+    (validation.delay_seconds, (timedelta(seconds=-5),), "got -5 s"),
+    (validation.timeout_seconds, (timedelta(days=1),), "got 86400 s"),
+    (validation.optional_text, ("tenant", object(), 10), "got a value of type object"),
+    (validation.payload, ({1: "a"}, 100), "payload key 1 at $ is not a string"),
+    (validation.spec_fields, ({"kind": "a", "prio": 1},), "unknown job field(s) prio; known: "),
+    (validation.spec_fields, ({},), "kind is missing"),
+])
+def test_wrong_values_are_shown_as_written(check, args, says):
+    assert says in _message(check, *args)
+
+
+@pytest.mark.parametrize("value", ["\udcff", "acme\udce9", "\ud800"])
+def test_text_that_is_not_utf8_is_called_that(value):
+    message = _message(validation.optional_text, "tenant", value, 128)
+    assert message.startswith("tenant is not valid UTF-8 text: ")
+    assert "lone surrogate" not in message
+    message = _message(validation.payload, {"s": value}, 1000)
+    assert message.startswith("payload text at $.s is not valid UTF-8 text: ")
