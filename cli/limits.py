@@ -126,7 +126,7 @@ def add_parser(sub: Sub) -> None:
                            help="jobs dispatched or running at once (kind_key: per "
                                 "concurrency key; 0 holds them all)")
             a.add_argument("--rate", type=_number, metavar="R", help="dispatches per --per")
-            a.add_argument("--per", type=_number, default=1.0, metavar="SECONDS",
+            a.add_argument("--per", type=_number, metavar="SECONDS",
                            help="the rate's period (default 1 s)")
             a.add_argument("--burst", type=_integer, metavar="B",
                            help="tokens the bucket holds (default: one second's worth)")

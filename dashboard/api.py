@@ -32,6 +32,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": models.ErrorOut, "description": "Forbidden (role or CSRF)"},
     413: {"model": models.ErrorOut,
           "description": "Request body over TOCK_DASHBOARD_MAX_BODY_BYTES"},
+    415: {"model": models.ErrorOut,
+          "description": "Request body not sent as Content-Type: application/json"},
     503: {"model": models.ErrorOut, "description": "Postgres unavailable"},
 }
 JOB_ERRORS = {**ERRORS, 404: {"model": models.ErrorOut, "description": "No such job"}}

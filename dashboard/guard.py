@@ -11,7 +11,13 @@ nothing has read the body yet), in this order:
    read. Roles (viewer, operator) and CSRF are checked later, by the route's dependencies.
 3. Body size: over TOCK_DASHBOARD_MAX_BODY_BYTES is 413, by Content-Length before reading
    and by counting while a chunked body streams in. The body is then handed on whole.
-4. JSON depth: a JSON body nested deeper than MAX_JSON_DEPTH levels is 400. Parsing and
+4. Media type: an /api body sent without a JSON Content-Type is 415, naming the header
+   to send. FastAPI would not parse it and answer 422 "Input should be a valid
+   dictionary" (curl -d sends application/x-www-form-urlencoded); taking such text as
+   JSON anyway would let a plain cross-site form post reach the API.
+5. Encoding: a JSON body that is not UTF-8 (RFC 8259) is 400, with the offending byte,
+   where FastAPI would say only "There was an error parsing the body".
+6. JSON depth: a JSON body nested deeper than MAX_JSON_DEPTH levels is 400. Parsing and
    error reporting recurse per level; very deep input would exhaust the stack (FastAPI
    answers "There was an error parsing the body", or worse, 500 when serializing).
 """
@@ -61,12 +67,32 @@ def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 
 
 def _is_json(content_type: str | None) -> bool:
-    """FastAPI parses a body as JSON when it has no content type, or a JSON one."""
+    """Whether FastAPI parses a body of this type as JSON: application/json or +json."""
     if not content_type:
-        return True
+        return False
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/")
                                             and media.endswith("+json"))
+
+
+def _body_refusal(body: bytes, content_type: str | None, *,
+                  api: bool) -> tuple[int, str] | None:
+    """(status, detail) refusing a non-empty body, or None to pass it on."""
+    if not _is_json(content_type):
+        if not api:
+            return None  # the login form; FastAPI parses no other body as JSON
+        sent = f"sent as {content_type}" if content_type else "sent without a Content-Type"
+        return 415, (f"request body must be JSON, but it was {sent}: send the header "
+                     "Content-Type: application/json (curl: -H 'Content-Type: "
+                     "application/json'; -d alone sends a form type)")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return 400, (f"request body must be JSON encoded as UTF-8, but byte "
+                     f"0x{body[e.start]:02x} at offset {e.start} is not UTF-8")
+    if json_depth_exceeds(body):
+        return 400, f"request body is JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    return None
 
 
 def _session_cookie(header: str | None) -> str | None:
@@ -133,9 +159,10 @@ class RequestGuard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        if body and _is_json(headers.get("content-type")) and json_depth_exceeds(body):
-            await _reply(send, 400, f"request body is JSON nested deeper than "
-                         f"{MAX_JSON_DEPTH} levels")
+        refusal = _body_refusal(body, headers.get("content-type"), api=path == "/api"
+                                or path.startswith("/api/")) if body else None
+        if refusal is not None:
+            await _reply(send, *refusal)
             return
         await self.app(scope, _replay(body, receive), send)
 

@@ -27,14 +27,17 @@ Scope = Annotated[str, Field(pattern=SCOPE_PATTERN,
 class LimitIn(models.StrictIn):
     scope: Scope
     key: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
-        description="the kind or tenant; null (scope tenant): the jobs without a tenant")
+        description="the kind or tenant (required); null only with scope tenant: the jobs "
+                    "without a tenant")
     max_running: models.WholeNumber | None = Field(
         default=None, description="0..1,000,000 jobs dispatched or running at once")
     rate: models.PositiveNumber | None = Field(default=None,
                                                description="dispatches per `per` seconds")
-    per: models.PositiveNumber = Field(default=1.0, description="the rate's period, s")
+    per: models.PositiveNumber | None = Field(
+        default=None, description="the rate's period, s (only with a rate; default 1)")
     burst: models.WholeNumber | None = Field(
-        default=None, description="tokens the bucket holds (default: a second's worth)")
+        default=None, description="tokens the bucket holds (only with a rate; default: a "
+                                  "second's worth)")
 
 
 def _client(request: Request) -> Client:
@@ -64,8 +67,9 @@ class RemovedOut(BaseModel):
 def remove_limit(who: Operator, request: Request,
                  scope: Annotated[str, Query(pattern=SCOPE_PATTERN)],
                  key: Annotated[str | None, Query(min_length=1, max_length=128,
-                                                  description="omit with scope tenant: "
-                                                              "the jobs without one")] = None
+                                                  description="required; omit only with "
+                                                              "scope tenant: the jobs "
+                                                              "without one")] = None
                  ) -> RemovedOut:
     removed = _client(request).remove_limit(scope, key)
     emit(log, "limit_removed", scope=scope, key=key, removed=removed, role=who.role)

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from shared.core import validation
 from shared.core.errors import InvalidInput
+from shared.core.text import shown
 
 SCOPES = ("kind", "tenant", "kind_key")
 """kind_key: the limit's key is a kind, and max_running bounds each concurrency key of it."""
@@ -16,6 +17,7 @@ MAX_RUNNING_LIMIT = 1_000_000
 MAX_RATE_PER_SECOND = 1_000_000.0
 MAX_PER_SECONDS = 86_400.0
 MAX_BURST = 1_000_000
+_SHAPES = {"per": "the rate's period", "burst": "the size of the rate's bucket of tokens"}
 
 
 @dataclass(frozen=True)
@@ -30,30 +32,37 @@ class LimitSpec:
 
     @classmethod
     def of(cls, scope: object, key: object, *, max_running: object = None,
-           rate: object = None, per: object = 1.0, burst: object = None) -> LimitSpec:
+           rate: object = None, per: object = None, burst: object = None) -> LimitSpec:
         """`max_running` jobs dispatched or running at once; `rate` dispatches per `per`
-        seconds from a bucket of `burst` tokens (default: one second's worth, at least 1).
+        seconds (default 1) from a bucket of `burst` tokens (default: one second's worth,
+        at least 1).
         At least one of the two; a kind_key limit takes `max_running` only."""
         scope, name = limit_target(scope, key)
         running = _count("max_running", max_running, 0, MAX_RUNNING_LIMIT)
-        if scope == "kind_key" and (running is None or rate is not None or burst is not None):
+        shaped = [n for n, given in (("per", per is not None),
+                                     ("burst", burst is not None)) if given]
+        if scope == "kind_key" and (running is None or rate is not None or shaped):
             raise InvalidInput("a kind_key limit takes max_running only (running jobs per "
                                "concurrency key); rate limits are per kind or per tenant")
+        if rate is None and shaped:
+            # Without a rate there is nothing to store them in: refuse, never drop them.
+            names = " and ".join(shaped)
+            what = "; ".join(f"{n} is {_SHAPES[n]}" for n in shaped)
+            raise InvalidInput(f"{names} {'need' if len(shaped) > 1 else 'needs'} a rate "
+                               f"({what}): give a rate too, or leave {names} out")
         per_second = None
         if rate is not None:
             amount = validation.finite_number("rate", rate)
-            seconds = (per.total_seconds() if isinstance(per, timedelta)
-                       else validation.finite_number("per", per))
+            seconds = (1.0 if per is None else per.total_seconds()
+                       if isinstance(per, timedelta) else validation.finite_number("per", per))
             if not 0 < seconds <= MAX_PER_SECONDS:
-                raise InvalidInput(f"per must be > 0 s and at most a day, got {per!r}")
+                raise InvalidInput(f"per must be > 0 s and at most a day, got {shown(per)}")
             if amount <= 0:
-                raise InvalidInput(f"rate must be > 0, got {rate!r}")
+                raise InvalidInput(f"rate must be > 0, got {shown(rate)}")
             per_second = amount / seconds
             if per_second > MAX_RATE_PER_SECOND:
                 raise InvalidInput(f"rate must be at most {MAX_RATE_PER_SECOND:,.0f} per "
                                    f"second, got {per_second:g}")
-        elif burst is not None:
-            raise InvalidInput("burst needs a rate")
         if running is None and per_second is None:
             raise InvalidInput("give max_running, a rate, or both")
         bucket = _count("burst", burst, 1, MAX_BURST)
@@ -65,7 +74,11 @@ class LimitSpec:
 def limit_target(scope: object, key: object) -> tuple[str, str]:
     """(scope, key) of a limit, validated: the key names a kind, or a tenant (None: '')."""
     if scope not in SCOPES:
-        raise InvalidInput(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        raise InvalidInput(f"scope must be one of {', '.join(SCOPES)}, got {shown(scope)}")
+    if key is None and scope != "tenant":
+        raise InvalidInput(f"key is required: a {scope} limit needs the name of the kind it "
+                           "limits (only a tenant limit may leave it out, for the jobs "
+                           "without a tenant)")
     name = validation.tenant_key(key) if scope == "tenant" else validation.kind(key)
     return str(scope), name
 
@@ -74,7 +87,7 @@ def _count(name: str, value: object, low: int, high: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{name} must be an integer, got {value!r}")
+        raise InvalidInput(f"{name} must be an integer, got {shown(value)}")
     if not low <= value <= high:
         raise InvalidInput(f"{name} must be between {low} and {high:,}, got {value}")
     return value

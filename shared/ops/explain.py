@@ -8,6 +8,7 @@ Postgres in one short transaction.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -172,10 +173,42 @@ def has_no_room(limit: LimitInfo) -> bool:
     return slots or (limit.tokens is not None and limit.tokens < 1)
 
 
+def is_paused(limit: LimitInfo) -> bool:
+    """max_running 0: nothing is dispatched, whatever finishes, until the limit changes."""
+    return limit.max_running == 0
+
+
+def _limit_args(limit: LimitInfo) -> str:
+    """SCOPE KEY as `tock limits set/remove` takes them."""
+    if limit.scope == "tenant":
+        return f"tenant {shlex.quote(limit.key)}" if limit.key else "tenant --no-tenant"
+    return f"{limit.scope} {limit.key}"  # a kind: letters, digits, _ . : - only
+
+
+def _paused(job: Job, ctx: Context, limit: LimitInfo) -> tuple[str, str]:
+    """(summary, next step) for a limit with max_running 0."""
+    target = {"kind": f"kind {limit.key} is",
+              "kind_key": f"every concurrency key of kind {limit.key} is"}.get(
+        limit.scope, "jobs without a tenant are" if not limit.key else f"tenant {limit.key} is")
+    summary = (f"Due since {when(job.run_at, ctx.now)}, but {target} paused by its limit "
+               "(max_running 0): nothing of it is dispatched until the limit is raised or "
+               "removed.")
+    args = _limit_args(limit)
+    # `limits set` replaces the whole limit: keep its rate, if it has one.
+    rate = (f" --rate {limit.rate_per_second!r} --burst {limit.burst}"
+            if limit.rate_per_second is not None else "")
+    step = (f"Resume it with `tock limits set {args} --max-running N{rate}` (N > 0) or "
+            f"`tock limits remove {args}` (or the dashboard's Limits panel); a timer then "
+            "dispatches it on its next pass.")
+    return summary, step
+
+
 def _held(job: Job, ctx: Context, limit: LimitInfo, details: list[str]) -> Explanation:
     """Due, but its kind or tenant is at its limit: it waits in Postgres, not in SQS."""
     name = limit_name(limit)
-    if limit.max_running is not None and (limit.in_flight or 0) >= limit.max_running:
+    if is_paused(limit):
+        summary, step = _paused(job, ctx, limit)
+    elif limit.max_running is not None and (limit.in_flight or 0) >= limit.max_running:
         summary = (f"Due since {when(job.run_at, ctx.now)} and waiting for a concurrency "
                    f"slot of {name} ({limit.in_flight}/{limit.max_running} running).")
         step = ("A timer dispatches it when a job of that limit finishes (an expired lease "
@@ -336,7 +369,10 @@ def gather(store: OperatorStore, job: Job, *,
         if job.concurrency_key is not None:
             per_key = flow.key_limit(job.kind, job.concurrency_key, now=now)
             limits += [per_key] if per_key is not None else []
-        held_by = next((limit for limit in limits if has_no_room(limit)), None)
+        full = [limit for limit in limits if has_no_room(limit)]
+        # A paused limit is named first: the others free up on their own, it does not.
+        held_by = next((limit for limit in full if is_paused(limit)), None) or next(
+            iter(full), None)
         in_sqs = flow.kind_in_sqs(job.kind, IN_SQS_CAP)
     return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id),
                    held_by, in_sqs)

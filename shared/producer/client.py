@@ -232,11 +232,12 @@ class Client:
     # --- limits ----------------------------------------------------------------------------
 
     def set_limit(self, scope: str, key: str | None, *, max_running: int | None = None,
-                  rate: float | None = None, per: Seconds = 1.0,
+                  rate: float | None = None, per: Seconds | None = None,
                   burst: int | None = None) -> LimitInfo:
         """Limit a kind (`scope="kind"`) or a tenant (`"tenant"`; key None: the jobs without
         one) fleet-wide: at most `max_running` jobs dispatched or running at once (0 holds
-        them all back), and/or at most `rate` dispatches per `per` seconds, from a bucket
+        them all back), and/or at most `rate` dispatches per `per` seconds (default 1; only
+        with a rate), from a bucket
         of `burst` tokens (default: one second's worth). `"kind_key"` limits each
         concurrency key of the kind `key` to `max_running` (jobs without a key are not
         counted). Replaces the limit it had. Jobs over a limit wait in Postgres; the timers

@@ -50,7 +50,8 @@ def test_idempotent_key_returns_existing_job(operator):
 
 @pytest.mark.parametrize(("body", "status", "words"), [
     ({"kind": "bad kind!"}, 422, "String should match pattern"),
-    ({"kind": "email", "at": "2030-01-01T00:00:00"}, 400, "timezone-aware"),
+    ({"kind": "email", "at": "2030-01-01T00:00:00"}, 400,
+     "at must be timezone-aware: 2030-01-01T00:00:00 has no timezone"),
     ({"kind": "email", "at": "2030-01-01T00:00:00Z", "delay": 5}, 400, "either at= or delay="),
     ({"kind": "email", "queue": "no spaces"}, 422, "queue"),
     ({"kind": "email", "tenant": "a\u0000b"}, 400, "NUL"),
@@ -144,6 +145,23 @@ def test_bulk_retry_dry_run_then_only_what_was_counted(operator, db):
     states = dict(db.execute("SELECT id, state::text FROM tock_jobs_all").fetchall())
     assert [states[i] for i in dead] == ["scheduled"] * 3
     assert states[late] == "dead" and states[other] == "dead"
+
+
+def test_a_dry_run_that_matches_nothing_still_bounds_the_action(operator, db):
+    """Its up_to_id is the newest job's, not null: passed back, it keeps out a job that
+    died after the dry run, as any dry run's does."""
+    before = enqueue(operator, kind="flaky")["id"]
+    body = {"filter": {"state": ["dead"], "kind": "flaky"}}
+    plan = operator.post("/api/jobs/bulk/retry", json=body).json()
+    assert plan["count"] == 0 and plan["up_to_id"] == before
+    late = enqueue(operator, kind="flaky")["id"]
+    make_dead(db, late)
+    done = operator.post("/api/jobs/bulk/retry",
+                         json={**body, "dry_run": False, "up_to_id": plan["up_to_id"]}).json()
+    assert done["count"] == 0
+    state = db.execute("SELECT state::text FROM tock_jobs_all WHERE id = %s",
+                       (late,)).fetchone()
+    assert state == ("dead",)
 
 
 def test_a_dry_run_past_the_count_cap_says_more_and_the_action_still_takes_all(

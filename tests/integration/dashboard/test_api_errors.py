@@ -1,0 +1,93 @@
+"""The HTTP API's refusals say what is wrong and what to send: a body that is not UTF-8,
+a JSON body sent without a JSON Content-Type, a limit without its key, and a limit's `per`
+or `burst` without a rate (refused, never dropped)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.core.errors import InvalidInput
+from tests.integration.dashboard.guard_helpers import jobs
+
+JSON = {"Content-Type": "application/json"}
+
+
+def test_a_body_that_is_not_utf8_is_a_clear_400(operator, db):
+    res = operator.post("/api/jobs", content=b'{"kind": "email", "payload": "caf\xe9"}',
+                        headers=JSON)
+    assert res.status_code == 400
+    assert res.json()["detail"] == ("request body must be JSON encoded as UTF-8, but byte "
+                                    "0xe9 at offset 33 is not UTF-8")
+    assert jobs(db) == 0
+
+
+@pytest.mark.parametrize(("headers", "sent"), [
+    ({"Content-Type": "application/x-www-form-urlencoded"},
+     "sent as application/x-www-form-urlencoded"),
+    ({"Content-Type": "text/plain"}, "sent as text/plain"),
+    ({}, "sent without a Content-Type"),
+])
+def test_a_body_not_sent_as_json_is_415_naming_the_header(operator, db, headers, sent):
+    # What `curl -d '{"kind":"email"}'` sends: JSON text under a form type.
+    res = operator.post("/api/jobs", content=b'{"kind": "email"}', headers=headers)
+    assert res.status_code == 415
+    detail = res.json()["detail"]
+    assert f"request body must be JSON, but it was {sent}: send the header " \
+           "Content-Type: application/json" in detail
+    assert jobs(db) == 0
+
+
+@pytest.mark.parametrize("headers", [JSON, {"Content-Type": "application/json; charset=utf-8"},
+                                     {"Content-Type": "application/merge-patch+json"}])
+def test_json_bodies_and_bodies_without_a_type_pass(operator, db, headers):
+    res = operator.post("/api/jobs", content=b'{"kind": "email"}', headers=headers)
+    assert res.status_code == 201, res.text
+    assert jobs(db) == 1
+
+
+def test_a_bodyless_post_with_a_form_type_passes(operator, client):
+    job = client.schedule("email")
+    client.cancel(job.id)
+    res = operator.post(f"/api/jobs/{job.id}/retry", content=b"",
+                        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert res.status_code == 200, res.text
+
+
+def test_the_login_form_still_posts_as_a_form(anon):
+    anon.get("/login")
+    res = anon.post("/login", data={"token": "wrong", "csrf_token":
+                                    anon.cookies["tock_login_csrf"]}, follow_redirects=False)
+    assert res.status_code != 415
+
+
+def test_a_limit_without_its_key_says_the_key_is_required(operator):
+    for scope in ("kind", "kind_key"):
+        res = operator.delete("/api/limits", params={"scope": scope})
+        assert res.status_code == 400 and res.json()["detail"].startswith(
+            f"key is required: a {scope} limit needs the name of the kind"), res.text
+        res = operator.put("/api/limits", json={"scope": scope, "key": None,
+                                                "max_running": 1})
+        assert res.status_code == 400 and "key is required" in res.json()["detail"], res.text
+    res = operator.put("/api/limits", json={"scope": "tenant", "key": None, "max_running": 1})
+    assert res.status_code == 200, res.text
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ({"per": 60}, "per needs a rate (per is the rate's period): give a rate too, or "
+                  "leave per out"),
+    ({"burst": 3}, "burst needs a rate"),
+    ({"per": 60, "burst": 3}, "per and burst need a rate"),
+    ({"per": 1}, "per needs a rate"),  # the default's value, given: still refused
+])
+def test_per_or_burst_without_a_rate_is_refused_not_dropped(operator, client, extra, says):
+    res = operator.put("/api/limits", json={"scope": "kind", "key": "report",
+                                            "max_running": 1, **extra})
+    assert res.status_code == 400 and says in res.json()["detail"], res.text
+    with pytest.raises(InvalidInput, match=says.split(" (")[0]):
+        client.set_limit("kind", "report", max_running=1, **extra)
+    assert client.limits() == []
+    # With a rate, both are kept exactly.
+    res = operator.put("/api/limits", json={"scope": "kind", "key": "report",
+                                            "max_running": 1, "rate": 6, **extra})
+    assert res.status_code == 200, res.text
+    assert res.json()["rate_per_second"] == 6 / extra.get("per", 1)
