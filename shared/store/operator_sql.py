@@ -75,8 +75,11 @@ def count_matching(clause: pgsql.Composable) -> pgsql.Composed:
         " LIMIT %(cap)s + 1) h)"
         " + (SELECT count(*) FROM (SELECT 1 FROM tock_history_jobs WHERE {where}"
         " LIMIT %(cap)s + 1) x),"
-        " greatest((SELECT max(id) FROM tock_jobs WHERE {where}),"
-        " (SELECT max(id) FROM tock_history_jobs WHERE {where}))"
+        # With no match, the newest job's id: handed back to the action, it still keeps
+        # out every job created after the dry run (a null would bound nothing).
+        " coalesce(greatest((SELECT max(id) FROM tock_jobs WHERE {where}),"
+        " (SELECT max(id) FROM tock_history_jobs WHERE {where})),"
+        " (SELECT max(id) FROM tock_jobs), (SELECT max(id) FROM tock_history_jobs), 1)"
     ).format(where=clause)
 
 

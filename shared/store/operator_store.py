@@ -50,7 +50,7 @@ class OperatorStore(Store):
     def count_matching(self, where: JobFilter, only_states: tuple[JobState, ...], *,
                        cap: int) -> tuple[int, bool, int | None]:
         """(how many jobs match in `only_states`, counted up to `cap`; whether more than
-        `cap` match; the highest id among them)."""
+        `cap` match; the highest id among them, or with none the newest job's)."""
         clause, params = sql.where(where, only_states=only_states)
         params["cap"] = cap
         row = self._one(sql.count_matching(clause), params)

@@ -3,6 +3,7 @@ Postgres and LocalStack: the faults stop, crash and kill them)."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def fault_dir() -> Path:
-    """Process logs and run logs; kept after the run for failure reports."""
-    return Path(tempfile.mkdtemp(prefix="tock-faults-"))
+def fault_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """Process logs and run logs: kept after a session with a failure, for its report;
+    removed after one without, so repeated runs do not fill /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="tock-faults-"))
+    yield path
+    if request.session.testsfailed:
+        print(f"\nfault suite logs kept in {path}")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
