@@ -96,7 +96,8 @@ class Claimer(Loop):
                     raise
         finally:
             pipe.slots.release(reserved - len(claimed))
-        pipe.work.put_many(claimed)
+        for entry in claimed:
+            pipe.work.put(entry)
         return len(claimed)
 
     def _receive(self, room: int, wait: int) -> list[Received]:

@@ -22,7 +22,6 @@ from typing import Any, NamedTuple
 from consumer.inflight import InFlight, Slots, Tracker
 from consumer.outcomes import Finished
 from consumer.tasks import Registry, Task
-from consumer.work_queue import WorkQueue
 from shared.core.errors import TransportError
 from shared.core.reports import Worker
 from shared.runtime import metrics
@@ -60,7 +59,7 @@ class Pipeline:
         f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"))
     slots: Slots = field(init=False)
     tracker: Tracker = field(default_factory=Tracker)
-    work: WorkQueue[Work] = field(default_factory=WorkQueue)
+    work: queues.Queue[Work] = field(default_factory=queues.Queue)
     done: queues.Queue[Finished] = field(default_factory=queues.Queue)
 
     def __post_init__(self) -> None:
