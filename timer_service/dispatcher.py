@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -67,6 +68,14 @@ this timer sent are added to it."""
 WINDOW_POLL_SECONDS = 0.05
 """While a kind's dispatch window is full: how often to look again (consumers claiming
 its jobs free room, which nothing announces)."""
+HOLD_MAX_SECONDS = 0.05
+"""The longest a backlog pass waits for the due watcher's pass (timer_service/
+due_watcher.py) to finish before starting anyway."""
+HOLD_BUDGET = 0.1
+"""The share of time backlog passes may be held for the due watcher's, over a window of
+HOLD_WINDOW_SECONDS: a tenant whose jobs fall due every few milliseconds gets its passes
+run first, but cannot stall the backlog."""
+HOLD_WINDOW_SECONDS = 1.0
 
 PairAt = tuple[int, str, str]
 """(priority level, kind, tenant)."""
@@ -148,6 +157,11 @@ class Dispatcher(Loop):
         # (kind, tenant) pairs with a batch of jobs in SQS past the window's age
         self._waited: set[tuple[str, str]] = set()
         self._counted_at = -WINDOW_RECOUNT_SECONDS
+        # Open unless the due watcher is running a pass: then backlog passes wait for it
+        # (priority_pass), so its claim does not queue for the CPU behind theirs.
+        self._gate = threading.Event()
+        self._gate.set()
+        self._held: list[tuple[float, float]] = []  # (start, end) of recent holds
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -158,6 +172,7 @@ class Dispatcher(Loop):
 
     def run_once(self, now: datetime | None = None) -> int:
         """One batch; returns how many were sent. A full batch returns at once for more."""
+        self._gate.wait(HOLD_MAX_SECONDS)  # the due watcher's pass goes first
         sent, refused = self.dispatch_due(now)
         self._local.refused = bool(refused) and not sent
         return sent if sent >= self.batch_size else 0
@@ -198,6 +213,28 @@ class Dispatcher(Loop):
             return self.max_idle_seconds
         wait = (next_due - db_now).total_seconds()
         return min(max(wait, 0.0), self.max_idle_seconds)
+
+    @contextmanager
+    def priority_pass(self) -> Iterator[bool]:
+        """Hold the backlog passes that have not started while the caller (the due
+        watcher) runs its own, so its claim has the CPU and the GIL to itself once the
+        passes already running end; yields whether it holds them. Within HOLD_BUDGET of
+        the time only: past it the passes run side by side, as without it."""
+        start = self.monotonic()
+        with self._lock:
+            self._held = [h for h in self._held if h[1] > start - HOLD_WINDOW_SECONDS]
+            used = sum(end - max(begin, start - HOLD_WINDOW_SECONDS)
+                       for begin, end in self._held)
+            hold = used < HOLD_BUDGET * HOLD_WINDOW_SECONDS
+            if hold:
+                self._gate.clear()
+        try:
+            yield hold
+        finally:
+            if hold:
+                self._gate.set()
+                with self._lock:
+                    self._held.append((start, self.monotonic()))
 
     def backlogged(self) -> frozenset[PairAt]:
         """The pairs the dispatch threads are busy on: each filled its share of every full

@@ -30,6 +30,11 @@ EMPTY_PASS_GAP_SECONDS = 0.005
 """After a pass that found nothing, NOTIFYs are not listened to for this long (a job
 falling due still wakes it): a stream of them from the backlogged tenant's own inserts
 costs at most 200 walks a second."""
+LEAD_SECONDS = 0.01
+"""For a job that falls due at a known time, the watcher wakes this much earlier and holds
+the backlog's new passes (Dispatcher.priority_pass), so that the passes already running
+have ended when the job falls due and its claim does not wait for a core behind theirs
+(about a pass's time: 5 ms for a batch of 100 on the benchmark machine)."""
 
 
 class DueWatcher(Loop):
@@ -42,11 +47,20 @@ class DueWatcher(Loop):
         self.dispatcher = dispatcher
         self._listener: Listener | None = None
         self._empty_at = float("-inf")  # when a pass last found nothing
+        self._due_at: float | None = None  # (monotonic) a job falls due then: woken early
 
     def run_once(self, now: datetime | None = None) -> int:
         skip = self.dispatcher.backlogged()
+        due_at, self._due_at = self._due_at, None
         if skip:
-            sent, refused = self.dispatcher.dispatch_due(now, skip=skip)
+            with self.dispatcher.priority_pass():
+                if due_at is not None:
+                    # Woken LEAD_SECONDS early: the backlog's passes are held from now, and
+                    # the job is claimed the moment it falls due.
+                    early = due_at - time.monotonic()
+                    if 0 < early <= 2 * LEAD_SECONDS and self.wait(early):
+                        return 0
+                sent, refused = self.dispatcher.dispatch_due(now, skip=skip)
             if not (sent or refused):
                 self._empty_at = time.monotonic()
         return 0
@@ -63,7 +77,10 @@ class DueWatcher(Loop):
                 database = self.dispatcher.store.database
                 assert database is not None
                 self._listener = database.listener(DUE_CHANNEL)
-            sleep = self.seconds_to_sleep(skip)
+            sleep, falls_due = self.seconds_to_sleep(skip)
+            if falls_due:
+                self._due_at = time.monotonic() + sleep
+                sleep = max(sleep - LEAD_SECONDS, 0.0)
             deaf = min(EMPTY_PASS_GAP_SECONDS - (time.monotonic() - self._empty_at), sleep)
             if deaf > 0:
                 if self.wait(deaf) or deaf >= sleep:
@@ -74,17 +91,18 @@ class DueWatcher(Loop):
             self.close()
             raise
 
-    def seconds_to_sleep(self, skip: frozenset[tuple[int, str, str]]) -> float:
-        """Until the next job not yet due falls due, if it is not of a backlogged pair
-        (those are the dispatch threads' work), at most LOOK_AGAIN_SECONDS."""
+    def seconds_to_sleep(self, skip: frozenset[tuple[int, str, str]]) -> tuple[float, bool]:
+        """(seconds until the next job not yet due falls due, if it is not of a backlogged
+        pair (those are the dispatch threads' work), at most LOOK_AGAIN_SECONDS; whether
+        a job falls due at the end of them)."""
         upcoming = self.dispatcher.store.next_to_fall_due()
         if upcoming is None:
-            return LOOK_AGAIN_SECONDS
+            return LOOK_AGAIN_SECONDS, False
         run_at, pair, db_now = upcoming
         if pair in skip:
-            return LOOK_AGAIN_SECONDS
-        return min(max((run_at - db_now).total_seconds(), MIN_SLEEP_SECONDS),
-                   LOOK_AGAIN_SECONDS)
+            return LOOK_AGAIN_SECONDS, False
+        seconds = max((run_at - db_now).total_seconds(), MIN_SLEEP_SECONDS)
+        return min(seconds, LOOK_AGAIN_SECONDS), seconds <= LOOK_AGAIN_SECONDS
 
     def close(self) -> None:
         if self._listener is not None:

@@ -6,14 +6,21 @@ through `now=` where a pass runs."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.test_pipeline_fairness import _backlog, _dispatched, _timer
-from timer_service.dispatcher import BACKLOGGED_AFTER_SECONDS, BACKLOGGED_FOR_SECONDS
-from timer_service.due_watcher import LOOK_AGAIN_SECONDS
+from timer_service.dispatcher import (
+    BACKLOGGED_AFTER_SECONDS,
+    BACKLOGGED_FOR_SECONDS,
+    HOLD_BUDGET,
+    HOLD_WINDOW_SECONDS,
+)
+from timer_service.due_watcher import LEAD_SECONDS, LOOK_AGAIN_SECONDS
 from timer_service.service import Timer
 
 
@@ -83,17 +90,18 @@ def test_it_sleeps_until_the_next_job_of_a_pair_not_backlogged_falls_due(db, tim
     skip = timer.dispatcher.backlogged()
     assert skip
     watcher = timer.due_watcher
-    assert watcher.seconds_to_sleep(skip) == LOOK_AGAIN_SECONDS  # nothing to fall due
+    assert watcher.seconds_to_sleep(skip) == (LOOK_AGAIN_SECONDS, False)  # nothing due
     # big's own next job falls due first: the dispatch threads' work, not the watcher's.
     db.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
                   VALUES ('k', now() + interval '100 milliseconds', '{}', 'big')""")
-    assert watcher.seconds_to_sleep(skip) == LOOK_AGAIN_SECONDS
+    assert watcher.seconds_to_sleep(skip) == (LOOK_AGAIN_SECONDS, False)
     db.execute("DELETE FROM tock_jobs WHERE run_at > now()")
     db.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
                   VALUES ('k', now() + interval '150 milliseconds', '{}', 'other')""")
-    assert 0 < watcher.seconds_to_sleep(skip) <= 0.15
+    seconds, falls_due = watcher.seconds_to_sleep(skip)
+    assert 0 < seconds <= 0.15 and falls_due
     db.execute("UPDATE tock_jobs SET run_at = now() + interval '1 hour' WHERE tenant = 'other'")
-    assert watcher.seconds_to_sleep(skip) == LOOK_AGAIN_SECONDS  # capped
+    assert watcher.seconds_to_sleep(skip) == (LOOK_AGAIN_SECONDS, False)  # capped
 
 
 def test_a_backlogged_pair_stops_counting_once_its_batches_are_not_full(db, timer, clock):
@@ -118,3 +126,71 @@ def test_a_newcomer_served_in_full_batches_is_not_backlogged_at_once(db, timer, 
     assert (0, "k", "new") not in timer.dispatcher.backlogged()
     timer.due_watcher.run_once(now)
     assert _dispatched(db)["new"] == 40
+
+
+def test_woken_early_for_a_job_it_claims_it_when_it_falls_due_not_before(db, timer, clock):
+    """The watcher wakes LEAD_SECONDS before a newcomer's job falls due (holding the
+    backlog's new passes meanwhile), then claims it at its time: not early, and not a
+    pass later."""
+    _backlog(db, 500, "big", now=clock.now, age=3600)
+    _backlogged(timer, 2, clock.now)
+    skip = timer.dispatcher.backlogged()
+    watcher = timer.due_watcher
+    db.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
+                  VALUES ('k', now() + make_interval(secs => %s), '{}', 'other')""",
+               (LEAD_SECONDS,))
+    seconds, falls_due = watcher.seconds_to_sleep(skip)
+    assert falls_due and 0 < seconds <= LEAD_SECONDS
+    watcher._due_at = time.monotonic() + seconds  # what idle() sets, then sleeps short of
+    watcher.run_once()
+    row = db.execute("SELECT state::text, dispatched_at >= run_at FROM tock_jobs "
+                     "WHERE tenant = 'other'").fetchone()
+    assert row == ("dispatched", True)
+    assert timer.dispatcher._gate.is_set(), "the backlog's passes are let go after it"
+
+
+def test_the_backlog_is_held_for_at_most_its_budget_of_the_time(timer):
+    """Holds add up over a window: past HOLD_BUDGET of it, the watcher's passes run beside
+    the backlog's instead of before them, so a tenant with jobs falling due all the time
+    cannot stall the backlog."""
+    dispatcher = timer.dispatcher
+    ticks = dispatcher.monotonic = _Ticks()
+    step = HOLD_BUDGET * HOLD_WINDOW_SECONDS / 4
+    for _ in range(4):
+        with dispatcher.priority_pass() as held:
+            assert held and not dispatcher._gate.is_set()
+            ticks.at += step
+        assert dispatcher._gate.is_set()
+    with dispatcher.priority_pass() as held:
+        assert not held and dispatcher._gate.is_set()
+    ticks.at += HOLD_WINDOW_SECONDS  # the window moved past the holds
+    with dispatcher.priority_pass() as held:
+        assert held
+
+
+def test_a_held_backlog_pass_waits_for_the_watchers_pass(db, timer, clock):
+    """A dispatch thread that starts a pass while the watcher's runs waits for it to end
+    (at most HOLD_MAX_SECONDS), then claims as usual."""
+    _backlog(db, 200, "big", now=clock.now, age=3600)
+    done = threading.Event()
+    sent: list[int] = []
+
+    def backlog_pass() -> None:
+        sent.append(timer.dispatcher.run_once())
+        done.set()
+
+    with timer.dispatcher.priority_pass():
+        thread = threading.Thread(target=backlog_pass)
+        thread.start()
+        ran_while_held = done.wait(0.02)
+    thread.join(10)
+    assert not ran_while_held and sent == [timer.settings.batch_size]
+
+
+def test_a_watcher_pass_that_fails_lets_the_backlog_go(timer):
+    """Postgres gone mid-pass (or anything else raised in it): the gate opens again, so
+    the dispatch threads are never left waiting on a pass that ended in an error."""
+    with pytest.raises(RuntimeError), timer.dispatcher.priority_pass() as held:
+        assert held and not timer.dispatcher._gate.is_set()
+        raise RuntimeError("the database went away")
+    assert timer.dispatcher._gate.is_set()
