@@ -42,6 +42,9 @@ TICK_SECONDS = 0.2
 class LeaseKeeper(Loop):
     name = "heartbeat"
     idle_seconds = TICK_SECONDS
+    # Most ticks only check deadlines; only a beat that reached Postgres is a success,
+    # so readiness says how long ago the last one was, not the last tick.
+    explicit_success = True
 
     def __init__(self, pipe: Pipeline) -> None:
         super().__init__()

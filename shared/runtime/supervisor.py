@@ -66,6 +66,10 @@ class Loop:
     """A pass running longer than this makes the process not live (None: no bound)."""
     ready_within_seconds: float | None = None
     """The process is ready only while this loop succeeded this recently (None: ignored)."""
+    explicit_success = False
+    """True: a pass is a success only if it calls `mark_ok()` (for a loop most of whose
+    passes only check a clock, so that neither its readiness nor a `loop_recovered` line
+    can come from a pass that never reached what it depends on)."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
@@ -136,11 +140,13 @@ class Loop:
         backoff = 0.0
         while not self._stop.is_set():
             try:
-                beat.started = time.monotonic()
+                started = beat.started = time.monotonic()
                 did = self.run_once()
                 now = time.monotonic()
-                beat.started, beat.finished, beat.succeeded = None, now, now
-                if backoff:
+                beat.started, beat.finished = None, now
+                if not self.explicit_success:
+                    beat.succeeded = now
+                if backoff and beat.succeeded is not None and beat.succeeded >= started:
                     self._failures.recovered(self.name)
                     backoff = 0.0
                 if not did:

@@ -185,3 +185,48 @@ def test_a_second_crash_keeps_the_first_reason(stop_afterwards):
     assert sup.fatal in ("loop one crashed: RuntimeError: first",
                          "loop two crashed: RuntimeError: second")
     assert sup.exit_code == 70
+
+
+def test_a_loop_of_explicit_successes_recovers_only_when_it_reaches_its_dependency(
+        caplog, fast_backoff, stop_afterwards):
+    """Like the lease keeper, whose ticks mostly only check a clock: after a failure, a pass
+    that never reached the database is neither logged as a recovery nor counted for
+    readiness; the first pass that does (and calls mark_ok) is."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    script = iter(["fail", "tick", "tick"])
+    ticks = threading.Semaphore(0)
+    reach = threading.Event()
+
+    class Keeper(Loop):
+        name = "keeper"
+        explicit_success = True
+        ready_within_seconds = 5.0
+
+        def run_once(self, now=None):
+            step = next(script, "beat")
+            if step == "fail":
+                raise Retryable("database down")
+            if step == "tick":
+                ticks.release()
+                return 1
+            reach.wait(30)  # a beat: only once the test has looked
+            if not self.stopping:
+                self.mark_ok()
+            return 0
+
+        def idle(self):
+            self.wait(3600)
+
+    loop = Keeper()
+    sup = Supervisor("test", clock=FakeClock())
+    sup.watch(loop)
+    stop_afterwards(sup)
+    sup.start()
+    assert ticks.acquire(timeout=10) and ticks.acquire(timeout=10)
+    assert events(caplog, "loop_failed") and not events(caplog, "loop_recovered")
+    assert sup.ready() == (False, "no successful keeper pass yet")
+    reach.set()
+    wait_for(lambda: events(caplog, "loop_recovered"), timeout=10, message="loop_recovered")
+    assert sup.ready()[0], sup.ready()
+    loop.stop()
+    reach.set()
