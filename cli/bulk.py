@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from cli import connect
+from cli import audit, connect
 from cli.arguments import Sub, add_common, add_filters, filter_of, job_id_type
 from cli.output import print_json
 from shared.client import Client
@@ -51,6 +51,7 @@ def _change_ids(client: Client, action: str, args: argparse.Namespace) -> int:
             status = EXIT_REFUSED
             continue
         done.append(job)
+        audit.action("job_retried" if action == "retry" else "job_cancelled", job_id=job.id)
         if not args.json:
             print(f"job {job.id}: {job.state}")
     if args.json and not args.dry_run:
@@ -84,6 +85,7 @@ def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> i
 
     with connect.operator_store(args) as store:
         count = ops_jobs.run_bulk(store, action, where, up_to_id=plan.up_to_id)
+    audit.action(f"bulk_{action}", jobs=count, filter=plan.description, up_to_id=plan.up_to_id)
     if args.json:
         print_json({"dry_run": False, "action": action, "count": count,
                     "up_to_id": plan.up_to_id, "description": plan.description})

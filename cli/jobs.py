@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from cli import connect
+from cli import audit, connect
 from cli.arguments import (
     Sub,
     add_common,
@@ -86,6 +86,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                               priority=args.priority, queue=args.queue,
                               max_attempts=args.max_attempts, timeout=args.timeout,
                               tenant=args.tenant, concurrency_key=args.concurrency_key)
+    audit.action("job_enqueued", job_id=job.id, kind=job.kind, created=job.created)
     if args.json:
         print_json(job)
     elif job.created:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli import connect
+from cli import audit, connect
 from cli.arguments import Sub, add_common
 from cli.output import print_json, print_table
 from shared.core.errors import InvalidInput
@@ -68,6 +68,8 @@ def _set(args: argparse.Namespace) -> int:
     with connect.client(args) as client:
         limit = client.set_limit(args.scope, _key(args), max_running=args.max_running,
                                  rate=args.rate, per=args.per, burst=args.burst)
+    audit.action("limit_set", scope=limit.scope, key=limit.key, max_running=limit.max_running,
+                 rate_per_second=limit.rate_per_second, burst=limit.burst)
     if args.json:
         print_json(limit)
         return EXIT_OK
@@ -78,6 +80,7 @@ def _set(args: argparse.Namespace) -> int:
 def _remove(args: argparse.Namespace) -> int:
     with connect.client(args) as client:
         removed = client.remove_limit(args.scope, _key(args))
+    audit.action("limit_removed", scope=args.scope, key=_key(args), removed=removed)
     name = NO_TENANT_LABEL if args.no_tenant else args.key
     print(f"{args.scope} {name}: limit removed" if removed
           else f"{args.scope} {name}: had no limit")

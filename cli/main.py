@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
+from cli import audit
 from shared.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -20,6 +22,8 @@ from shared.core.errors import (
 )
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 128 + 13
+"""What a Unix tool's shell reports when the reader went away (SIGPIPE): `tock jobs | head`."""
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -90,7 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     func: Command = args.func
     try:
+        audit.configure_from_environment()
         return func(args)
+    except BrokenPipeError:
+        # The reader (head, less) has gone: stop quietly, as Unix tools do. What is left in
+        # stdout's buffer goes nowhere, or its flush at exit would raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (InvalidInput, ConfigError) as exc:
         print(f"tock: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
+from cli import audit
+
 EXIT_OK, EXIT_REFUSED = 0, 1
 
 
@@ -62,12 +64,15 @@ def run(args: argparse.Namespace) -> int:
                 return _out(args, fires, _table_of_fires(fires))
             if args.action == "pause":
                 sched = client.pause_schedule(args.name)
+                audit.action("schedule_paused", schedule=sched.name)
                 return _out(args, sched, f"paused {sched.name}")
             if args.action == "resume":
                 sched = client.resume_schedule(args.name)
+                audit.action("schedule_resumed", schedule=sched.name)
                 return _out(args, sched, f"resumed {sched.name}; next fire "
                                          f"{_time(sched.next_fire_at)}")
             client.delete_schedule(args.name)
+            audit.action("schedule_deleted", schedule=args.name)
             return _out(args, {"deleted": args.name}, f"deleted {args.name}")
     except ScheduleNotFound as exc:
         print(f"tock: {exc}", file=sys.stderr)

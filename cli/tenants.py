@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from cli import connect
+from cli import audit, connect
 from cli.arguments import Sub, add_common
 from cli.output import print_json, print_table
 from shared.core.errors import InvalidInput
@@ -58,6 +58,7 @@ def _weight(args: argparse.Namespace) -> int:
     tenant, weight = _tenant(args, with_weight=True)
     with connect.client(args) as client:
         client.set_tenant_weight(tenant, weight)
+    audit.action("tenant_weight_set", tenant=tenant, weight=weight)
     print(f"{tenant or NO_TENANT_LABEL}: weight {weight}")
     return EXIT_OK
 
@@ -66,6 +67,7 @@ def _reset(args: argparse.Namespace) -> int:
     tenant, _ = _tenant(args, with_weight=False)
     with connect.client(args) as client:
         had = client.reset_tenant_weight(tenant)
+    audit.action("tenant_weight_set", tenant=tenant, weight=1)
     print(f"{tenant or NO_TENANT_LABEL}: weight 1 (the default)" if had else
           f"{tenant or NO_TENANT_LABEL}: had no weight set; it stays at 1")
     return EXIT_OK

@@ -228,6 +228,10 @@ def main() -> int:
         return 2
     stack = Stack()
     signal.signal(signal.SIGTERM, _interrupt)
+    # Set, not inherited: a shell that starts make run in the background ignores SIGINT
+    # for it, and then an interrupt would stop the children but not make run, which would
+    # start them again.
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         stack.janitor = Janitor()
         _say("starting a throwaway Postgres ...")
