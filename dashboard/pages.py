@@ -98,3 +98,11 @@ def index(request: Request, auth: Annotated[Authenticator, Depends(authenticator
         return RedirectResponse("/login", status_code=303)
     return HTMLResponse((STATIC / "index.html").read_text(encoding="utf-8"),
                         headers={"Cache-Control": "no-store"})
+
+
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    """The icon the pages link to (/static/favicon.svg), also where browsers and tools look
+    for one unasked, so that request is not a 404. Public, like /login and /static."""
+    return Response((STATIC / "favicon.svg").read_bytes(), media_type="image/svg+xml",
+                    headers={"Cache-Control": "public, max-age=86400"})

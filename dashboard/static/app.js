@@ -5,7 +5,12 @@
 const STATES = ["scheduled", "retrying", "dispatched", "running", "succeeded", "dead",
                 "cancelled"];
 const FINAL = new Set(["succeeded", "dead", "cancelled"]);
-const DEMO_KINDS = ["email", "flaky", "slow", "crash", "report", "sync"];
+// The handlers of demo/tasks.py: the Enqueue page's kind list and its help both read this.
+const DEMO_KINDS = [["email", "succeeds"], ["flaky", "fails 60% of attempts"],
+                    ["slow", "runs 6 s"],
+                    ["sync", "runs 3 s; the demo producer allows one at a time per account"],
+                    ["crash", "first attempt dies like a killed worker"],
+                    ["report", "the demo-report schedule fires it every 15 s"]];
 const OUTCOME_COLORS = {succeeded: "#2a9d5c", failed: "#d98b1c", timed_out: "#e0b040",
                         permanent: "#d1432f", no_handler: "#8e2a1d", lease_expired: "#b05ad1",
                         released: "#9aa1ad"};
@@ -52,8 +57,40 @@ function human(secs) {
   return `${(secs / 86400).toFixed(1)} d`;
 }
 
-function stamp(iso) {
-  return iso ? new Date(iso).toLocaleString() : "–";
+// Every time on the page reads YYYY-MM-DD HH:MM:SS and names its zone, as the server's
+// explanations do: UTC, or on a schedule's pages the schedule's own zone, with its offset
+// (e.g. 2026-05-12 13:00:30 +01:00; the zone's name is in the heading).
+const STAMP_FORMATS = new Map();
+const UTC_NAMES = /^(Etc\/)?(UTC|UCT|GMT|Universal|Zulu)$/;
+
+function stampFormat(tz) {
+  if (!STAMP_FORMATS.has(tz)) {
+    STAMP_FORMATS.set(tz, new Intl.DateTimeFormat("en-US", {
+      timeZone: tz, hourCycle: "h23", year: "numeric", month: "2-digit", day: "2-digit",
+      hour: "2-digit", minute: "2-digit", second: "2-digit"}));
+  }
+  return STAMP_FORMATS.get(tz);
+}
+
+function stamp(iso, tz) {
+  if (!iso) return "–";
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return String(iso);
+  let zone = tz || "UTC", format;
+  try { format = stampFormat(zone); }
+  catch (e) { zone = "UTC"; format = stampFormat(zone); }  // a zone this browser lacks
+  const p = Object.fromEntries(format.formatToParts(date).map(x => [x.type, x.value]));
+  const text = `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second}`;
+  if (UTC_NAMES.test(zone)) return `${text} UTC`;
+  const wall = Date.UTC(+p.year, +p.month - 1, +p.day, +p.hour, +p.minute, +p.second);
+  const minutes = Math.round((wall - Math.floor(date.getTime() / 1000) * 1000) / 60000);
+  const pad = n => String(n).padStart(2, "0");
+  const sign = minutes < 0 ? "-" : "+";
+  return `${text} ${sign}${pad(Math.floor(Math.abs(minutes) / 60))}:${pad(Math.abs(minutes) % 60)}`;
+}
+
+function clock(date) {
+  return stamp(date.toISOString()).slice(11);  // HH:MM:SS UTC
 }
 
 function toast(text, bad) {
@@ -103,7 +140,7 @@ function showLive(ok) {
   const live = document.getElementById("live");
   const fresh = ok !== false && Date.now() - lastOk < 10000;
   live.className = fresh ? "live" : "live stale";
-  live.textContent = fresh ? `live · ${new Date().toLocaleTimeString()}` : "reconnecting…";
+  live.textContent = fresh ? `live · ${clock(new Date())}` : "reconnecting…";
 }
 
 function view(...children) {
@@ -370,15 +407,17 @@ function filterToParams(f) {
   return p;
 }
 
+// The creation-time inputs are read and shown in UTC, like every time on the page.
 function localToIso(value) {
-  return value ? new Date(value).toISOString() : "";
+  if (!value) return "";
+  const d = new Date(`${value}Z`);
+  return Number.isNaN(d.getTime()) ? "" : d.toISOString();
 }
 
 function isoToLocal(iso) {
   if (!iso) return "";
   const d = new Date(iso);
-  const pad = n => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  return Number.isNaN(d.getTime()) ? "" : d.toISOString().slice(0, 16);
 }
 
 function renderJobs(query) {
@@ -388,9 +427,9 @@ function renderJobs(query) {
       el("input", {type: "checkbox", name: "state", value: s, checked: f.state.includes(s)}), s))),
     ...["kind", "queue", "tenant", "key"].map(k => el("label", {}, k,
       el("input", {name: k, value: f[k], size: 12}))),
-    el("label", {}, "created after", el("input", {type: "datetime-local", name: "created_after",
+    el("label", {}, "created after (UTC)", el("input", {type: "datetime-local", name: "created_after",
                                                  value: isoToLocal(f.created_after)})),
-    el("label", {}, "created before", el("input", {type: "datetime-local", name: "created_before",
+    el("label", {}, "created before (UTC)", el("input", {type: "datetime-local", name: "created_before",
                                                   value: isoToLocal(f.created_before)})),
     el("button", {type: "submit"}, "Filter"));
   form.addEventListener("submit", e => {
@@ -541,7 +580,7 @@ function renderJob(id) {
 // --- enqueue ----------------------------------------------------------------------------------------
 
 function renderEnqueue() {
-  const list = el("datalist", {id: "kinds"}, DEMO_KINDS.map(k => el("option", {value: k})));
+  const list = el("datalist", {id: "kinds"}, DEMO_KINDS.map(([k]) => el("option", {value: k})));
   const form = el("form", {className: "stack", "data-testid": "enqueue-form"},
     el("label", {}, "kind", el("input", {name: "kind", list: "kinds", value: "email", required: true})),
     el("label", {}, "delay (seconds)", el("input", {name: "delay", type: "number", min: 0, step: "any", value: 0})),
@@ -571,8 +610,9 @@ function renderEnqueue() {
   });
   stopPolling();
   view(el("h1", {}, "Enqueue a job"), el("div", {className: "panel"},
-    el("p", {className: "muted"}, "Demo kinds: email (succeeds), flaky (fails 60% of attempts), " +
-       "slow (6 s), crash (first attempt dies like a killed worker), report."), form));
+    el("p", {className: "muted", "data-testid": "enqueue-help"},
+       `Demo kinds (demo/tasks.py): ${DEMO_KINDS.map(([k, what]) => `${k} (${what})`).join(", ")}. ` +
+       "Any other kind works too, if a consumer has a handler for it."), form));
 }
 
 // --- schedules ---------------------------------------------------------------------------------------
@@ -603,7 +643,9 @@ function renderSchedules() {
       el("tbody", {}, list.map(s => el("tr", {"data-testid": `schedule-${s.name}`},
         el("td", {}, el("a", {href: `#/schedules/${encodeURIComponent(s.name)}`}, s.name)),
         el("td", {}, s.timing), el("td", {}, s.kind), el("td", {}, s.queue),
-        el("td", {title: stamp(s.next_fire_at)}, s.paused ? "–" : ago(s.next_fire_at)),
+        el("td", {title: UTC_NAMES.test(s.tz) ? stamp(s.next_fire_at, s.tz)
+                                             : `${stamp(s.next_fire_at, s.tz)} (${s.tz})`},
+           s.paused ? "–" : ago(s.next_fire_at)),
         el("td", {}, badge(s.paused ? "paused" : "active")),
         el("td", {}, scheduleButton(s, load))))))
       : el("p", {className: "muted"}, "No recurring schedules. Define them in code with recurring(...)."));
@@ -627,19 +669,27 @@ function renderSchedule(name) {
           [["when", s.timing], ["kind", s.kind], ["queue", s.queue], ["priority", s.priority],
            ["misfire", s.misfire], ["overlap", s.overlap], ["payload", JSON.stringify(s.payload)]]
             .map(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]))),
-        el("div", {className: "panel"}, el("h2", {}, "Next fire times"),
+        el("div", {className: "panel"}, el("h2", {}, `Next fire times (${s.tz})`),
           s.paused ? el("p", {className: "muted"}, "Paused: nothing fires until it is resumed.")
             : el("ol", {"data-testid": "next-fires"}, d.next_fires.map(f => el("li", {},
-                `${f.local.replace("T", " ")} (${ago(f.fire_at)})`, f.note ? ` · ${f.note}` : ""))))),
+                el("span", {"data-testid": "fire-time", title: `${f.local} (${s.tz})`},
+                   stamp(f.fire_at, s.tz)),
+                ` (${ago(f.fire_at)})`, f.note ? ` · ${f.note}` : ""))))),
       el("div", {className: "grid"},
-        el("div", {className: "panel"}, el("h2", {}, "Recent runs"), d.runs.length ? el("table", {},
+        el("div", {className: "panel"}, el("h2", {}, "Recent runs"), d.runs.length ? el("table", {"data-testid": "runs"},
+          el("thead", {}, el("tr", {}, el("th", {}, "job"), el("th", {}, `slot (${s.tz})`),
+                             el("th", {}, "state"))),
           el("tbody", {}, d.runs.map(r => el("tr", {},
             el("td", {}, el("a", {href: `#/jobs/${r.job_id}`}, `#${r.job_id}`)),
-            el("td", {}, stamp(r.slot)), el("td", {}, badge(r.state))))))
+            el("td", {"data-testid": "run-slot", title: `run at ${stamp(r.run_at, s.tz)}`}, stamp(r.slot, s.tz)),
+            el("td", {}, badge(r.state))))))
           : el("p", {className: "muted"}, "No runs yet.")),
         el("div", {className: "panel"}, el("h2", {}, "Slots that did not run"),
-          d.skipped.length ? el("table", {}, el("tbody", {}, d.skipped.map(e => el("tr", {},
-            el("td", {}, e.reason), el("td", {}, `${stamp(e.first_slot)} – ${stamp(e.last_slot)}`),
+          d.skipped.length ? el("table", {},
+            el("thead", {}, el("tr", {}, el("th", {}, "why"), el("th", {}, `slots (${s.tz})`),
+                               el("th", {}, "count"), el("th", {}, ""))),
+            el("tbody", {}, d.skipped.map(e => el("tr", {},
+            el("td", {}, e.reason), el("td", {}, `${stamp(e.first_slot, s.tz)} – ${stamp(e.last_slot, s.tz)}`),
             el("td", {}, e.slot_count === null ? "many" : `${e.slot_count} slot(s)`),
             el("td", {className: "muted"}, e.detail || "")))))
           : el("p", {className: "muted"}, "None."))));

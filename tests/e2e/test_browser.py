@@ -286,3 +286,110 @@ def test_an_operator_sets_a_per_key_limit_and_a_job_shows_its_key(
     expect(row.get_by_test_id("limit-waiting")).to_have_text("1")
     page.goto(f"{live_server.url}/#/jobs/{job.id}")
     expect(page.locator("dl.fields")).to_contain_text("concurrency keyacct-7")
+
+
+DEMO_TASKS = Path(__file__).resolve().parents[2] / "demo" / "tasks.py"
+STAMP = r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} (UTC|[+-]\d{2}:\d{2})"
+
+
+def demo_kinds() -> set[str]:
+    """The kinds demo/tasks.py registers with @task("kind", ...), read without importing
+    it (importing would fill the process-wide registry)."""
+    import ast
+    kinds = set()
+    for node in ast.walk(ast.parse(DEMO_TASKS.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "task" and node.args
+                and isinstance(node.args[0], ast.Constant)):
+            kinds.add(node.args[0].value)
+    return kinds
+
+
+def test_enqueue_help_describes_every_kind_in_the_kind_list(
+        page: Page, live_server: LiveServer) -> None:
+    login(page, live_server, OPERATOR)
+    page.click("text=Enqueue")
+    help_text = page.get_by_test_id("enqueue-help")
+    expect(help_text).to_contain_text("Demo kinds")
+    listed = page.eval_on_selector_all("#kinds option", "os => os.map(o => o.value)")
+    assert set(listed) == demo_kinds()  # the list follows demo/tasks.py
+    text = help_text.inner_text()
+    missing = [kind for kind in listed if f"{kind} (" not in text]
+    assert not missing, f"the help does not describe {missing}: {text!r}"
+
+
+def test_schedule_times_share_one_format_in_the_schedules_zone(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    import re
+    client.recurring("berlin", "report", cron="0 2 * * *", tz="Europe/Berlin")
+    # A run the schedule made for 02:00 Berlin time on a winter night (01:00 UTC).
+    job_id = db.execute(
+        "INSERT INTO tock_jobs (kind, queue, run_at, payload, unique_key, schedule_name) "
+        "VALUES ('report', 'default', '2026-01-15T01:00:00Z', '{}', "
+        "'berlin:2026-01-15T01:00:00Z', 'berlin') RETURNING id").fetchone()[0]
+    login(page, live_server, VIEWER)
+    page.goto(f"{live_server.url}/#/schedules/berlin")
+    fires = page.get_by_test_id("fire-time")
+    expect(fires).to_have_count(5)
+    slot = page.get_by_test_id("run-slot")
+    expect(slot).to_have_text("2026-01-15 02:00:00 +01:00")
+    for text in fires.all_inner_texts():
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2} 02:00:00 \+0[12]:00", text), text
+        assert re.fullmatch(STAMP, text)
+    assert re.fullmatch(STAMP, slot.inner_text())
+    # Both columns name the zone they are in.
+    expect(page.locator("h2", has_text="Next fire times")).to_contain_text("Europe/Berlin")
+    expect(page.get_by_test_id("runs").locator("thead")).to_contain_text("slot (Europe/Berlin)")
+    # Elsewhere the same format, in UTC: the job page shows that run's time.
+    page.goto(f"{live_server.url}/#/jobs/{job_id}")
+    expect(page.locator("dl.fields")).to_contain_text("run at2026-01-15 01:00:00 UTC")
+    expect(page.locator("dl.fields")).to_contain_text(re.compile(f"created{STAMP}"))
+    page.goto(f"{live_server.url}/#/jobs")
+    expect(page.get_by_test_id(f"job-row-{job_id}").locator("td").nth(5)).to_have_attribute(
+        "title", "2026-01-15 01:00:00 UTC")
+
+
+def test_pages_load_without_console_errors_and_serve_a_favicon(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("response", lambda r: problems.append(f"{r.status} {r.url}")
+            if r.status >= 400 else None)
+    page.on("requestfailed", lambda r: problems.append(f"failed {r.url}: {r.failure}"))
+    job = client.schedule("email")
+    client.recurring("nightly", "report", cron="0 2 * * *")
+
+    icons: set[str] = set()
+
+    def collect_icons() -> None:
+        icons.update(page.eval_on_selector_all(
+            "link[rel~=icon]", "ls => ls.map(l => l.href)"))
+
+    # Without a session: /favicon.ico is public, like the login page.
+    response = page.goto(live_server.url + "/favicon.ico")
+    assert response is not None and response.status == 200
+    assert response.headers["content-type"].startswith("image/svg+xml")
+    login(page, live_server, OPERATOR)  # passes through /login
+    collect_icons()
+    for hash_, ready in [("#/", page.get_by_test_id("count-scheduled")),
+                         ("#/jobs", page.get_by_test_id(f"job-row-{job.id}")),
+                         (f"#/jobs/{job.id}", page.get_by_test_id("explanation")),
+                         ("#/schedules", page.get_by_test_id("schedule-nightly")),
+                         ("#/schedules/nightly", page.get_by_test_id("next-fires")),
+                         ("#/enqueue", page.get_by_test_id("enqueue-form"))]:
+        page.goto(f"{live_server.url}/{hash_}")
+        expect(ready).to_be_visible()
+        collect_icons()
+    page.goto(live_server.url + "/login")
+    collect_icons()
+    expect(page.locator("#token")).to_be_visible()
+    # Every icon a page names is served (headless Chromium may not fetch them itself).
+    assert icons and all(i.startswith(live_server.url) for i in icons), icons
+    for icon in sorted(icons):
+        served = page.request.get(icon)
+        assert served.status == 200, icon
+        assert served.headers["content-type"].startswith("image/svg+xml"), icon
+    page.wait_for_timeout(500)  # let the last page's requests settle
+    assert problems == []
