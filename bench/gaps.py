@@ -158,11 +158,12 @@ GAP_NOTES: dict[str, str] = {
         "as its MessageGroupId (`TOCK_SQS_FAIR_QUEUES`), which makes an AWS standard "
         "queue a fair queue. LocalStack carries the group but delivers in send order "
         "(checked: 10 of B's sent after 1,000 of A's came back last), so this run cannot "
-        "show what fair queues change. A's completions while B's jobs ran "
-        "(`fair.sqs.a_rate_during`) are counted from B's arrival to B's last finish, about "
-        "a second, in which B's 100 jobs take their turn on the same busy consumers: A's "
-        "own rate there is at most one minus B's share of the completions, which the "
-        "`fair.sqs.fleet_rate_during` figure (A and B together) gives in its note."
+        "show what fair queues change. A's throughput (`fair.sqs.a_rate_during`) is its "
+        "completions in the 3 s from B's arrival against the 3 s before, in which B's 100 "
+        "jobs are a few percent; counted only while B's jobs ran "
+        "(`fair.sqs.a_rate_b_window`, about half a second), B's jobs take their turn on "
+        "the same busy consumers and A's own rate is at most one minus their share, which "
+        "the `fair.sqs.fleet_rate_during` figure (A and B together) gives in its note."
     ),
     "fair.a_rate_": (
         "A's rate from B's arrival on is compared with the mean of A's rates in the windows "
