@@ -5,6 +5,15 @@ messages than it can run.
 
 A message whose claim matches nothing (forged, stale, replayed, unknown job, malformed)
 changes nothing and is deleted, with a `message_dropped` line naming the typed reason.
+
+A message that arrives before its dispatch commits is deferred (made visible again a
+moment later), but only until SQS has handed it out `defer_limit` times: each receive
+counts towards the queue's maxReceiveCount, past which SQS would move it to the
+dead-letter queue although its job may yet run. It is deleted instead
+(`deferred_message_deleted`), which loses nothing: a dispatch that commits later leaves
+the job `dispatched` with no message, which the timer's rescuer sends again after the
+dispatch timeout (the queue then holds fewer messages than dispatched jobs), and a
+dispatch that rolls back makes the job due again with a new token.
 """
 
 from __future__ import annotations
@@ -48,6 +57,10 @@ DROP_ERRORS: dict[str, type[TockError]] = {
 
 RETRY_LATER_SECONDS = 1
 """Visibility given to a deferred message: it comes back after this long."""
+MAX_DEFERRED_RECEIVES = 5
+"""A message still waiting for its dispatch commit when received this many times (or
+TOCK_DEAD_LETTER_AFTER times, if fewer) is deleted rather than deferred again: 5 receives
+are about 15 s of an uncommitted dispatch, far past a slow send."""
 
 Drop = tuple[Received, str, str]
 """(message, reason, detail)."""
@@ -70,6 +83,9 @@ class Claimer(Loop):
         # A pass is one long poll plus a claim that may wait for a dispatch commit.
         self.pass_bound_seconds = (settings.receive_wait_seconds
                                    + 3 * settings.sqs_call_timeout_seconds + 60)
+        # At most the DLQ's maxReceiveCount (of queues tock creates): a message deferred
+        # at that count would go to the DLQ at its next receive.
+        self.defer_limit = min(MAX_DEFERRED_RECEIVES, settings.dead_letter_after)
 
     def run_once(self, now: datetime | None = None, wait_seconds: int | None = None) -> int:
         """Receive one batch, claim it, hand the claimed jobs to the executor; returns how
@@ -153,7 +169,7 @@ class Claimer(Loop):
                 except LockTimeout:
                     # The dispatch is still open (a slow send): let SQS bring these back in a
                     # moment rather than hold this receiver.
-                    self._retry_later([m for m, _ in missed])
+                    self._defer(missed)
                     for _, p in missed:
                         wanted.pop((p.job_id, p.token))
             got = {(r.id, r.token) for r in rows}
@@ -216,7 +232,27 @@ class Claimer(Loop):
         """Make the messages visible again after `seconds` (0: now)."""
         self.pipe.make_visible(self.queue, [m.receipt for m in messages], seconds)
         emit(log, "claim_deferred", logging.DEBUG, queue=self.queue, messages=len(messages),
-             retry_in_seconds=seconds)
+             retry_in_seconds=seconds,
+             most_receives=max((m.receive_count for m in messages), default=0))
+
+    def _defer(self, waiting: list[Parsed]) -> None:
+        """Messages whose dispatch has not committed: back in a moment, or deleted once
+        SQS has handed them out `defer_limit` times (see the module docstring)."""
+        spent = [(m, p) for m, p in waiting if m.receive_count >= self.defer_limit]
+        again = [m for m, _ in waiting if m.receive_count < self.defer_limit]
+        if again:
+            self._retry_later(again)
+        if not spent:
+            return
+        for msg, parsed in spent:  # once per message: it is gone after this
+            metrics.MESSAGES_DROPPED.labels("dispatch_uncommitted").inc()
+            emit(log, "deferred_message_deleted", logging.WARNING, job_id=parsed.job_id,
+                 message_id=msg.message_id, queue=self.queue, receives=msg.receive_count,
+                 detail="its dispatch has not committed (a timer stalled between send and "
+                        "commit?); deleted before SQS moves it to the dead-letter queue. "
+                        "If the dispatch commits, the timer sends the job again after its "
+                        "dispatch timeout; if it rolls back, the job is due again")
+        self.pipe.delete(self.queue, [m.receipt for m, _ in spent])
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]) -> list[Drop]:
         found = self.pipe.store.job_states([p.job_id for _, p in batch])

@@ -27,7 +27,7 @@ from datetime import datetime
 
 from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline
-from shared.core.errors import Retryable, TransportError
+from shared.core.errors import QueueMissing, Retryable, TransportError
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
@@ -159,13 +159,16 @@ class VisibilityKeeper(Loop):
                         q, receipts[i:i + MAX_BATCH], pipe.settings.visibility_timeout_seconds)
                 except TransportError as exc:
                     metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
-                    emit(log, "visibility_extend_failed", logging.WARNING, queue=q,
-                         error=str(exc))
+                    if not isinstance(exc, QueueMissing):  # the transport reports that
+                        emit(log, "visibility_extend_failed", logging.WARNING, queue=q,
+                             error=str(exc))
                     refused += len(receipts[i:i + MAX_BATCH])
                     continue
                 if failures:
                     refused += len(failures)
                     metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc(len(failures))
+                    # The code first: the message (receipt handle shortened) can be long.
                     emit(log, "visibility_extend_failed", logging.WARNING, queue=q,
-                         entries=len(failures), error=failures[0].message)
+                         entries=len(failures), code=failures[0].code,
+                         error=failures[0].message)
         return refused

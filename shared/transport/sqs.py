@@ -10,6 +10,13 @@ Queue URLs are cached. A call that finds its queue gone (deleted, or a LocalStac
 drops the cached URL, so the next call resolves it again; with `create_missing` the queue
 (and its dead-letter queue) is created at once and the call retried, which is what
 `TOCK_CREATE_QUEUES=1` turns on for local stacks. Production queues come from infra/.
+Both are logged: `queue_recreated` (WARNING: the messages it held are gone) when a
+queue this process had used is created again, else `queue_missing` (ERROR), at most once
+per 30 s per queue, since every loop meets the error again on every pass.
+
+SQS quotes the whole receipt handle (hundreds of characters) before the reason in its
+error messages; error texts built here cut handles short (`shorten_handles`), so a log
+line cut to length still says why.
 
 With `message_groups`, each message carries its group (the job's tenant) as its
 MessageGroupId, which on a standard queue is what SQS fair queues order deliveries by: a
@@ -20,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +51,16 @@ from shared.transport.base import (
 if TYPE_CHECKING:
     from mypy_boto3_sqs import SQSClient
 
+log = logging.getLogger("tock.sqs")
+
+REPORT_MISSING_EVERY_SECONDS = 30.0
+"""A queue that stays missing is reported at most this often (per queue and process)."""
+
+_HANDLE = re.compile(r"[A-Za-z0-9+/]{40,}={0,2}")
+"""A receipt handle (or any long base64 run) inside an SQS error message."""
+HANDLE_KEEP = 12
+"""Characters of a handle kept in error texts: enough to tell two apart."""
+
 MISSING_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
 """What SQS answers for a queue that does not exist (query and JSON protocols)."""
 
@@ -61,13 +80,22 @@ def message_group_id(group: str) -> str:
     return "tock:" + hashlib.sha256(group.encode()).hexdigest()[:40]
 
 
+def shorten_handles(text: str) -> str:
+    """`text` with every receipt handle cut to its first characters and "...": SQS puts
+    the whole handle before the reason ("Value OGM3Mjk5NjgtMmY2NS00... for parameter
+    ReceiptHandle is invalid. Reason: ..."), and a cut log line would keep only the
+    handle."""
+    return _HANDLE.sub(lambda m: m.group()[:HANDLE_KEEP] + "...", text)
+
+
 class SqsTransport:
     """SQS queues named `prefix + tock queue name`."""
 
     def __init__(self, prefix: str = "tock-", *, call_timeout_seconds: float = 10.0,
                  max_connections: int = 50, client: SQSClient | None = None,
                  create_missing: bool = False, visibility_timeout: int = 60,
-                 dead_letter_after: int | None = 5, message_groups: bool = False) -> None:
+                 dead_letter_after: int | None = 5, message_groups: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.prefix = prefix
         self.message_groups = message_groups
         self.create_missing = create_missing
@@ -86,6 +114,11 @@ class SqsTransport:
             retries=retries, max_pool_connections=max_connections))
         self._urls: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._clock = clock
+        self._known: set[str] = set()
+        """Queues this transport has found or created: one created again was lost."""
+        self._missing_said: dict[str, float] = {}
+        """When each missing queue was last reported (by `_clock`)."""
 
     def queue_name(self, queue: str) -> str:
         return f"{self.prefix}{queue}"
@@ -107,9 +140,8 @@ class SqsTransport:
                 f"SQS queue {self.queue_name(queue)!r} for tock queue {queue!r} is not "
                 f"accessible: {_describe(exc)}") from exc
         except BotoCoreError as exc:
-            raise TransportError(f"SQS unreachable: {exc}") from exc
-        with self._lock:
-            self._urls[queue] = found
+            raise TransportError(f"SQS unreachable: {shorten_handles(str(exc))}") from exc
+        self._remember(queue, found)
         return found
 
     def create_queue(self, queue: str, *, visibility_timeout: int | None = None,
@@ -129,9 +161,9 @@ class SqsTransport:
             url = self.client.create_queue(QueueName=self.queue_name(queue),
                                            Attributes=attributes)["QueueUrl"]  # type: ignore[arg-type]
         except (ClientError, BotoCoreError) as exc:
-            raise TransportError(f"cannot create SQS queue {queue!r}: {exc}") from exc
-        with self._lock:
-            self._urls[queue] = url
+            raise TransportError(
+                f"cannot create SQS queue {queue!r}: {shorten_handles(str(exc))}") from exc
+        self._remember(queue, url)
         return url
 
     def send_batch(self, queue: str, entries: Sequence[Outgoing]) -> list[EntryFailure]:
@@ -184,8 +216,14 @@ class SqsTransport:
 
     def check(self, queue: str) -> None:
         """GetQueueUrl (which every tock role may call), creating the queue if it is
-        missing and `create_missing` is on."""
-        self._url_or_create(queue)
+        missing and `create_missing` is on. A missing queue is the caller's to report (the
+        start-up check does), so the calls right after it do not report it again."""
+        try:
+            self._url_or_create(queue)
+        except QueueMissing:
+            with self._lock:
+                self._missing_said[queue] = self._clock()
+            raise
 
     def depth(self, queue: str) -> int:
         """Messages in the queue: visible, in flight and delayed (SQS's approximations)."""
@@ -197,6 +235,14 @@ class SqsTransport:
         return sum(int(attrs.get(n, "0")) for n in names)
 
     def _call(self, name: str, queue: str, method: Callable[..., Any], **kwargs: Any) -> Any:
+        try:
+            return self._call_once(name, queue, method, **kwargs)
+        except QueueMissing:
+            self._report_missing(queue, name)
+            raise
+
+    def _call_once(self, name: str, queue: str, method: Callable[..., Any],
+                   **kwargs: Any) -> Any:
         for attempt in (1, 2):
             try:
                 return method(QueueUrl=self._url_or_create(queue), **kwargs)
@@ -210,7 +256,7 @@ class SqsTransport:
                         f"SQS {name} failed: queue {self.queue_name(queue)!r} for tock queue "
                         f"{queue!r} does not exist") from exc
             except BotoCoreError as exc:
-                raise TransportError(f"SQS {name} failed: {exc}") from exc
+                raise TransportError(f"SQS {name} failed: {shorten_handles(str(exc))}") from exc
         raise AssertionError("unreachable")
 
     def _url_or_create(self, queue: str) -> str:
@@ -219,7 +265,49 @@ class SqsTransport:
         except QueueMissing:
             if not self.create_missing:
                 raise
-            return self.create_queue(queue, dead_letter_after=self.dead_letter_after)
+        with self._lock:
+            lost = queue in self._known
+        url = self.create_queue(queue, dead_letter_after=self.dead_letter_after)
+        self._report_created(queue, lost)
+        return url
+
+    def _remember(self, queue: str, url: str) -> None:
+        with self._lock:
+            self._urls[queue] = url
+            self._known.add(queue)
+
+    def _report_created(self, queue: str, lost: bool) -> None:
+        """A queue created at first use is news; one created again means messages lost."""
+        if not lost:
+            _log(logging.INFO, "queue_created", queue=queue, sqs_queue=self.queue_name(queue))
+            return
+        _log(logging.WARNING, "queue_recreated", queue=queue,
+             sqs_queue=self.queue_name(queue),
+             detail="the queue was gone (deleted, or SQS restarted) and is created again "
+                    "(TOCK_CREATE_QUEUES=1); the messages it held are gone: the timer "
+                    "sends their jobs again once they have waited its dispatch timeout "
+                    "(TOCK_DISPATCH_TIMEOUT_SECONDS)")
+
+    def _report_missing(self, queue: str, operation: str) -> None:
+        """`queue_missing`, at most once per REPORT_MISSING_EVERY_SECONDS per queue: every
+        loop using the queue meets it on every pass."""
+        now = self._clock()
+        with self._lock:
+            said = self._missing_said.get(queue)
+            if said is not None and now - said < REPORT_MISSING_EVERY_SECONDS:
+                return
+            self._missing_said[queue] = now
+        _log(logging.ERROR, "queue_missing", queue=queue, sqs_queue=self.queue_name(queue),
+             operation=operation,
+             detail="create it (infra/ templates), or set TOCK_CREATE_QUEUES=1 for a local "
+                    "stack; calls are retried until it exists (reported once per 30 s)")
+
+
+def _log(level: int, event: str, **fields: Any) -> None:
+    """A structured line as `shared.runtime.logs.emit` writes it (the transport sits
+    below the runtime layer, so it cannot import it)."""
+    if log.isEnabledFor(level):
+        log.log(level, event, extra={"event": event, "fields": fields})
 
 
 def _code(exc: ClientError) -> str:
@@ -228,11 +316,11 @@ def _code(exc: ClientError) -> str:
 
 def _describe(exc: ClientError) -> str:
     err = exc.response.get("Error", {})
-    return f"{err.get('Code', '?')}: {err.get('Message', str(exc))}"
+    return f"{err.get('Code', '?')}: {shorten_handles(err.get('Message', str(exc)))}"
 
 
 def _failures(resp: Any) -> list[EntryFailure]:
     return [
-        EntryFailure(f["Id"], f.get("Code", "?"), f.get("Message", ""))
+        EntryFailure(f["Id"], f.get("Code", "?"), shorten_handles(f.get("Message", "")))
         for f in resp.get("Failed", [])
     ]
