@@ -95,6 +95,13 @@ class Claimer(Loop):
             # Outcomes are waiting to be written (database slow?): do not take more.
             self.wait(0.05)
             return 0
+        if pipe.database_away:
+            # Every receive counts towards the queue's maxReceiveCount: receiving while the
+            # claim cannot run would walk the messages into the dead-letter queue in a few
+            # seconds of an outage. Raises Retryable (and the loop backs off) until it is
+            # back.
+            pipe.claim_store.ping()
+            pipe.database_away = False
         reserved = pipe.slots.reserve(pipe.settings.claim_batch_size, timeout=0.5)
         if not reserved:
             return 0
@@ -106,9 +113,12 @@ class Claimer(Loop):
                 try:
                     claimed = self.claim(messages)
                 except Retryable:
-                    # The database is away: let these messages come back at once (to this
-                    # or another consumer) rather than after a whole visibility timeout.
-                    self._retry_later(messages, 0)
+                    # The database is away: receive no more until it answers, and let these
+                    # messages come back once the other receivers' long polls have ended
+                    # (so they have seen the flag: no receive is spent on them meanwhile),
+                    # not after a whole visibility timeout.
+                    pipe.database_away = True
+                    self._retry_later(messages, pipe.settings.receive_wait_seconds + 1)
                     raise
         finally:
             pipe.slots.release(reserved - len(claimed))

@@ -58,7 +58,11 @@ class LeaseKeeper(Loop):
         self.check_timeouts()
         if time.monotonic() >= self._next_beat:
             self._next_beat = time.monotonic() + self.pipe.settings.heartbeat_seconds
-            self.beat(now)
+            try:
+                self.beat(now)
+            except Retryable:
+                self.pipe.database_away = True  # the receivers wait for it too
+                raise
         return 0
 
     def beat(self, now: datetime | None = None) -> tuple[int, int]:

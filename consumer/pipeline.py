@@ -61,6 +61,10 @@ class Pipeline:
     tracker: Tracker = field(default_factory=Tracker)
     work: queues.Queue[Work] = field(default_factory=queues.Queue)
     done: queues.Queue[Finished] = field(default_factory=queues.Queue)
+    database_away: bool = False
+    """A claim or a heartbeat just failed for want of Postgres: the receivers ask it before
+    they receive again (consumer/claimer.py), so no receive is spent on a claim that
+    cannot run."""
 
     def __post_init__(self) -> None:
         self.slots = Slots(self.settings.concurrency)

@@ -99,6 +99,10 @@ class JobStore(Store):
             "backoff_cap": backoff_cap_seconds, "now": now})
         return {r[0]: r[1] for r in rows}
 
+    def ping(self) -> None:
+        """Raise (Retryable) unless the database answers."""
+        self._one(sql.PING)
+
     def next_due_at(self) -> tuple[datetime | None, datetime]:
         """(earliest run_at of a scheduled/retrying job, the database clock now)."""
         row = self._one(sql.NEXT_DUE_AT)

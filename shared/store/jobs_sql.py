@@ -41,6 +41,9 @@ RETURNING j.id, j.dispatch_failures
 """
 
 # Earliest due time per level, so the timer can sleep until exactly then.
+PING = "SELECT 1"
+"""A consumer that lost the database asks this before it receives again."""
+
 NEXT_DUE_AT = """
 SELECT min(n.run_at), clock_timestamp()
 FROM generate_series(0, 9) AS p(level)
