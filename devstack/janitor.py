@@ -81,6 +81,7 @@ def clean(path: Path) -> None:
     for group in manifest.kill_groups:
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
+    # Not our children: nothing to wait on but their absence, so look every 50 ms.
     deadline = time.monotonic() + KILL_WAIT_SECONDS
     while any(_group_alive(g) for g in manifest.kill_groups) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -105,18 +106,15 @@ def _group_alive(group: int) -> bool:
 
 def main(argv: list[str]) -> int:
     path, parent = Path(argv[0]), int(argv[1])
-    stopping = False
-
-    def on_term(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # The parent may have died before the parent-death signal was set: then our parent
-    # is already another process.
-    while not stopping and os.getppid() == parent:
-        time.sleep(0.5)
+    # SIGTERM (the parent-death signal, or make run's own stop) is taken with sigwait:
+    # blocked first, so one that comes before the wait is not lost.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    # The parent may have died before the parent-death signal was set in this process
+    # (between fork and prctl): then our parent is already another process. After this
+    # check the signal is armed, so a later death reaches the wait.
+    if os.getppid() == parent:
+        signal.sigwait({signal.SIGTERM})
     clean(path)
     return 0
 

@@ -48,11 +48,13 @@ def deleted_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "event", "") == "deferred_message_deleted"]
 
 
-def test_a_message_deferred_too_often_is_deleted_not_dead_lettered_and_its_job_runs(
-        client, timer_settings, consumer_settings, queue_prefix, registry, clock,
-        monkeypatch, caplog):
+def _stalled_dispatch(client: Any, timer_settings: Any, consumer_settings: Any,
+                      queue_prefix: str, registry: Any, clock: Any,
+                      monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """A queue with a DLQ after DEAD_LETTER_AFTER receives, a consumer on it, and a timer
+    pass (on its own thread) that sends one job's message and stalls before its commit:
+    (sqs, consumer, stalled transport, timer, job, the pass's thread)."""
     monkeypatch.setattr(job_store_module, "LOCK_WAIT_MS", 100)  # each deferral waits less
-    caplog.set_level(logging.DEBUG, logger="tock.consumer")
     registry.add("work", lambda payload, ctx: None)
     sqs = SqsTransport(queue_prefix)
     sqs.create_queue("deferred", visibility_timeout=60, dead_letter_after=DEAD_LETTER_AFTER)
@@ -63,6 +65,16 @@ def test_a_message_deferred_too_often_is_deleted_not_dead_lettered_and_its_job_r
     job = client.schedule("work", queue="deferred")
     passing = threading.Thread(target=timer.run_once, args=(clock.now,))
     passing.start()
+    return sqs, consumer, stalled, timer, job, passing
+
+
+def test_a_message_deferred_too_often_is_deleted_not_dead_lettered_and_its_job_runs(
+        client, timer_settings, consumer_settings, queue_prefix, registry, clock,
+        monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="tock.consumer")
+    sqs, consumer, stalled, timer, job, passing = _stalled_dispatch(
+        client, timer_settings, consumer_settings, queue_prefix, registry, clock,
+        monkeypatch)
     try:
         assert stalled.sent.wait(30), "the message is out, the dispatch not committed"
         [line] = wait_for(lambda: consumer.receive_once("deferred", wait_seconds=2) >= 0
@@ -98,17 +110,9 @@ def test_a_short_stall_is_still_waited_out(
         monkeypatch, caplog):
     """Below the limit nothing changes: the deferred message is claimed once the dispatch
     commits, with no warning."""
-    monkeypatch.setattr(job_store_module, "LOCK_WAIT_MS", 100)
-    registry.add("work", lambda payload, ctx: None)
-    sqs = SqsTransport(queue_prefix)
-    sqs.create_queue("deferred", visibility_timeout=60, dead_letter_after=DEAD_LETTER_AFTER)
-    consumer = make_consumer(consumer_settings, registry, sqs, clock, queues=["deferred"],
-                             dead_letter_after=DEAD_LETTER_AFTER)
-    stalled = SendThenStall(sqs)
-    timer = Timer(timer_settings, stalled)
-    job = client.schedule("work", queue="deferred")
-    passing = threading.Thread(target=timer.run_once, args=(clock.now,))
-    passing.start()
+    _, consumer, stalled, timer, job, passing = _stalled_dispatch(
+        client, timer_settings, consumer_settings, queue_prefix, registry, clock,
+        monkeypatch)
     try:
         assert stalled.sent.wait(30)
         assert consumer.receive_once("deferred", wait_seconds=5) == 0, "deferred once"
