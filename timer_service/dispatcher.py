@@ -154,6 +154,8 @@ class Dispatcher(Loop):
         self.monotonic: Callable[[], float] = time.monotonic  # tests age the backlog with it
         # kind -> its jobs waiting in SQS: the last count, plus what this timer sent since
         self._in_sqs: dict[str, int] = {}
+        # the same per (kind, tenant): fair share tops the tenants with fewest up first
+        self._pairs_in_sqs: Counter[tuple[str, str]] = Counter()
         # (kind, tenant) pairs with a batch of jobs in SQS past the window's age
         self._waited: set[tuple[str, str]] = set()
         self._counted_at = -WINDOW_RECOUNT_SECONDS
@@ -280,10 +282,11 @@ class Dispatcher(Loop):
         if failed:
             self._report_stuck(due, streaks, failed)
         if self.dispatch_window:
-            sent_of = Counter(job.kind for job in due if job.id not in failed)
+            sent_of = Counter((job.kind, job.tenant_key) for job in due if job.id not in failed)
             with self._lock:
-                for kind, n in sent_of.items():
+                for (kind, tenant), n in sent_of.items():
                     self._in_sqs[kind] = self._in_sqs.get(kind, 0) + n
+                    self._pairs_in_sqs[(kind, tenant)] += n
         for job in due:
             if job.id not in failed:
                 metrics.DUE_TO_DISPATCH.observe(max(job.lag_seconds, 0.0))
@@ -304,7 +307,7 @@ class Dispatcher(Loop):
         flow = tx.sibling(FlowStore)
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
-        window_rooms, waited = self._window_rooms(flow, now)
+        window_rooms, waited, in_sqs = self._window_rooms(flow, now)
         for kind, room in window_rooms.items():
             kind_room[kind] = min(kind_room.get(kind, room), room)
         window_full = bool(waited) or any(room <= 0 for room in window_rooms.values())
@@ -345,7 +348,7 @@ class Dispatcher(Loop):
                 pairs = [p for p in pairs if (p[0], p[1]) not in waited]
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,
-                                        tenant_room=tenant_room, turn=turn)
+                                        tenant_room=tenant_room, turn=turn, in_sqs=in_sqs)
                 if not share:
                     break
                 got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn, now=now)
@@ -367,19 +370,20 @@ class Dispatcher(Loop):
         return batch
 
     def _window_rooms(self, flow: FlowStore, now: datetime | None
-                      ) -> tuple[dict[str, int], set[tuple[str, str]]]:
+                      ) -> tuple[dict[str, int], set[tuple[str, str]], dict[tuple[str, str], int]]:
         """The dispatch window: (room left of each kind that may not have a whole batch of
         it: dispatch_window minus its jobs in SQS; the (kind, tenant) pairs that get
         nothing, because a batch of their jobs has waited in SQS past
         dispatch_window_seconds: consumers are behind on them, and what is sent now would
-        wait behind them). Recounted when the count is older than WINDOW_RECOUNT_SECONDS.
+        wait behind them; each pair's jobs in SQS, for fair share to level). Recounted when
+        the count is older than WINDOW_RECOUNT_SECONDS.
 
         The age is judged per tenant, so a tenant's backlog in SQS holds back that tenant
         only: another tenant's jobs go out at once, and wait behind about the window's age
         of it. The window is soft: between counts, other timers' sends are not seen, so
         the kinds may run over by what they send in that time."""
         if not self.dispatch_window:
-            return {}, set()
+            return {}, set(), {}
         clock = self.monotonic()
         with self._lock:
             recount = clock - self._counted_at >= WINDOW_RECOUNT_SECONDS
@@ -395,6 +399,7 @@ class Dispatcher(Loop):
             with self._lock:
                 emptied = self._in_sqs.keys() - by_kind.keys()
                 self._in_sqs, self._waited = dict(by_kind), waited
+                self._pairs_in_sqs = Counter({pair: n for pair, (n, _) in counts.items()})
             for kind in emptied:
                 metrics.IN_SQS.labels(kind).set(0)
             for kind, n in by_kind.items():
@@ -402,7 +407,7 @@ class Dispatcher(Loop):
         with self._lock:
             rooms = {kind: self.dispatch_window - n for kind, n in self._in_sqs.items()
                      if n > self.dispatch_window - self.batch_size}
-            return rooms, set(self._waited)
+            return rooms, set(self._waited), dict(self._pairs_in_sqs)
 
     def _claim(self, flow: FlowStore, level: int, share: list[fair_share.Quota], *,
                keyed: dict[str, LimitRoom], batch: Batch, turn: int,

@@ -1,10 +1,13 @@
 """How one dispatch pass shares its batch out, within one priority level.
 
 Tenants share the batch in proportion to their weights (largest remainder), never less
-than one slot each. A tenant's share is spread over the kinds it has due, in turn. No kind
-and no tenant gets more than its limit leaves room for. When there are more tenants than
-slots, a cursor carries the round on from the last tenant served, so every tenant is
-reached within ceil(tenants / batch) passes whatever its backlog.
+than one slot each. With the dispatch window on, the jobs each tenant already has waiting
+in SQS count as slots it holds: the batch tops the tenants up towards equal (weighted)
+shares of what is in SQS, so a newcomer's jobs go out before more of a busy tenant's,
+which they would otherwise wait behind. A tenant's share is spread over the kinds it has
+due, in turn. No kind and no tenant gets more than its limit leaves room for. When there
+are more tenants than slots, a cursor carries the round on from the last tenant served,
+so every tenant is reached within ceil(tenants / batch) passes whatever its backlog.
 """
 
 from __future__ import annotations
@@ -20,15 +23,19 @@ Quota = tuple[str, str, int]
 UNBOUNDED = 1 << 62
 
 
-def quotas(tenants: Sequence[tuple[str, int]], capacity: int) -> list[tuple[str, int]]:
+def quotas(tenants: Sequence[tuple[str, int]], capacity: int,
+           waiting: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
     """Split `capacity` slots between (tenant, weight) pairs in proportion to the weights
     (largest remainder), with at least one slot each. Tenants past `capacity` get nothing
-    (the caller walks at most that many)."""
+    (the caller walks at most that many).
+
+    `waiting` (jobs of each tenant already in SQS) fills the shares like water: the slots
+    go to the tenants with the fewest waiting per weight, until (waiting + slots) / weight
+    is level, so with nothing waiting the split is the plain proportional one."""
     tenants = list(tenants)[:capacity]
     if not tenants:
         return []
-    total_weight = sum(weight for _, weight in tenants)
-    shares = [capacity * weight / total_weight for _, weight in tenants]
+    shares = _levelled(tenants, capacity, waiting or {})
     split = [int(share) for share in shares]
     # The slots lost to rounding down go to the biggest fractions (ties: heavier first).
     order = sorted(range(len(tenants)), key=lambda i: (split[i] - shares[i], -tenants[i][1]))
@@ -40,6 +47,27 @@ def quotas(tenants: Sequence[tuple[str, int]], capacity: int) -> list[tuple[str,
             split[max(range(len(split)), key=split.__getitem__)] -= 1
             split[i] = 1
     return [(tenant, split[i]) for i, (tenant, _) in enumerate(tenants)]
+
+
+def _levelled(tenants: list[tuple[str, int]], capacity: int,
+              waiting: Mapping[str, int]) -> list[float]:
+    """Real-valued shares s_i = max(0, level * w_i - waiting_i) that add up to `capacity`
+    (water filling: the level rises over the least-loaded tenants first)."""
+    load = [max(waiting.get(tenant, 0), 0) for tenant, _ in tenants]
+    if not any(load):
+        total_weight = sum(weight for _, weight in tenants)
+        return [capacity * weight / total_weight for _, weight in tenants]
+    by_level = sorted(range(len(tenants)), key=lambda i: load[i] / tenants[i][1])
+    weight_sum = load_sum = 0.0
+    level = 0.0
+    for n, i in enumerate(by_level):
+        weight_sum += tenants[i][1]
+        load_sum += load[i]
+        level = (capacity + load_sum) / weight_sum
+        after = by_level[n + 1] if n + 1 < len(by_level) else None
+        if after is None or level <= load[after] / tenants[after][1]:
+            break
+    return [max(level * weight - load[i], 0.0) for i, (_, weight) in enumerate(tenants)]
 
 
 def round_from(after: Sequence[Pair], wrapped: Sequence[Pair], cursor: str | None,
@@ -70,9 +98,11 @@ def _round_order(tenants: list[str], cursor: str | None) -> list[str]:
 
 
 def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
-         tenant_room: Mapping[str, int], turn: int = 0) -> list[Quota]:
-    """Slots per (kind, tenant) for one claim: tenants' weighted shares of `capacity`, each
-    spread over its kinds, one slot at a time round the tenants (starting at `turn`, which
+         tenant_room: Mapping[str, int], turn: int = 0,
+         in_sqs: Mapping[tuple[str, str], int] | None = None) -> list[Quota]:
+    """Slots per (kind, tenant) for one claim: tenants' weighted shares of `capacity`
+    (levelled over the jobs of these kinds each has in SQS, `in_sqs`), each spread over
+    its kinds, one slot at a time round the tenants (starting at `turn`, which
     the caller advances each pass, so a limit with room for one job does not always go to
     the same tenant), never past a kind's or a tenant's room (absent: no bound)."""
     kinds_of: dict[str, list[str]] = {}
@@ -83,8 +113,12 @@ def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
     tenants = list(kinds_of)
     if not tenants or capacity <= 0:
         return []
+    waiting: Counter[str] = Counter()
+    if in_sqs:
+        for kind, tenant, _ in pairs:
+            waiting[tenant] += in_sqs.get((kind, tenant), 0)
     left = {tenant: min(n, tenant_room.get(tenant, UNBOUNDED))
-            for tenant, n in quotas([(t, weights[t]) for t in tenants], capacity)}
+            for tenant, n in quotas([(t, weights[t]) for t in tenants], capacity, waiting)}
     kinds_left = {kind: kind_room.get(kind, UNBOUNDED) for kind, _, _ in pairs}
     nexts = dict.fromkeys(tenants, 0)
     order = [tenants[(turn + i) % len(tenants)] for i in range(len(tenants))

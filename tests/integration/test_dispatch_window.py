@@ -128,6 +128,27 @@ def test_what_waits_goes_out_by_priority_then_fair_share(
     run_all(consumer, entries)
 
 
+def test_a_newcomer_goes_out_ahead_of_more_of_a_tenant_already_waiting_in_sqs(
+        db, windowed, clock):
+    """SQS hands out messages in about the order they were sent: what decides how long B's
+    jobs wait is how many of A's go out before them. The pass levels the tenants' jobs in
+    SQS, so B (nothing there) takes the batch but the slot every tenant keeps."""
+    def sent() -> Counter[str]:
+        return Counter(dict(db.execute(
+            "SELECT coalesce(tenant, ''), count(*) FROM tock_jobs WHERE state = 'dispatched' "
+            "GROUP BY 1").fetchall()))
+
+    _due(db, 200, tenant="A", now=clock.now)
+    for _ in range(2):
+        windowed.dispatcher.dispatch_due(clock.now)
+    assert sent() == {"A": 20}
+    _due(db, 30, tenant="B", now=clock.now)
+    windowed.dispatcher.dispatch_due(clock.now)
+    assert sent() == {"A": 21, "B": 9}, "B first: A already has 20 waiting"
+    windowed.dispatcher.dispatch_due(clock.now)
+    assert sent() == {"A": 22, "B": 18}, "9 + 10 is still under A's 21: B again"
+
+
 def test_a_lost_full_window_is_sent_again_so_the_kind_is_not_held_for_ever(
         db, windowed, transport, clock):
     """A full window whose messages SQS lost (a purged queue) would hold the kind for good;

@@ -32,6 +32,34 @@ def test_quotas_use_exactly_the_capacity(weights, capacity):
     assert len(split) == min(len(tenants), capacity)
 
 
+def test_jobs_waiting_in_sqs_level_the_shares_like_water():
+    assert quotas([("a", 1), ("b", 1)], 100, {"a": 30}) == [("a", 35), ("b", 65)]
+    assert quotas([("a", 1), ("b", 1)], 100, {"a": 500}) == [("a", 1), ("b", 99)], \
+        "a tenant far ahead in SQS keeps the one slot every tenant gets"
+    assert quotas([("a", 3), ("b", 1)], 100, {"a": 150, "b": 10}) == [("a", 45), ("b", 55)]
+    assert quotas([("a", 1), ("b", 1)], 100, {}) == quotas([("a", 1), ("b", 1)], 100)
+
+
+@given(st.lists(st.tuples(st.integers(1, 1000), st.integers(0, 5000)), min_size=1,
+                max_size=50), st.integers(1, 500))
+def test_levelled_quotas_still_use_exactly_the_capacity(tenants, capacity):
+    waiting = {f"t{i}": n for i, (_, n) in enumerate(tenants)}
+    split = quotas([(f"t{i}", w) for i, (w, _) in enumerate(tenants)], capacity, waiting)
+    assert sum(n for _, n in split) == capacity
+    assert all(n >= 1 for _, n in split)
+
+
+@given(st.lists(st.integers(0, 300), min_size=2, max_size=20), st.integers(1, 300))
+def test_of_equal_weights_the_one_with_fewer_waiting_never_gets_fewer_slots(waiting, capacity):
+    names = [f"t{i}" for i in range(len(waiting))]
+    got = dict(quotas([(t, 1) for t in names], capacity, dict(zip(names, waiting,
+                                                                   strict=True))))
+    for t, wt in zip(names, waiting, strict=True):
+        for u, wu in zip(names, waiting, strict=True):
+            if t in got and u in got and wt < wu:
+                assert got[t] >= got[u] - 1, "(one slot of rounding)"
+
+
 def test_round_from_continues_after_the_cursor_then_wraps():
     after = [("k", "m", 1), ("k", "z", 1), ("j", "m", 1)]
     wrapped = [("k", "a", 1), ("k", "m", 1), ("k", "n", 2), ("k", "z", 1)]
@@ -49,6 +77,14 @@ def test_plan_shares_by_tenant_weight_and_spreads_a_tenant_over_its_kinds():
     pairs = [("a", "t1", 3), ("b", "t1", 3), ("a", "t2", 1)]
     got = _slots(plan(pairs, 100, kind_room={}, tenant_room={}))
     assert got == {("a", "t1"): 38, ("b", "t1"): 37, ("a", "t2"): 25}
+
+
+def test_plan_levels_over_each_tenants_jobs_in_sqs_of_the_kinds_due():
+    pairs = [("a", "busy", 1), ("b", "busy", 1), ("a", "new", 1)]
+    in_sqs = {("a", "busy"): 20, ("b", "busy"): 20, ("c", "new"): 500}
+    got = _slots(plan(pairs, 100, kind_room={}, tenant_room={}, in_sqs=in_sqs))
+    assert got[("a", "new")] == 70, "busy holds 40 in SQS; new's kind c is not due here"
+    assert got[("a", "busy")] + got[("b", "busy")] == 30
 
 
 def test_plan_never_passes_a_kinds_or_a_tenants_room():
