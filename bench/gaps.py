@@ -8,16 +8,32 @@ finished job to the history in its outcome statement; one heartbeat row per work
 numbers behind them are in the report's tables. Keyed by figure-key prefix; the first
 matching prefix wins."""
 
+from __future__ import annotations
+
+import re
+from typing import Any
+
+Figures = dict[str, dict[str, Any]]
+"""A run's figures by key, as results.json holds them."""
+
+RUN_CPU = "<the CPU the in-memory runs used>"
+"""Marker in a note for `_run_cpu`'s sentences, written from the run's figures."""
+TARGET_CORES = "<the cores the in-memory target takes>"
+"""Marker in a note for `_target_cores`'s sentence, written from the run's figures."""
+TARGET_US = "<the CPU per job the in-memory target allows>"
+"""Marker in a note for a million over the in-memory target rate (in us), from the run's
+raw claim + completion ceiling."""
+
 _CONSUMER = (
-    "Where the time goes: the consumer is neither CPU- nor database-bound here. Measured "
-    "over the in-memory transport at concurrency 32: the Python process used about 0.65 of "
-    "a core and the machine 1.1 of its 2; the 32 executor threads waited for work 99.9% of "
-    "the time, and the two claimer threads waited for free handler slots about 40% of "
-    "theirs. A slot is held from before the receive until the handler returns, so the "
-    "claim's round trip and the per-job hand-offs between threads (claimer, work queue, "
-    "executor, outcome queue, completer: each a lock and a wake-up under one GIL) set the "
-    "rate, and one completer thread writes every outcome (`sql.FINISH_ATTEMPTS`: the "
-    "attempt row, the move to the history, a durable commit per group) and logs an INFO "
+    "Where the time goes: " + RUN_CPU + " When the consumer was profiled over the "
+    "in-memory transport at concurrency 32 (cProfile, not in this run), its 32 executor "
+    "threads waited for work 99.9% of the time, and the two claimer threads waited for free "
+    "handler slots about 40% of theirs. A slot is held from before the receive until the "
+    "handler returns, so the claim's round trip and the per-job hand-offs between threads "
+    "(claimer, work queue, executor, outcome queue, completer: each a lock and a wake-up "
+    "under one GIL) take their share of each job's time, and one completer thread writes "
+    "every outcome (`sql.FINISH_ATTEMPTS`: the attempt row, the move to the history, a "
+    "durable commit per group) and logs an INFO "
     "`job_succeeded` line per job, a group's lines in one write (a write per line cost "
     "about a quarter of the process's CPU per job: 280 against 220 us). Claims are as "
     "large as the free slots allow, so at concurrency 8 a claim "
@@ -57,11 +73,10 @@ _CPU = (
     "there, and the `python` figure is that process's CPU per job: one process cannot go "
     "past one core of Python (the GIL), so its rate is at most a million over that figure "
     "(in us) jobs/s, whatever the machine, and the target needs the figure at a million "
-    "over the target rate or less (120-150 us on the machines measured). Postgres's CPU per "
+    "over the target rate or less (" + TARGET_US + "). Postgres's CPU per "
     "job (the `postgres` figure, against the raw loop's in the same run) comes on top, on "
-    "the same two cores, and the `cores` figure adds the two up at the target rate. So on "
-    "this machine the target is out of reach by CPU arithmetic, not by waiting: the 2 cores "
-    "are fewer than the rate needs. Where Postgres's share goes: tock writes each job "
+    "the same cores, and the `cores` figure adds the two up at the target rate. "
+    + TARGET_CORES + " Where Postgres's share goes: tock writes each job "
     "three times in the hot table (the timer's claim, the consumer's claim, the move to "
     "the history) where the raw loop writes it twice, each update of a row (not HOT: "
     "every write changes its state, which the indexes carry) enters it in seven indexes "
@@ -161,7 +176,8 @@ GAP_NOTES: dict[str, str] = {
         "show what fair queues change. A's throughput (`fair.sqs.a_rate_during`) is its "
         "completions in the 3 s from B's arrival against the 3 s before, in which B's 100 "
         "jobs are a few percent; counted only while B's jobs ran "
-        "(`fair.sqs.a_rate_b_window`, about half a second), B's jobs take their turn on "
+        "(`fair.sqs.a_rate_b_window`, from B's arrival to B's last finish, under a second "
+        "here), B's jobs take their turn on "
         "the same busy consumers and A's own rate is at most one minus their share, which "
         "the `fair.sqs.fleet_rate_during` figure (A and B together) gives in its note."
     ),
@@ -203,3 +219,89 @@ GAP_NOTES: dict[str, str] = {
         "`raw.sqs.send` ceiling)."
     ),
 }
+
+
+def gap_note(key: str, figures: Figures, environment: dict[str, Any]) -> str:
+    """What would close the gap of the figure `key` (the first matching prefix's note), with
+    its markers filled in from this run's `figures` (by key) and `environment`."""
+    text = next((note for prefix, note in GAP_NOTES.items() if key.startswith(prefix)),
+                "No analysis recorded for this figure.")
+    cores = int(environment.get("cpu_count") or 0)
+    if RUN_CPU in text:
+        text = text.replace(RUN_CPU, _run_cpu(figures, cores))
+    if TARGET_CORES in text:
+        text = text.replace(TARGET_CORES, _target_cores(figures, cores))
+    if TARGET_US in text:
+        ceiling = figures.get("raw.pg.claim_complete_b100", {}).get("value")
+        text = text.replace(TARGET_US, f"{1e6 / (0.5 * ceiling):.0f} us in this run"
+                            if ceiling else "120-150 us on the machines measured")
+    return text
+
+
+def _memory_runs(figures: Figures) -> list[tuple[int, dict[str, Any]]]:
+    """The in-memory runs' concurrencies, each with its rate figure."""
+    runs = []
+    for fig_key, fig in figures.items():
+        match = re.fullmatch(r"dbwork\.memory\.c(\d+)", fig_key)
+        if match and fig.get("value"):
+            runs.append((int(match.group(1)), fig))
+    return sorted(runs, key=lambda run: run[0])
+
+
+def _run_cpu(figures: Figures, cores: int) -> str:
+    """The CPU the in-memory runs used (CPU per job times jobs/s), and what that says bound
+    their rate."""
+    used = []
+    for c, rate in _memory_runs(figures):
+        python = figures.get(f"cpu.memory.c{c}.python")
+        postgres = figures.get(f"cpu.memory.c{c}.postgres")
+        if not python or not python.get("value"):
+            continue
+        process = python["value"] * rate["value"] / 1e6
+        both = process + rate["value"] / postgres["value"] \
+            if postgres and postgres.get("value") else None
+        used.append((c, process, both))
+    if not used:
+        return "this run has no CPU figures of the in-memory runs to say what bound them."
+
+    def listed(values: list[str]) -> str:
+        return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+
+    text = ("in this run's in-memory runs (CPU per job times jobs/s), tock's process used "
+            + listed([f"{process:.2f} of a core at concurrency {c}" for c, process, _ in used]))
+    together = [f"{both:.2f}" for _, _, both in used if both is not None]
+    if len(together) == len(used):
+        text += (f"; tock and Postgres together {listed(together)}"
+                 + (f" of the machine's {cores} cores" if cores else " cores"))
+    text += ". "
+    top_process = max(process for _, process, _ in used)
+    top_both = max((both for _, _, both in used if both is not None), default=None)
+    if top_process >= 0.9:
+        return text + ("The one process was at the core of Python its GIL allows: its CPU "
+                       "per job bound the rate.")
+    if cores and top_both is not None and top_both >= 0.9 * cores:
+        return text + ("The machine's cores were busy: tock's and Postgres's CPU per job "
+                       "bound the rate.")
+    return text + ("Neither the one process (at most a core of Python, under the GIL) nor "
+                   "the machine was out of CPU, so waits bound the rate below what the CPU "
+                   "per job allows; the `cores` figures say what the target's rate would "
+                   "take even without them.")
+
+
+def _target_cores(figures: Figures, cores: int) -> str:
+    """What the `cores` figures say about reaching the in-memory target on this machine."""
+    values = sorted(f["value"] for k, f in figures.items()
+                    if re.fullmatch(r"cpu\.memory\.c\d+\.cores", k) and f.get("value"))
+    if not values or not cores:
+        return "The `cores` figures are missing from this run."
+    span = (f"{values[0]:.1f}" if len(values) == 1
+            else f"{values[0]:.1f}-{values[-1]:.1f}")
+    if values[0] > cores:
+        return (f"So on this machine the target is out of reach by CPU arithmetic, not by "
+                f"waiting: the `cores` figures put its rate at {span} cores, and the machine "
+                f"has {cores}.")
+    if values[-1] > cores:
+        return (f"The `cores` figures put its rate at {span} cores against the machine's "
+                f"{cores}: within reach by CPU at the lower cost per job, not at the higher.")
+    return (f"The `cores` figures put its rate at {span} cores, within the machine's "
+            f"{cores}: CPU does not rule the target out here, the waits do.")

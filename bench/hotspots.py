@@ -175,7 +175,7 @@ def measure_transactions(ctx: Context, rounds: int = 300) -> None:
         bare = (time.perf_counter() - start) / rounds * 1000
     ctx.results.hotspots["transaction_ms"] = {"tock_transaction": wrapped,
                                               "autocommit_statement": bare}
-    ctx.progress.say(f"  10-row UPDATE: {wrapped:.2f} ms in shared.db.transaction, "
+    ctx.progress.say(f"  10-row UPDATE: {wrapped:.2f} ms in Database.transaction(), "
                      f"{bare:.2f} ms as one autocommit statement")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.gaps import GAP_NOTES
+from bench.gaps import gap_note
 
 GROUP_TITLES = {
     "raw-postgres": "Raw Postgres ceilings", "raw-sqs": "Raw SQS ceilings",
@@ -27,6 +27,17 @@ def _num(value: Any, digits: int = 0) -> str:
             return f"{value:,.0f}" if abs(value) >= 10 else f"{value:,.2f}"
         return f"{value:,.{digits}f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+COUNT_UNITS = frozenset({"rows", "jobs", "calls", "updates", "messages"})
+"""Units of things counted: a whole number prints as one ("19 rows", not "19.00 rows")."""
+
+
+def _value(f: dict[str, Any]) -> str:
+    value = f["value"]
+    if f["unit"] in COUNT_UNITS and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{_num(value, 2)} {f['unit']}"
 
 
 def _met(flag: bool | None) -> str:
@@ -59,7 +70,7 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
     lines += ["## Targets", ""]
     targets = [f for f in figures if f["target"]]
     lines += _table(["figure", "value", "ceiling", "ratio", "target", "met"], [
-        [f["label"], f"{_num(f['value'], 2)} {f['unit']}", _ceiling(f),
+        [f["label"], _value(f), _ceiling(f),
          _num(f["ratio"], 2), f["target"], _met(f["met"])] for f in targets])
     lines += ["## Every figure", ""]
     for group, title in GROUP_TITLES.items():
@@ -68,14 +79,14 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
             continue
         lines += [f"### {title}", ""]
         lines += _table(["figure", "value", "ceiling", "ratio", "note"], [
-            [f["label"], f"{_num(f['value'], 2)} {f['unit']}", _ceiling(f),
+            [f["label"], _value(f), _ceiling(f),
              _num(f["ratio"], 2), _note(f)] for f in mine])
     lines += _latency(data["series"])
     lines += _burst(figures)
     lines += _scale(data["series"])
     lines += _memory(figures)
     lines += _hotspots(data.get("hotspots", {}))
-    lines += _gaps(figures)
+    lines += _gaps(figures, env)
     lines += _phases(data["series"].get("phases", []))
     lines += _environment(env)
     if plots:
@@ -146,18 +157,34 @@ def _scale(series: dict[str, Any]) -> list[str]:
     points = series.get("scale")
     if not points:
         return []
-    base = points[0]
-    rows = [[f"{p['pending_rows']:,}", _num(p["claim_jobs_per_s"]),
-             _num(p["claim_jobs_per_s"] / base["claim_jobs_per_s"], 2)
-             if base["claim_jobs_per_s"] else "-",
-             _num(p["dispatch_jobs_per_s"]),
-             _num(p["dispatch_jobs_per_s"] / base["dispatch_jobs_per_s"], 2)
-             if base["dispatch_jobs_per_s"] else "-",
-             f"{p['heap_bytes'] / 2**20:,.1f}", f"{p['index_bytes'] / 2**20:,.1f}",
-             f"{p['indexes'].get('tock_jobs_due_idx', 0) / 2**20:,.1f}"] for p in points]
-    headers = ["pending rows", "claim jobs/s", "ratio", "dispatch jobs/s", "ratio", "heap MB",
+    smallest = points[0]
+
+    def ratio(value: float, base: float | None) -> str:
+        return _num(value / base, 2) if base else "-"
+
+    rows = []
+    for p in points:
+        # The claim on the smallest size's base table measured just before this size's, as
+        # the `scale.claim.base_at.*` figures and the target use (results from before it
+        # was measured per size compare with the smallest size's own claim).
+        base = p.get("base_claim_jobs_per_s", smallest["claim_jobs_per_s"])
+        rows.append([
+            f"{p['pending_rows']:,}", _num(p["claim_jobs_per_s"]), _num(base),
+            ratio(p["claim_jobs_per_s"], base), _num(p["dispatch_jobs_per_s"]),
+            ratio(p["dispatch_jobs_per_s"], smallest["dispatch_jobs_per_s"]),
+            f"{p['heap_bytes'] / 2**20:,.1f}", f"{p['index_bytes'] / 2**20:,.1f}",
+            f"{p['indexes'].get('tock_jobs_due_idx', 0) / 2**20:,.1f}"])
+    n = f"{smallest['pending_rows']:,}"
+    headers = ["pending rows", "claim jobs/s", f"base claim jobs/s ({n} rows, just before)",
+               "claim / base", "dispatch jobs/s", f"dispatch / at {n}", "heap MB",
                "all indexes MB", "due index MB"]
-    return ["## Scale", "", *_table(headers, rows)]
+    return ["## Scale", "",
+            f"Each size's claim is compared with the claim on a {n}-row base table measured "
+            "just before it (the `scale.claim.base_at.*` figures, which the target uses); at "
+            f"{n} both tables hold the same rows, so that row's distance from 1.00 is the "
+            "loops' own spread. Dispatch is compared with the timer's pass at "
+            f"{n} (`scale.dispatch.base`).", "",
+            *_table(headers, rows)]
 
 
 def _memory(figures: list[dict[str, Any]]) -> list[str]:
@@ -188,9 +215,10 @@ def _hotspots(h: dict[str, Any]) -> list[str]:
     tx = h.get("transaction_ms")
     if tx:
         lines += [f"The same 10-row UPDATE costs {_num(tx['tock_transaction'], 2)} ms through "
-                  "`shared.db.transaction(pool)` (pool check on checkout, BEGIN, statement, "
-                  f"COMMIT) and {_num(tx['autocommit_statement'], 2)} ms as one autocommit "
-                  "statement on the same server, both with a durable commit.", ""]
+                  "`Database.transaction()` (shared/store/database.py: pool check on "
+                  "checkout, BEGIN, statement, COMMIT) and "
+                  f"{_num(tx['autocommit_statement'], 2)} ms as one autocommit statement on "
+                  "the same server, both with a durable commit.", ""]
     if h.get("enqueue_steps_ms_per_call"):
         lines += [f"`schedule()` one by one under cProfile ({h.get('enqueue_calls')} calls):", ""]
         lines += _table(["step", "function", "calls", "ms per call"], [
@@ -208,23 +236,27 @@ def _hotspots(h: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _gaps(figures: list[dict[str, Any]]) -> list[str]:
+def _gaps(figures: list[dict[str, Any]], env: dict[str, Any]) -> list[str]:
     missed = [f for f in figures if f["met"] is False]
     lines = ["## Shortfalls and what would close them", ""]
     if not missed:
         return [*lines, "Every target was met in this run.", ""]
-    # Figures that share an explanation (1, 2 and 4 consumers) are listed together.
+    by_key = {f["key"]: f for f in figures}
+    # Figures that share an explanation (1, 2 and 4 consumers) are listed together, each
+    # under its own target.
     by_note: dict[str, list[dict[str, Any]]] = {}
     for f in missed:
-        note = next((text for prefix, text in GAP_NOTES.items() if f["key"].startswith(prefix)),
-                    "No analysis recorded for this figure.")
-        by_note.setdefault(note, []).append(f)
+        by_note.setdefault(gap_note(f["key"], by_key, env), []).append(f)
     for note, group in by_note.items():
-        measured = "; ".join(
-            f"**{f['label']}**: {_num(f['value'], 2)} {f['unit']}"
-            + (f" (ratio {f['ratio']:.2f})" if f["ratio"] is not None else "")
-            for f in group)
-        lines += [f"- {measured}; target {group[0]['target']}.", "", f"  {note}", ""]
+        by_target: dict[str, list[dict[str, Any]]] = {}
+        for f in group:
+            by_target.setdefault(str(f["target"]), []).append(f)
+        measured = " ".join(
+            "; ".join(f"**{f['label']}**: {_value(f)}"
+                      + (f" (ratio {f['ratio']:.2f})" if f["ratio"] is not None else "")
+                      for f in mine) + f"; target {target}."
+            for target, mine in by_target.items())
+        lines += [f"- {measured}", "", f"  {note}", ""]
     return lines
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +95,26 @@ class Results:
     @staticmethod
     def _compare(fig: Figure, base: Figure) -> None:
         fig.ceiling_value = base.value
-        fig.ratio = fig.value / base.value if base.value > 0 else None
+        # A value written as null (NaN) in a loaded results.json has no ratio.
+        fig.ratio = (fig.value / base.value
+                     if fig.value is not None and base.value is not None and base.value > 0
+                     else None)
         if fig.minimum_ratio is not None and fig.ratio is not None:
             fig.met = fig.ratio >= fig.minimum_ratio
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Results:
+        """The results a results.json holds (see `validate`), to finalize and render again;
+        keys this version does not know are left out."""
+        known = {f.name for f in fields(Figure)}
+        return cls(
+            profile=data["profile"], started_at=data["started_at"],
+            environment=data.get("environment", {}),
+            figures=[Figure(**{k: v for k, v in f.items() if k in known})
+                     for f in data["figures"]],
+            series=data.get("series", {}), hotspots=data.get("hotspots", {}),
+            errors=data.get("errors", []), finished_at=data.get("finished_at"),
+            duration_seconds=data.get("duration_seconds"))
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = _clean({

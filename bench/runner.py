@@ -86,7 +86,7 @@ def run(profile: Profile, out: Path) -> Path:
             sampler.stop()
             results.environment["load_average_end"] = list(os.getloadavg())
     with progress.phase("report"):
-        results.finalize()
+        finalize(results)
         results.series["phases"] = progress.phases
         results.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
         results.duration_seconds = round(time.monotonic() - started, 1)
@@ -117,12 +117,26 @@ def _phase(progress: Progress, results: Results, name: str,
         progress.say(f"  FAILED {name}: {type(exc).__name__}: {exc}")
 
 
+def finalize(results: Results) -> None:
+    """Once every raw ceiling is in: each ratio against its ceiling's final (best) value,
+    and what is derived from other figures (the cores the in-memory target takes, B's share
+    of the completions through SQS, fixed notes) from their final values."""
+    results.finalize()
+    pipeline.finalize(results)
+    fair_sqs.finalize(results)
+
+
 def render(out: Path) -> Path:
-    """(Re)write the plots and report.md from `out/results.json`."""
+    """(Re)write the plots and report.md from `out/results.json`, finalized again (as at
+    the end of a run) so derived figures follow this version's rules; results.json itself
+    is left as it is."""
     data = json.loads((out / "results.json").read_text())
     problems = validate(data)
     if problems:
         raise ValueError(f"{out / 'results.json'} is not well formed: {problems}")
+    results = Results.from_json(data)
+    finalize(results)
+    data = results.to_json()
     written = plots.write_all(data, out)
     return report.write(data, out, written)
 
