@@ -81,7 +81,8 @@ def add_parser(sub: Sub) -> None:
 
     p = sub.add_parser("workers", help="consumers and their last heartbeat")
     p.add_argument("--stale-seconds", type=float, default=WORKER_STALE_SECONDS,
-                   help="silent this long counts as stale (default 30)")
+                   help="a worker is stale once its lease has expired, or at the latest "
+                        "once silent this long (default 30)")
     add_common(p)
     p.set_defaults(func=_workers)
 

@@ -2,8 +2,9 @@
 
 Every outcome is storable: error texts and tracebacks are made safe for Postgres (NUL
 bytes, lone surrogates) and bounded including any suffix, and a `RetryAfter` delay is
-checked (a number, finite, at most MAX_RETRY_AFTER_SECONDS), so no handler can produce an
-outcome the completer cannot write.
+checked (a finite number, 0 or more, capped at MAX_RETRY_AFTER_SECONDS; anything else is
+noted in the error and the usual backoff applies), so no handler can produce an outcome
+the completer cannot write.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class Raised:
     abandon: bool = False
     retry_after: bool = False
     delay: float | None = None
-    """The delay a `RetryAfter` asked for, when that was a usable number."""
+    """The delay a `RetryAfter` asked for, when that was a usable number (finite, 0 or
+    more; capped)."""
     asked: str = ""
     """What a `RetryAfter` was given (its repr, cut to 40 characters), for the error text."""
 
@@ -149,8 +151,8 @@ def failure(item: InFlight, raised: Raised, run_seconds: float, backoff: Backoff
     if raised.retry_after:
         if raised.delay is None:
             text = bounded(text, MAX_ERROR_CHARS,
-                           f" [RetryAfter needs a number of seconds, got {raised.asked}; "
-                           "retrying with the usual backoff]")
+                           f" [RetryAfter needs a number of seconds (finite, 0 or more), got "
+                           f"{raised.asked}; retrying with the usual backoff]")
         else:
             delay = raised.delay
     return _finished(item, JobState.RETRYING, outcome, delay_seconds=delay, error=text,
@@ -158,17 +160,18 @@ def failure(item: InFlight, raised: Raised, run_seconds: float, backoff: Backoff
 
 
 def retry_after_seconds(value: object) -> float | None:
-    """The delay a `RetryAfter` asks for, within [0, MAX_RETRY_AFTER_SECONDS]; None when it
-    is not a number (or NaN)."""
+    """The delay a `RetryAfter` asks for, at most MAX_RETRY_AFTER_SECONDS; None when it is
+    not a finite number of 0 or more (a string, None, NaN, an infinity, a negative delay):
+    then the usual backoff applies and the error says what was asked."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
         seconds = float(value)
-    except OverflowError:  # an int too large for a float
-        return MAX_RETRY_AFTER_SECONDS if value > 0 else 0.0
-    if math.isnan(seconds):
+    except OverflowError:  # an int too large for a float: finite, so capped if positive
+        return None if value < 0 else MAX_RETRY_AFTER_SECONDS
+    if not math.isfinite(seconds) or seconds < 0:
         return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+    return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
 
 def _giving_up(item: InFlight) -> str:

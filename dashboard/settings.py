@@ -104,7 +104,8 @@ class DashboardSettings(CommonSettings):
         description="Counts of finished jobs (a pass over the table's history) are "
         "refreshed at most this often.")
     dashboard_worker_stale_seconds: float = Field(
-        default=30.0, gt=0, description="A worker silent this long is shown as stale.")
+        default=30.0, gt=0, description="A worker is shown as stale once its lease has "
+                                   "expired, or at the latest once silent this long.")
     pool_max_size: int = Field(default=10, ge=1, le=200)
 
     @model_validator(mode="after")

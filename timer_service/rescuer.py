@@ -25,7 +25,7 @@ from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 from shared.store.job_store import JobStore
-from shared.store.rows import Rescue
+from shared.store.rows import ExpiredLease, Rescue
 from shared.transport.base import Transport
 
 log = logging.getLogger("tock.timer.rescue")
@@ -81,9 +81,7 @@ class Rescuer(Loop):
                     state=JobState.DEAD if last else JobState.RETRYING,
                     delay_seconds=0.0 if last else backoff_seconds(
                         lease.attempt, base=self.backoff_base, cap=self.backoff_cap),
-                    error=f"lease expired at {lease.expired_at.isoformat()}: worker "
-                          f"{lease.owner} stopped heartbeating (attempt {lease.attempt} of "
-                          f"{lease.max_attempts})",
+                    error=_lost(lease),
                     worker=lease.owner))
             done = tx.rescue_expired(rescues, now)
         for rescue in rescues:
@@ -121,3 +119,13 @@ class Rescuer(Loop):
             emit(log, "queue_depth_unknown", logging.WARNING, queue=queue, error=str(exc))
             return 0
         return max(dispatched - max(held - running, 0), 0)
+
+
+def _lost(lease: ExpiredLease) -> str:
+    """The lost attempt's error: whose lease ran out, and why."""
+    at = f"lease expired at {lease.expired_at.isoformat()}"
+    of = f"(attempt {lease.attempt} of {lease.max_attempts})"
+    if lease.detached:
+        return (f"{at}: worker {lease.owner} let the job go (its handler ran past its "
+                f"deadline and did not return, or gave it up) and stayed alive {of}")
+    return f"{at}: worker {lease.owner} stopped heartbeating {of}"

@@ -30,7 +30,8 @@ restarts it (`shared.runtime.supervisor`).
 Handlers raise these to steer retries:
 
     Permanent                          do not retry: the job goes to `dead` now
-    RetryAfter                         retry after the given delay (counts as an attempt)
+    RetryAfter                         retry after the given delay (counts as an attempt;
+                                       not a finite number >= 0: the usual backoff)
 """
 
 from __future__ import annotations
@@ -122,7 +123,11 @@ class Permanent(Exception):
 
 
 class RetryAfter(Exception):
-    """Raise from a handler to retry after `seconds` instead of the computed backoff."""
+    """Raise from a handler to retry after `seconds` instead of the computed backoff.
+
+    `seconds` is a finite number, 0 or more (at most 7 days are used). Anything else (None,
+    a string, NaN, an infinity, a negative number) is not an error here: the attempt is
+    retried with the usual backoff and its error text names the value given."""
 
     def __init__(self, seconds: float, message: str = "") -> None:
         super().__init__(message or f"retry requested in {seconds} s")

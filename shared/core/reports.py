@@ -155,7 +155,8 @@ class WorkerInfo(Worker):
     lease_expires_at: datetime | None = None
     """The lease every job it holds hangs off."""
     status: str = field(default="alive")
-    """alive, stale (no heartbeat for `stale_after_seconds`) or stopped."""
+    """alive, stale (its lease expired, or no heartbeat for `stale_after_seconds`) or
+    stopped."""
 
 
 @dataclass(frozen=True)

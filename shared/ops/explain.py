@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import LimitInfo, WorkerInfo
@@ -20,6 +20,8 @@ from shared.store.flow_store import FlowStore
 from shared.store.operator_store import DUE_AHEAD_CAP, OperatorStore
 
 DEFAULT_STALE_AFTER_SECONDS = 30.0
+"""A worker silent this long counts as stale whatever its lease; it is stale sooner, as
+soon as its own lease has expired (`OperatorStore.workers`)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class Context:
     now, if it is due."""
     in_sqs: int = 0
     """Jobs of its kind sent to SQS and not yet claimed, if it is due (up to IN_SQS_CAP)."""
+    attempt_worker: WorkerInfo | None = None
+    """The worker of the job's last finished attempt, if it reported in the last hour:
+    whether its lease outlasted that attempt tells a stuck or abandoned handler from a
+    worker that stopped heartbeating."""
 
 
 IN_SQS_CAP = 100_000
@@ -229,10 +235,9 @@ def _retrying(job: Job, ctx: Context) -> Explanation:
     last = _last(job.attempts)
     error = (last.error if last and last.error else job.last_error) or "no error recorded"
     failed = f"attempt {_attempts_of(job)} failed: {error}"
-    details = [f"Priority {job.priority} on queue {job.queue}."]
     if last and last.outcome is AttemptOutcome.LEASE_EXPIRED:
-        details.append(f"Worker {last.worker} stopped heartbeating during that attempt; "
-                       "the timer rescued the job.")
+        failed = f"attempt {_attempts_of(job)} was lost{_lost(job, last, ctx)}"
+    details = [f"Priority {job.priority} on queue {job.queue}."]
     if job.run_at > now:
         return Explanation(
             job.id, job.state, f"In backoff until {when(job.run_at, now)} after {failed}.",
@@ -267,6 +272,23 @@ def _dispatched(job: Job, ctx: Context) -> Explanation:
         "it should), the timer sends it again after its dispatch timeout.", can_cancel=True)
 
 
+def _deadline(job: Job) -> datetime | None:
+    """When the running attempt's timeout passes (its claim plus the job's timeout)."""
+    if job.started_at is None or not job.timeout_seconds:
+        return None
+    return job.started_at + timedelta(seconds=job.timeout_seconds)
+
+
+def _stuck(job: Job) -> bool:
+    """A detached job was let go because its handler ran past its deadline (by more than
+    a lease) and did not return, rather than given up before it (`Abandon`, an outcome
+    Postgres refused): its own lease, set one lease after the detachment, then ends past
+    the deadline."""
+    deadline = _deadline(job)
+    return (deadline is not None and job.lease_expires_at is not None
+            and job.lease_expires_at > deadline)
+
+
 def _running(job: Job, ctx: Context) -> Explanation:
     now = ctx.now
     owner = job.lease_owner or "an unknown worker"
@@ -277,19 +299,15 @@ def _running(job: Job, ctx: Context) -> Explanation:
         details.append(f"Times out after {duration(job.timeout_seconds)}.")
     w = ctx.lease_worker
     if w is not None and w.status != "alive":
+        lapsed = (f", its lease expired {duration((now - w.lease_expires_at).total_seconds())}"
+                  " ago" if w.lease_expires_at is not None and w.lease_expires_at < now
+                  else "")
         details.append(f"Worker {w.id} is {w.status}: last heartbeat "
-                       f"{duration(w.heartbeat_age_seconds)} ago.")
+                       f"{duration(w.heartbeat_age_seconds)} ago{lapsed}.")
     expires = job.lease_expires_at
     if job.lease_detached:
-        details.append(
-            "Its handler is stuck past its deadline: it ignored the timeout for more than a "
-            "lease, so the job no longer follows its worker's lease and is recovered "
-            "elsewhere once its own lease expires. On the worker its thread is still busy "
-            "and keeps its handler slot until the handler returns (a thread cannot be "
-            "killed; see the tock_stuck_handlers gauge). Handlers run in processes "
-            "(--isolation process, or a kind's @task(..., isolation=\"process\")) are "
-            "killed instead.")
-    elif w is not None and w.lease_expires_at is not None:
+        return _detached(job, ctx, details)
+    if w is not None and w.lease_expires_at is not None:
         expires = max(expires, w.lease_expires_at) if expires else w.lease_expires_at
     if expires is not None and expires < now:
         return Explanation(
@@ -298,12 +316,70 @@ def _running(job: Job, ctx: Context) -> Explanation:
             f"expired {when(expires, now)}: the worker stopped heartbeating.",
             details, "A timer rescues it on its next pass: it retries, or goes dead if no "
             "attempts are left.", can_cancel=True)
+    deadline = _deadline(job)
+    if deadline is not None and deadline < now:
+        details.append(
+            f"Its timeout passed {duration((now - deadline).total_seconds())} ago: the "
+            "handler has been told to stop (ctx.cancelled). A handler thread that ignores "
+            "that for more than a lease is left behind and its job recovered elsewhere.")
     until = f" until {when(expires, now)}" if expires else ""
     return Explanation(
         job.id, job.state,
         f"Running: leased by worker {owner}{until} (attempt {_attempts_of(job)}).",
         details, "The worker renews the lease while the handler runs, then records the "
         "outcome.", can_cancel=True)
+
+
+def _detached(job: Job, ctx: Context, details: list[str]) -> Explanation:
+    """A running job its worker let go: its lease no longer follows the worker's and
+    expires on its own, while the worker lives on (and keeps its other jobs)."""
+    now = ctx.now
+    owner = job.lease_owner or "an unknown worker"
+    expires = job.lease_expires_at
+    w = ctx.lease_worker
+    alive = w is not None and w.status == "alive"
+    if w is not None and alive:
+        details.append(f"Worker {w.id} is alive (last heartbeat "
+                       f"{duration(w.heartbeat_age_seconds)} ago): only this job was let "
+                       "go; its other jobs keep their leases.")
+    if _stuck(job):
+        timeout = duration(job.timeout_seconds or 0.0)
+        details.append(
+            "Its handler is stuck past its deadline: it ignored the timeout for more than a "
+            "lease, so the job no longer follows its worker's lease and is recovered "
+            "elsewhere once its own lease expires. On the worker its thread is still busy "
+            "and keeps its handler slot until the handler returns (a thread cannot be "
+            "killed; see the tock_stuck_handlers gauge). Handlers run in processes "
+            "(--isolation process, or a kind's @task(..., isolation=\"process\")) are "
+            "killed instead.")
+        if expires is not None and expires < now:
+            summary = (f"Was leased by worker {owner} (attempt {_attempts_of(job)}), but its "
+                       f"handler ran past its {timeout} timeout and did not return, so the "
+                       f"worker{' (still alive)' if alive else ''} let the job go; its own "
+                       f"lease expired {when(expires, now)}.")
+        else:
+            until = f" until {when(expires, now)}" if expires else ""
+            summary = (f"Stuck: its handler has run past its {timeout} timeout on worker "
+                       f"{owner} and not returned (attempt {_attempts_of(job)}), so the "
+                       f"worker let the job go: it is leased on its own{until}.")
+    else:
+        details.append(
+            "Its worker gave it up (its handler raised Abandon, or Postgres refused its "
+            "outcome), so the job no longer follows the worker's lease and is recovered "
+            "elsewhere once its own lease expires.")
+        if expires is not None and expires < now:
+            summary = (f"Was leased by worker {owner} (attempt {_attempts_of(job)}), but the "
+                       f"worker{' (still alive)' if alive else ''} let the job go; its own "
+                       f"lease expired {when(expires, now)}.")
+        else:
+            until = f" until {when(expires, now)}" if expires else ""
+            summary = (f"Let go by worker {owner} (attempt {_attempts_of(job)}): the job is "
+                       f"leased on its own{until}, no longer by the worker's heartbeat.")
+    step = ("A timer rescues it on its next pass: it retries, or goes dead if no attempts "
+            "are left." if expires is not None and expires < now else
+            "A timer recovers it once its own lease expires: it retries, or goes dead if no "
+            "attempts are left.")
+    return Explanation(job.id, job.state, summary, details, step, can_cancel=True)
 
 
 def _succeeded(job: Job, ctx: Context) -> Explanation:
@@ -326,8 +402,7 @@ def _dead(job: Job, ctx: Context) -> Explanation:
     elif last and last.outcome is AttemptOutcome.NO_HANDLER:
         why = f"no consumer has a handler for kind {job.kind!r}: {error}"
     elif last and last.outcome is AttemptOutcome.LEASE_EXPIRED:
-        why = (f"its last attempt ({_attempts_of(job)}) was lost when worker {last.worker} "
-               "stopped heartbeating")
+        why = f"its last attempt ({_attempts_of(job)}) was lost{_lost(job, last, ctx)}"
     else:
         why = f"attempt {_attempts_of(job)} failed and no attempts are left: {error}"
     return Explanation(job.id, job.state, f"Dead since {at} because {why}.",
@@ -341,6 +416,36 @@ def _cancelled(job: Job, ctx: Context) -> Explanation:
                        [], "Retry it to run it again.", can_retry=True)
 
 
+def _lost(job: Job, last: Attempt, ctx: Context) -> str:
+    """How an attempt whose lease expired was lost, to follow "was lost". The timer
+    rescues a job that follows its worker's lease only once that lease has expired too: a
+    worker whose lease outlasted the rescue did not stop heartbeating, it let the job go
+    (a detached job expires on its own): its handler ran past its deadline and did not
+    return, or (within it) raised Abandon or had its outcome refused."""
+    who = f"worker {last.worker}" if last.worker else "its worker"
+    w = ctx.attempt_worker
+    if w is not None and w.id != last.worker:
+        w = None
+    over = (job.timeout_seconds is not None and last.started_at is not None and
+            (last.finished_at - last.started_at).total_seconds() > job.timeout_seconds)
+    timeout = duration(job.timeout_seconds or 0.0)
+    kept_beating = (w is not None and w.lease_expires_at is not None
+                    and w.lease_expires_at >= last.finished_at)
+    if kept_beating and over:
+        return (f": its handler ran past its {timeout} timeout and did not return; {who} "
+                "kept heartbeating but let the job go, and the timer recovered it when its "
+                "own lease expired")
+    if kept_beating:
+        return (f": {who} let the job go while it kept heartbeating (its handler raised "
+                "Abandon or Postgres refused its outcome, unless the worker was cut off from "
+                "Postgres for longer than its lease), and the timer recovered it when its "
+                "lease expired")
+    if over and w is None:
+        return (f" when its lease expired after its handler had run past its {timeout} "
+                f"timeout: the handler did not return, or {who} stopped heartbeating")
+    return f" when {who} stopped heartbeating"
+
+
 _BY_STATE: dict[JobState, Callable[[Job, Context], Explanation]] = {
     JobState.SCHEDULED: _scheduled,
     JobState.RETRYING: _retrying,
@@ -352,11 +457,15 @@ _BY_STATE: dict[JobState, Callable[[Job, Context], Explanation]] = {
 }
 
 def gather(store: OperatorStore, job: Job, *,
-           stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS) -> Context:
-    """Load what `explain` needs, on the database clock (run it in one transaction)."""
-    now = store.database_now()
+           stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+           now: datetime | None = None) -> Context:
+    """Load what `explain` needs, on the database clock unless `now` is given (tests; run
+    it in one transaction)."""
+    now = now if now is not None else store.database_now()
     live = store.workers(stale_after_seconds=stale_after_seconds, now=now)
     lease_worker = next((w for w in live if w.id == job.lease_owner), None)
+    last = _last(job.attempts)
+    attempt_worker = next((w for w in live if last is not None and w.id == last.worker), None)
     queue_workers = sum(1 for w in live if w.status == "alive" and job.queue in w.queues)
     ahead = None
     held_by = None
@@ -375,4 +484,4 @@ def gather(store: OperatorStore, job: Job, *,
             iter(full), None)
         in_sqs = flow.kind_in_sqs(job.kind, IN_SQS_CAP)
     return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id),
-                   held_by, in_sqs)
+                   held_by, in_sqs, attempt_worker)

@@ -6,6 +6,7 @@ caller turns "nothing" into its typed error (`LeaseLost`, `InvalidTransition` ..
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from uuid import UUID
 
@@ -142,10 +143,11 @@ class JobStore(Store):
         a detached job), locked (SKIP LOCKED) until the transaction ends: call
         `rescue_expired` in the same transaction."""
         params = {"limit": limit, "default_max_attempts": default_max_attempts, "now": now}
-        rows = self._rows(sql.SELECT_EXPIRED_LEASES, params)
-        if len(rows) < limit:
-            rows += self._rows(sql.SELECT_EXPIRED_DETACHED, {**params, "limit": limit - len(rows)})
-        return [ExpiredLease(*r) for r in rows]
+        leases = [ExpiredLease(*r) for r in self._rows(sql.SELECT_EXPIRED_LEASES, params)]
+        if len(leases) < limit:
+            leases += [replace(ExpiredLease(*r), detached=True) for r in self._rows(
+                sql.SELECT_EXPIRED_DETACHED, {**params, "limit": limit - len(leases)})]
+        return leases
 
     def rescue_expired(self, rescues: Sequence[Rescue], now: datetime | None = None
                        ) -> set[int]:

@@ -200,10 +200,13 @@ def sample_leaf(leaf: str) -> pgsql.Composed:
                      "GROUP BY kind").format(pgsql.Identifier(leaf))
 
 
+# The last column: whether the worker's own lease has run out (the timer then rescues
+# every job it holds; NULL for a row written before migration 0006).
 WORKERS = """
 SELECT id, host, pid, queues, kinds, concurrency, in_flight, started_at, last_heartbeat,
        stopped_at, lease_expires_at,
-       extract(epoch FROM n.now - last_heartbeat)::float8
+       extract(epoch FROM n.now - last_heartbeat)::float8,
+       lease_expires_at < n.now
 FROM tock_workers, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
 WHERE stopped_at IS NULL OR stopped_at > n.now - interval '1 hour'
 ORDER BY stopped_at IS NOT NULL, last_heartbeat DESC

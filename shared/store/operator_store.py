@@ -24,6 +24,7 @@ FINISHED_EXACT_UP_TO = 20_000
 from its statistics (or a sample of this many rows), so finished counts cost a bounded
 read however long the history is."""
 WAITING = (JobState.SCHEDULED, JobState.RETRYING)
+_STATUS_ORDER = {"alive": 0, "stale": 1, "stopped": 2}
 OTHER_KINDS = "(other)"
 """The kind label of an estimate's rows whose kinds the statistics do not name."""
 
@@ -212,14 +213,20 @@ class OperatorStore(Store):
 
     def workers(self, *, stale_after_seconds: float, now: datetime | None = None
                 ) -> list[WorkerInfo]:
-        """Consumers running or stopped within the last hour, live ones first."""
+        """Consumers running or stopped within the last hour, live ones first. A worker
+        that has not stopped is `stale` once its own lease has expired (the timer then
+        rescues its jobs: with 3 s leases, 3 s after a kill -9) or once it has been silent
+        for `stale_after_seconds`, whichever comes first (the bound covers a very long
+        lease and rows without one); else `alive`."""
         out = []
         for r in self._rows(sql.WORKERS, {"now": now}):
-            status = "stopped" if r[9] else ("stale" if r[11] > stale_after_seconds else "alive")
+            stale = bool(r[12]) or r[11] > stale_after_seconds
+            status = "stopped" if r[9] else ("stale" if stale else "alive")
             out.append(WorkerInfo(id=r[0], host=r[1], pid=r[2], queues=r[3], kinds=r[4],
                                   concurrency=r[5], in_flight=r[6], started_at=r[7],
                                   last_heartbeat=r[8], stopped_at=r[9], lease_expires_at=r[10],
                                   heartbeat_age_seconds=r[11], status=status))
+        out.sort(key=lambda w: _STATUS_ORDER[w.status])  # stable: newest heartbeat first
         return out
 
     def throughput(self, since: datetime, until: datetime, bucket_seconds: int

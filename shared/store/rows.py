@@ -140,6 +140,9 @@ class ExpiredLease:
     owner: str | None
     started_at: datetime | None
     expired_at: datetime
+    detached: bool = False
+    """Its worker let it go (a stuck or given-up handler) and lived on: its own lease ran
+    out, not the worker's."""
 
 
 @dataclass(frozen=True)

@@ -93,11 +93,13 @@ def test_outcomes_postgres_would_refuse_are_stored_sanitised_and_bounded(
     registry.add("nul", lambda p, c: (_ for _ in ()).throw(ValueError("a\x00b \ud800 " * 999)))
     registry.add("nan", lambda p, c: (_ for _ in ()).throw(RetryAfter(float("nan"))))
     registry.add("huge", lambda p, c: (_ for _ in ()).throw(RetryAfter(1e300)))
+    registry.add("negative", lambda p, c: (_ for _ in ()).throw(RetryAfter(-1)))
     nul = client.schedule("nul", max_attempts=1)
     nan = client.schedule("nan", max_attempts=2)
     huge = client.schedule("huge", max_attempts=2)
+    negative = client.schedule("negative", max_attempts=2)
     dispatch(timer, clock.now)
-    run_all(consumer, receive(consumer, 3))
+    run_all(consumer, receive(consumer, 4))
     stored = client.get(nul.id, with_attempts=True)
     assert stored.state is JobState.DEAD
     error = stored.last_error or ""
@@ -109,6 +111,12 @@ def test_outcomes_postgres_would_refuse_are_stored_sanitised_and_bounded(
     capped = client.get(huge.id)
     delay = (capped.run_at - clock.now).total_seconds()
     assert MAX_RETRY_AFTER_SECONDS - 60 <= delay <= MAX_RETRY_AFTER_SECONDS + 60
+    # A negative delay is no delay: the usual backoff (base 1 s: 0.5-1 s), and the error
+    # says what was asked, as for None; not a retry at once.
+    backed_off = client.get(negative.id)
+    assert backed_off.state is JobState.RETRYING
+    assert "got -1; retrying with the usual backoff" in (backed_off.last_error or "")
+    assert 0.5 <= (backed_off.run_at - clock.now).total_seconds() <= 1.0
 
 
 @pytest.fixture

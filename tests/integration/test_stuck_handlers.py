@@ -10,7 +10,7 @@ import threading
 from shared.core.states import AttemptOutcome, JobState
 from shared.ops import explain
 from tests.integration.readings import metric
-from tests.support.drive import dispatch
+from tests.support.drive import db_now, dispatch
 from tests.support.wait import wait_for
 
 
@@ -50,3 +50,71 @@ def test_a_stuck_thread_is_reported_and_keeps_its_slot_until_it_returns(
     assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT]
     assert "returned after its deadline" in final.last_error
     assert consumer.supervisor.live()[0]
+
+
+def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
+        client, timer, registry, running, operator_store, db):
+    """A thread handler that never returns, on a worker that stays alive: every stage of
+    `explain` (detached, lease expired, retrying, dead) names the stuck handler, and none
+    says the worker stopped heartbeating, while the workers listing shows it alive."""
+    started, let_go = threading.Semaphore(0), threading.Event()
+
+    def never_returns(payload, ctx):
+        started.release()
+        let_go.wait(60)
+
+    registry.add("stuck", never_returns)
+    consumer = running(concurrency=2, lease_seconds=2, heartbeat_seconds=0.4,
+                       visibility_timeout_seconds=2)
+    job = client.schedule("stuck", timeout=0.2, max_attempts=2)
+
+    def story() -> explain.Explanation:
+        row = client.get(job.id, with_attempts=True)
+        with operator_store.transaction() as tx:
+            return explain.explain(row, explain.gather(tx, row))
+
+    def worker_status() -> str:
+        found = {w.id: w.status for w in operator_store.workers(stale_after_seconds=30)}
+        return found[consumer.worker_id]
+
+    try:
+        dispatch(timer)
+        assert started.acquire(timeout=30)
+        wait_for(lambda: client.get(job.id).lease_detached, message="the job detached")
+        running_story = story()
+        assert running_story.summary.startswith("Stuck: its handler has run past its 0.2 s "
+                                                "timeout"), running_story.summary
+        assert f"worker {consumer.worker_id}" in running_story.summary
+        assert any(f"Worker {consumer.worker_id} is alive" in d
+                   for d in running_story.details), running_story.details
+
+        # Its own lease runs out; the timer has not rescued it yet.
+        expires = client.get(job.id).lease_expires_at
+        wait_for(lambda: db_now(db) > expires, message="the detached lease expired")
+        expired = story()
+        assert "stopped heartbeating" not in expired.summary, expired.summary
+        assert "ran past its 0.2 s timeout and did not return" in expired.summary
+        assert "A timer rescues it" in expired.next_step
+        assert worker_status() == "alive"
+
+        wait_for(lambda: timer.run_once().rescued, message="the rescue")
+        retrying = story()
+        assert client.get(job.id).state is JobState.RETRYING
+        assert "stopped heartbeating" not in retrying.summary, retrying.summary
+        assert "attempt 1 of 2 was lost: its handler ran past its 0.2 s timeout" in (
+            retrying.summary)
+        lost = client.get(job.id, with_attempts=True).attempts[0].error or ""
+        assert f"worker {consumer.worker_id} let the job go" in lost, \
+            "the attempt's own record does not blame a dead worker either"
+
+        wait_for(lambda: dispatch(timer) >= 0 and client.get(job.id).state is JobState.DEAD,
+                 message="the second attempt lost too")
+        dead = story()
+        assert dead.summary.startswith("Dead since "), dead.summary
+        assert "stopped heartbeating" not in dead.summary, dead.summary
+        assert ("its last attempt (2 of 2) was lost: its handler ran past its 0.2 s "
+                "timeout and did not return") in dead.summary
+        assert f"worker {consumer.worker_id} kept heartbeating" in dead.summary
+        assert worker_status() == "alive"
+    finally:
+        let_go.set()

@@ -161,19 +161,24 @@ def test_retry_after_on_the_last_attempt_still_goes_dead():
     assert result.error.endswith(giving_up(MAX_ATTEMPTS))
 
 
-@pytest.mark.parametrize("seconds", ["soon", float("nan"), None, True, [1], {"s": 1}],
-                         ids=repr)
-def test_retry_after_without_a_number_uses_the_backoff(seconds):
+@pytest.mark.parametrize(("seconds", "named"), [
+    ("soon", "'soon'"), (float("nan"), "nan"), (None, "None"), (True, "True"), ([1], "[1]"),
+    ({"s": 1}, "{'s': 1}"),
+    # Not a delay either: in the past, or never. Like None, not "retry at once".
+    (-1, "-1"), (-0.5, "-0.5"), (-1e300, "-1e+300"), (float("-inf"), "-inf"),
+    (-(10**400), "-1" + "0" * 38), (float("inf"), "inf"),
+], ids=repr)
+def test_retry_after_without_a_usable_number_uses_the_backoff_and_says_so(seconds, named):
     result = failed(item(3), raised(RetryAfter(seconds)), 0, BACKOFF).result
     assert result.state is JobState.RETRYING
     assert ceiling(3) / 2 <= result.delay_seconds <= ceiling(3)
-    assert "RetryAfter needs a number" in result.error
-    assert "retrying with the usual backoff" in result.error
+    assert (f" [RetryAfter needs a number of seconds (finite, 0 or more), got {named}; "
+            "retrying with the usual backoff]") in result.error, result.error
     assert_storable(result)
 
 
-@pytest.mark.parametrize("seconds", [1e300, float("inf"), 10**400, MAX_RETRY_AFTER_SECONDS + 1],
-                         ids=["1e300", "inf", "10**400", "just over"])
+@pytest.mark.parametrize("seconds", [1e300, 10**400, MAX_RETRY_AFTER_SECONDS + 1],
+                         ids=["1e300", "10**400", "just over"])
 def test_retry_after_too_far_away_is_capped(seconds):
     result = failed(item(2), raised(RetryAfter(seconds)), 0, BACKOFF).result
     assert result.state is JobState.RETRYING
@@ -182,21 +187,22 @@ def test_retry_after_too_far_away_is_capped(seconds):
     assert_storable(result)
 
 
-@pytest.mark.parametrize("seconds", [-5, -1e300, float("-inf"), -(10**400)],
-                         ids=["-5", "-1e300", "-inf", "-10**400"])
-def test_retry_after_in_the_past_is_now(seconds):
+@pytest.mark.parametrize("seconds", [0, 0.0, -0.0], ids=repr)
+def test_retry_after_zero_is_now(seconds):
     result = failed(item(2), raised(RetryAfter(seconds)), 0, BACKOFF).result
     assert result.state is JobState.RETRYING
     assert result.delay_seconds == 0.0
+    assert "RetryAfter needs a number" not in result.error
 
 
 def test_retry_after_seconds_checks_the_value():
     assert retry_after_seconds(0) == 0.0
     assert retry_after_seconds(2.5) == 2.5
     assert retry_after_seconds(MAX_RETRY_AFTER_SECONDS) == MAX_RETRY_AFTER_SECONDS
-    assert retry_after_seconds("12") is None
-    assert retry_after_seconds(False) is None
-    assert retry_after_seconds(float("nan")) is None
+    assert retry_after_seconds(10**400) == MAX_RETRY_AFTER_SECONDS
+    for unusable in ("12", False, float("nan"), float("inf"), float("-inf"), -1, -0.001,
+                     -(10**400)):
+        assert retry_after_seconds(unusable) is None, unusable
 
 
 def test_an_exception_whose_str_raises_is_still_recorded():

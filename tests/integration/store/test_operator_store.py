@@ -262,6 +262,34 @@ def test_workers_are_alive_stale_or_stopped_live_ones_first(operator_store, db, 
     assert infos[2].stopped_at == now - secs(10)
 
 
+def test_a_worker_is_stale_once_its_own_lease_expires_or_after_the_bound(
+        operator_store, db, now):
+    """kill -9 under 3 s leases: stale 3 s after its last beat (when the timer rescues its
+    jobs), not after the 30 s bound; the bound still covers a long lease and a row written
+    before worker leases (no lease_expires_at)."""
+    def worker(worker_id: str, heartbeat: float, lease: float | None) -> None:
+        insert_row(db, "tock_workers", id=worker_id, host="h", pid=7, queues=["default"],
+                   concurrency=4, in_flight=1, started_at=now - 3 * 60 * M,
+                   last_heartbeat=now - secs(heartbeat),
+                   lease_expires_at=None if lease is None else now - secs(heartbeat - lease))
+
+    worker("killed", heartbeat=4, lease=3)  # its lease ran out 1 s ago
+    worker("beating", heartbeat=1, lease=3)
+    worker("long-lease", heartbeat=45, lease=600)  # silent past the bound
+    worker("no-lease", heartbeat=5, lease=None)
+    worker("no-lease-silent", heartbeat=40, lease=None)
+    status = {w.id: w.status for w in operator_store.workers(stale_after_seconds=30, now=now)}
+    assert status == {"killed": "stale", "beating": "alive", "long-lease": "stale",
+                      "no-lease": "alive", "no-lease-silent": "stale"}
+    infos = operator_store.workers(stale_after_seconds=30, now=now)
+    assert [w.status for w in infos] == ["alive", "alive", "stale", "stale", "stale"], (
+        "live ones first")
+    # The same worker just before its lease ran out was alive.
+    earlier = {w.id: w.status for w in operator_store.workers(stale_after_seconds=30,
+                                                              now=now - secs(1.5))}
+    assert earlier["killed"] == "alive"
+
+
 # --- throughput / latency ---------------------------------------------------------------------
 
 
