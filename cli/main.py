@@ -28,6 +28,25 @@ EXIT_BROKEN_PIPE = 128 + 13
 Command = Callable[[argparse.Namespace], int]
 
 
+HISTORY_MIGRATION = "0007_history.sql"
+"""Creates the history tables only: finished rows already in tock_jobs move afterwards."""
+
+MIGRATE_DESCRIPTION = (
+    "Apply the database migrations this version of tock ships and the database lacks, in "
+    "order, each in its own transaction, recorded in the table tock_migrations. It is "
+    "idempotent and safe to re-run, also from several places at once (an advisory lock "
+    "makes concurrent runs wait for each other): it applies only what is missing, and "
+    "with nothing missing it changes nothing. --dry-run lists the applied and pending "
+    "migrations and applies nothing. Upgrading past "
+    f"{HISTORY_MIGRATION} only creates the history tables: the finished jobs (succeeded, "
+    "dead, cancelled) already in tock_jobs are then moved to the history in the background "
+    "by the retention loop of a timer of this version, in bounded batches "
+    "(TOCK_RETENTION_BATCH_SIZE rows per transaction, every TOCK_RETENTION_INTERVAL_SECONDS), "
+    "never holding a long lock. "
+    "0010 and 0011 build an index on tock_jobs each, holding back writes to it for about a "
+    "second per million unfinished jobs: with a large backlog, apply them at a quiet moment.")
+
+
 def _migrate(args: argparse.Namespace) -> int:
     from cli.connect import check_reachable
     from shared.runtime.settings import CommonSettings
@@ -36,9 +55,38 @@ def _migrate(args: argparse.Namespace) -> int:
     settings = CommonSettings.load(**({"database_url": args.database_url}
                                       if args.database_url else {}))
     check_reachable(settings.database_url, migrated=False)
+    if args.dry_run:
+        return _list_migrations(settings.database_url)
     applied = migrate(settings.database_url)
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied
                                                     else "; database is up to date"))
+    if HISTORY_MIGRATION in applied and applied[0] != "0001_core.sql":
+        print("next: a timer of this version moves the finished jobs still in tock_jobs to "
+              "the history in the background, in bounded batches (TOCK_RETENTION_BATCH_SIZE "
+              "rows per transaction; its tock_history_moved_total counts them)")
+    return EXIT_OK
+
+
+def _list_migrations(database_url: str) -> int:
+    """`tock migrate --dry-run`: what is applied and what is pending; applies nothing."""
+    import psycopg
+
+    from shared.store.errors import translated
+    from shared.store.migrate import applied, available
+
+    with translated(), psycopg.connect(database_url, autocommit=True,
+                                       connect_timeout=5) as conn:
+        done = applied(conn)
+    shipped = [name for name, _ in available()]
+    pending = [name for name in shipped if name not in done]
+    for name in done:
+        print(f"applied  {name}" + ("" if name in shipped
+                                    else "  (not shipped with this version of tock)"))
+    for name in pending:
+        print(f"pending  {name}")
+    print(f"{len(done)} applied, {len(pending)} pending: "
+          + ("`tock migrate` applies them (nothing was applied now)" if pending
+             else "the database is up to date"))
     return EXIT_OK
 
 
@@ -60,8 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Settings come from TOCK_* environment variables.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("migrate", help="apply database migrations")
+    p = sub.add_parser("migrate", help="apply database migrations (idempotent)",
+                       description=MIGRATE_DESCRIPTION)
     p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
+    p.add_argument("--dry-run", "--list", dest="dry_run", action="store_true",
+                   help="list the applied and pending migrations; apply nothing")
     p.set_defaults(func=_migrate)
 
     # Listed for --help; main() hands their arguments over before parsing.

@@ -10,11 +10,16 @@ process that exits or is killed is started again after a backoff (1 s, doubling 
 while it keeps failing within 30 s of its start), and a Postgres or LocalStack server that
 dies is started again on its port, Postgres with its data, as a managed database comes
 back. So `kill -9` anything it printed the pid of and watch the system heal.
+
+The timer and consumers serve /healthz, /readyz and /metrics on ports of their own, picked
+free at start and kept across restarts (printed with the pids). It also prints an `export`
+line with what a consumer of your own needs to join the stack.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 
 from devstack.janitor import Janitor, Manifest
 from devstack.lifetime import dies_with_parent
+from devstack.ports import free_port
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_localstack, start_sqs
 from shared.core.errors import TransportError
@@ -47,6 +53,8 @@ class Child:
 
     name: str
     args: list[str]
+    health_port: int | None = None
+    """Where it serves /healthz, /readyz and /metrics (the timer and consumers)."""
     popen: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
@@ -58,8 +66,10 @@ class Child:
         # SIGTERM if make run itself is killed -9: they stop as on Ctrl-C, not orphaned.
         # (A preexec_fn is safe here: make run runs no threads.)
         on_parent_death = dies_with_parent(signal.SIGTERM)
-        self.popen = subprocess.Popen([sys.executable, *self.args],
-                                      env={**env, "TOCK_PROCESS_NAME": self.name},
+        own = {"TOCK_PROCESS_NAME": self.name}
+        if self.health_port is not None:
+            own["TOCK_HEALTH_PORT"] = str(self.health_port)
+        self.popen = subprocess.Popen([sys.executable, *self.args], env={**env, **own},
                                       preexec_fn=on_parent_death)  # noqa: PLW1509
         self.started_at = time.monotonic()
         self.restart_at = None
@@ -113,10 +123,11 @@ def _say(text: str) -> None:
     print(f"\033[1mrun:\033[0m {text}", file=sys.stderr, flush=True)
 
 
-def process_env(stack: Stack, database_url: str) -> dict[str, str]:
+def consumer_env(stack: Stack, database_url: str) -> dict[str, str]:
+    """What a consumer needs to join this stack: the one make run starts, or your own
+    (printed as an `export` line)."""
     assert stack.sqs is not None
     return {
-        **os.environ,
         **stack.sqs.env(),
         "TOCK_DATABASE_URL": database_url,
         "TOCK_LOG_FORMAT": "human",
@@ -127,12 +138,29 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
         "TOCK_VISIBILITY_TIMEOUT_SECONDS": str(VISIBILITY_SECONDS),
         "TOCK_SHUTDOWN_GRACE_SECONDS": "8",
         # A LocalStack restart loses its queues: the processes create them again (as make
-        # run does: the same visibility and redrive), and the timer sends the lost messages
-        # again after 10 s instead of a minute.
+        # run does: the same visibility and redrive).
         "TOCK_CREATE_QUEUES": "1",
         "TOCK_DEAD_LETTER_AFTER": str(DEAD_LETTER_AFTER),
+    }
+
+
+def export_line(env: dict[str, str]) -> str:
+    """`export A=1 B=2`, quoted for a POSIX shell."""
+    return "export " + " ".join(f"{name}={shlex.quote(value)}"
+                                for name, value in env.items())
+
+
+def process_env(stack: Stack, database_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        **consumer_env(stack, database_url),
+        # After a LocalStack restart the timer sends the lost messages again after 10 s
+        # instead of a minute.
         "TOCK_DISPATCH_TIMEOUT_SECONDS": "10",
         "PYTHONUNBUFFERED": "1",
+        # The timer's and consumers' probes and /metrics (each its own TOCK_HEALTH_PORT),
+        # on this machine only, as the dashboard.
+        "TOCK_HEALTH_HOST": "127.0.0.1",
         # Development tokens (printed below), so the dashboard binds 127.0.0.1 only (it
         # refuses TOCK_DASHBOARD_DEV on any other address: the tokens are public).
         "TOCK_DASHBOARD_DEV": "1",
@@ -140,14 +168,29 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
     }
 
 
-def children() -> list[Child]:
+def children(health_ports: list[int]) -> list[Child]:
+    """The processes, the timer and consumers with `health_ports` (three)."""
+    timer, consumer_1, consumer_2 = health_ports
     return [
-        Child("timer", ["-m", "timer_service"]),
-        Child("consumer-1", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
-        Child("consumer-2", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"]),
+        Child("timer", ["-m", "timer_service"], health_port=timer),
+        Child("consumer-1", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"],
+              health_port=consumer_1),
+        Child("consumer-2", ["-m", "consumer", "--tasks", "demo.tasks", "--concurrency", "4"],
+              health_port=consumer_2),
         Child("producer", ["-m", "demo.producer"]),
         Child("dashboard", ["-m", "dashboard"]),
     ]
+
+
+def free_ports(count: int, taken: set[int]) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1 now, none of them in `taken` (ports
+    reserved for what has not started listening yet, such as the dashboard's)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in taken and port not in ports:
+            ports.append(port)
+    return ports
 
 
 def exit_reason(code: int) -> str:
@@ -175,6 +218,10 @@ def tend(child: Child, env: dict[str, str], now: float) -> None:
         child.backoff = min(child.backoff * 2, MAX_BACKOFF_SECONDS)
     elif now >= child.restart_at:
         child.restarts += 1
+        if child.health_port is not None and not _can_listen(child.health_port):
+            old, child.health_port = child.health_port, free_ports(1, {child.health_port})[0]
+            _say(f"{child.name}'s health port {old} is taken now; it gets port "
+                 f"{child.health_port} (http://127.0.0.1:{child.health_port}/metrics)")
         child.start(env)
         _say(f"{child.name} restarted (pid {child.popen.pid}, restart {child.restarts})")
 
@@ -216,6 +263,18 @@ def _port_free(port: int) -> bool:
         return True
 
 
+def _can_listen(port: int) -> bool:
+    """Whether a server could listen on `port` now, as the probe server does (with
+    SO_REUSEADDR, so the closed connections of a process that died do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -247,7 +306,8 @@ def main() -> int:
         _create_queue()
         _say(f"SQS ready at {stack.sqs.endpoint} (queue tock-{QUEUE}, DLQ tock-{QUEUE}-dlq)")
         env = process_env(stack, database_url)
-        stack.children = children()
+        sqs_port = int(stack.sqs.endpoint.rsplit(":", 1)[1])
+        stack.children = children(free_ports(3, {int(port), stack.postgres.port, sqs_port}))
         for child in stack.children:
             child.start(env)
         from dashboard.settings import DEV_OPERATOR_TOKEN, DEV_VIEWER_TOKEN
@@ -256,10 +316,20 @@ def main() -> int:
              f"{DEV_OPERATOR_TOKEN} (or viewer token {DEV_VIEWER_TOKEN}, read only)")
         _say(f"metrics: curl -H 'Authorization: Bearer {DEV_VIEWER_TOKEN}' "
              f"http://127.0.0.1:{port}/metrics")
+        probed = [c for c in stack.children if c.health_port is not None]
+        _say("timer and consumers, no token: " + ", ".join(
+            f"http://127.0.0.1:{c.health_port}/metrics ({c.name})" for c in probed)
+             + "; /healthz and /readyz on the same ports")
         _say(f"CLI, in another terminal: . .venv/bin/activate && export "
              f"TOCK_DATABASE_URL={database_url}  then e.g. tock stats, tock jobs")
-        _say("pids: " + ", ".join(f"{c.name} {c.popen.pid}" for c in stack.children
-                                  if c.popen is not None)
+        _say("a consumer of your own, in another terminal: . .venv/bin/activate, paste "
+             "the next line, then python -m consumer --tasks demo.tasks,YOUR_MODULE "
+             "(with the demo's kinds too, as it shares their queue)")
+        print(export_line(consumer_env(stack, database_url)), file=sys.stderr, flush=True)
+        _say("pids: " + ", ".join(
+            f"{c.name} {c.popen.pid}"
+            + (f" (health port {c.health_port})" if c.health_port is not None else "")
+            for c in stack.children if c.popen is not None)
              + f", Postgres {stack.postgres.pid()}, LocalStack "
              f"{stack.sqs.process.pid}; kill any of them and make run starts it again, as an "
              "orchestrator would")

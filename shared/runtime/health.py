@@ -3,7 +3,9 @@ start when `TOCK_HEALTH_PORT` is set.
 
     GET /healthz   liveness: 200 while every loop runs and none is stuck; restart it if not
     GET /readyz    readiness: 200 while the loops that gate it succeeded recently
-    GET /metrics   this process's Prometheus metrics (shared.runtime.metrics)
+    GET /metrics   this process's Prometheus metrics: its own, the ones both processes
+                   increment, and the process and platform collectors, never the other
+                   process's (shared.runtime.metrics.exported_by)
 
 The probes are the process's `Supervisor.live` and `.ready` (shared.runtime.supervisor).
 Liveness deliberately ignores Postgres and SQS: restarting a process does not fix an
@@ -19,9 +21,10 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared.runtime.logs import emit
+from shared.runtime.metrics import exported_by
 from shared.runtime.settings import HealthSettings
 
 log = logging.getLogger("tock.health")
@@ -31,11 +34,13 @@ Probe = Callable[[], tuple[bool, str]]
 
 
 class HealthServer:
-    """Serves the probes on a daemon thread; `close()` stops it."""
+    """Serves the probes on a daemon thread; `close()` stops it. `process` ("timer",
+    "consumer") also chooses the metrics /metrics exports (any other name: all of them)."""
 
     def __init__(self, port: int, *, live: Probe, ready: Probe, host: str | None = None,
                  process: str = "tock") -> None:
         self.live, self.ready, self.process = live, ready, process
+        self.metrics = exported_by(process)
         bind = host if host is not None else HealthSettings().host
         self._server = ThreadingHTTPServer((bind, port), self._handler())
         self._server.daemon_threads = True
@@ -59,7 +64,7 @@ class HealthServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                    self._send(200, generate_latest(server.metrics), CONTENT_TYPE_LATEST)
                     return
                 probe = {"/healthz": server.live, "/readyz": server.ready}.get(path)
                 if probe is None:

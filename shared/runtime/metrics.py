@@ -1,11 +1,23 @@
 """Process-local Prometheus metrics of the timer and consumers. Cluster-wide gauges (jobs by
 state, oldest due age) are computed from Postgres by the dashboard's /metrics, once, not by
-every replica."""
+every replica.
+
+Every metric lives in prometheus_client's default registry, whichever module defines it
+(the timer's schedule and retention loops define theirs next to them), so code increments
+them as usual. What a process exports is `exported_by(process)`: the default registry less
+the metrics another process owns (OWNED, from TIMER_METRICS, TIMER_LOOP_METRICS and
+CONSUMER_METRICS), so the timer's /metrics shows no consumer counters stuck at 0 and the
+other way round; the shared ones (SHARED_METRICS) and the process and platform collectors
+(process_*, python_*) show in both. A new metric belongs in one of these groups
+(tests/unit/test_process_metrics.py checks)."""
 
 import functools
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 M = TypeVar("M", Counter, Gauge, Histogram)
 
@@ -54,3 +66,64 @@ HANDLER_PROCESSES_REPLACED = Counter(
     "tock_handler_processes_replaced_total",
     "Handler processes (process isolation) killed past their grace, or found dead, and "
     "replaced", ["reason"])
+
+
+# --- who exports what -------------------------------------------------------------------
+
+TIMER = "timer"
+CONSUMER = "consumer"
+
+SHARED_METRICS = (SQS_ERRORS,)
+"""Incremented by both processes: each exports its own count."""
+TIMER_METRICS = (DISPATCHED, DISPATCH_FAILURES, DUE_TO_DISPATCH, IN_SQS, REDISPATCHED,
+                 LEASE_EXPIRIES)
+CONSUMER_METRICS = (DUE_TO_START, RUN_DURATION, OUTCOMES, RETRIES, DEAD, STALE_COMPLETIONS,
+                    MESSAGES_DROPPED, LEASES_LOST, STUCK_HANDLERS, HANDLER_PROCESSES_REPLACED)
+TIMER_LOOP_METRICS = ("tock_schedule_fires_total", "tock_schedule_slots_audited_total",
+                      "tock_history_moved_total", "tock_history_partitions_expired_total",
+                      "tock_retention_pruned_total")
+"""Defined by the timer's own loops (timer_service/scheduler.py, retention.py), which this
+layer cannot import: by name, as exported."""
+
+
+def family_names(metrics: Iterable[Counter | Gauge | Histogram | str]) -> frozenset[str]:
+    """The metric family names (what a scrape's `# TYPE` line names: a counter's without
+    `_total`) of metric objects, or of metric names as exported."""
+    names: set[str] = set()
+    for metric in metrics:
+        if isinstance(metric, str):
+            names.add(metric.removesuffix("_total"))
+        else:
+            names.update(family.name for family in metric.describe())
+    return frozenset(names)
+
+
+SHARED_FAMILIES = family_names(SHARED_METRICS)
+OWNED: dict[str, frozenset[str]] = {
+    TIMER: family_names((*TIMER_METRICS, *TIMER_LOOP_METRICS)),
+    CONSUMER: family_names(CONSUMER_METRICS),
+}
+"""The metric families only that process exports."""
+
+
+class ProcessMetrics:
+    """A process's view of a registry (by default the default one): every family except
+    those another process owns. A process not named in OWNED sees everything."""
+
+    def __init__(self, process: str, source: Collector = REGISTRY) -> None:
+        self.process = process
+        self.source = source
+        others = [names for owner, names in OWNED.items() if owner != process]
+        self.hidden: frozenset[str] = (frozenset().union(*others) if process in OWNED
+                                       else frozenset())
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            if family.name not in self.hidden:
+                yield family
+
+
+def exported_by(process: str) -> ProcessMetrics:
+    """What `process` ("timer", "consumer") serves on its /metrics: its own metrics, the
+    shared ones and the process and platform collectors."""
+    return ProcessMetrics(process)

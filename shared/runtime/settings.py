@@ -23,14 +23,18 @@ from shared.store.database import check_url
 
 
 def _message(error: ErrorDetails) -> str:
+    if error["type"] == "finite_number":  # nan, inf: not "should be less than ..."
+        return f"must be a finite number, not {error['input']!r}"
     text = str(error["msg"])
     return text.removeprefix("Value error, ")
 
 
 class CommonSettings(BaseSettings):
-    """Settings every process reads."""
+    """Settings every process reads. No float setting (here or in a subclass) takes NaN or
+    infinity (`allow_inf_nan`): NaN compares false with every bound, so it would otherwise
+    pass `ge`/`gt` checks, or fail with a message about the bound."""
 
-    model_config = SettingsConfigDict(env_prefix="TOCK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TOCK_", extra="ignore", allow_inf_nan=False)
 
     database_url: str = Field(
         default="postgresql://postgres@127.0.0.1:5432/tock",

@@ -104,6 +104,16 @@ def test_processes_serve_probes_on_tock_health_port(database_url, queue_prefix, 
             status, body = get(f"http://127.0.0.1:{port}/healthz")
             assert status == 200, body
             assert "# HELP" in get(f"http://127.0.0.1:{port}/metrics")[1]
+        # Each exports its own metrics (and the shared ones), not the other's.
+        timer_metrics = get(f"http://127.0.0.1:{timer_port}/metrics")[1]
+        consumer_metrics = get(f"http://127.0.0.1:{consumer_port}/metrics")[1]
+        for own, other in (("tock_jobs_redispatched_total", "tock_leases_lost_total"),
+                           ("tock_schedule_fires_total", "tock_stale_completions_total")):
+            assert own in timer_metrics and own not in consumer_metrics
+            assert other in consumer_metrics and other not in timer_metrics
+        assert "tock_sqs_errors_total" in timer_metrics
+        assert "tock_sqs_errors_total" in consumer_metrics
+        assert "process_cpu_seconds_total" in timer_metrics
     finally:
         logs = [_stop(p) for p in procs]
     assert '"event": "health_server_started"' in logs[0]

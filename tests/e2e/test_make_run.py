@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -80,6 +83,62 @@ def _announced(url: str, pid: int) -> bool:
     return bool(row and row[0])
 
 
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as res:
+            return res.status, res.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def _health_ports(run: MakeRun) -> dict[str, int]:
+    """The probe ports make run printed, by process; the pids line names the same."""
+    ports = {name: int(run.said(rf"http://127\.0\.0\.1:(\d+)/metrics \({name}\)").group(1))
+             for name in ("timer", "consumer-1", "consumer-2")}
+    for name, port in ports.items():
+        run.said(rf"\b{name} \d+ \(health port {port}\)")
+    return ports
+
+
+def _check_probes(ports: dict[str, int]) -> None:
+    """Each answers its probes, and its /metrics has its own metrics, not the other's."""
+    for name, port in ports.items():
+        wait_for(lambda p=port: _get(f"http://127.0.0.1:{p}/readyz")[0] == 200, timeout=60,
+                 message=f"{name} ready on its health port {port}")
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    timer = _get(f"http://127.0.0.1:{ports['timer']}/metrics")[1]
+    assert "tock_jobs_redispatched_total" in timer and "tock_leases_lost_total" not in timer
+    for name in ("consumer-1", "consumer-2"):
+        consumer = _get(f"http://127.0.0.1:{ports[name]}/metrics")[1]
+        assert "tock_leases_lost_total" in consumer
+        assert "tock_jobs_redispatched_total" not in consumer
+
+
+def _own_consumer_joins(run: MakeRun, url: str, tmp_path: Path) -> None:
+    """The printed `export` line is all a consumer of one's own needs: one started with
+    only it (no TOCK_* or AWS_* of the test's environment) announces itself and stops."""
+    line = run.said(r"(?m)^export (.+)$").group(1)
+    exported = dict(item.split("=", 1) for item in shlex.split(line))
+    assert {"TOCK_DATABASE_URL", "AWS_ENDPOINT_URL_SQS", "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "TOCK_LEASE_SECONDS",
+            "TOCK_VISIBILITY_TIMEOUT_SECONDS"} <= set(exported)
+    assert exported["TOCK_DATABASE_URL"] == url
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TOCK_", "AWS_"))}
+    with (tmp_path / "own-consumer.log").open("wb") as out:
+        own = subprocess.Popen([sys.executable, "-m", "consumer", "--tasks", "demo.tasks",
+                                "--concurrency", "1"], cwd=ROOT, env={**base, **exported},
+                               stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: own.poll() is not None or _announced(url, own.pid), timeout=60,
+                 message="the consumer started with the export line announced itself")
+        assert own.poll() is None, (tmp_path / "own-consumer.log").read_text()[-3000:]
+    finally:
+        own.send_signal(signal.SIGTERM)
+        assert own.wait(timeout=60) == 0, (tmp_path / "own-consumer.log").read_text()[-3000:]
+
+
 def _more_succeed(url: str, timeout: float = 60) -> None:
     """Jobs still run: the count of succeeded jobs grows from what it is now."""
     before = wait_for(lambda: _succeeded(url) + 1, timeout=timeout,
@@ -94,6 +153,10 @@ def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
         run.said("running; press Ctrl-C", timeout=180)
         url = run.said(r"Postgres ready at (\S+)").group(1)
         _more_succeed(url)
+        ports = _health_ports(run)
+        assert len(set(ports.values())) == 3
+        _check_probes(ports)
+        _own_consumer_joins(run, url, tmp_path)
 
         # A consumer killed -9: restarted, and jobs keep finishing.
         consumer = run.pid_of("consumer-1")
@@ -104,6 +167,7 @@ def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
         wait_for(lambda: _announced(url, restarted), timeout=60,
                  message="the restarted consumer announced itself")
         _more_succeed(url)
+        _check_probes(ports)  # on the same ports as before
 
         # The database killed -9: started again with its data; every process heals.
         postmaster = run.pid_of("Postgres")

@@ -7,8 +7,14 @@ import sys
 
 import pytest
 
+from dashboard.settings import DashboardSettings
 from shared.core.errors import ConfigError
-from shared.runtime.settings import ConsumerSettings, TimerSettings
+from shared.runtime.settings import (
+    ClientSettings,
+    CommonSettings,
+    ConsumerSettings,
+    TimerSettings,
+)
 
 
 def test_defaults_are_consistent():
@@ -63,3 +69,38 @@ def test_consumer_refuses_an_unimportable_task_module():
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "cannot import task module 'no.such.module'" in result.stderr
+
+
+def _float_settings() -> list[tuple[type[CommonSettings], str]]:
+    found = []
+    for cls in (TimerSettings, ConsumerSettings, ClientSettings, DashboardSettings):
+        for name, field in cls.model_fields.items():
+            if field.annotation in (float, float | None):
+                found.append((cls, name))
+    return found
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+def test_a_float_setting_must_be_finite(monkeypatch, value):
+    monkeypatch.setenv("TOCK_RETENTION_SUCCEEDED_HOURS", value)
+    with pytest.raises(ConfigError) as caught:
+        TimerSettings.load()
+    assert str(caught.value) == ("invalid settings:\n  TOCK_RETENTION_SUCCEEDED_HOURS: must "
+                                 f"be a finite number, not {value!r}")
+
+
+@pytest.mark.parametrize(("cls", "name"), _float_settings(),
+                         ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_every_float_setting_refuses_nan_and_infinity(monkeypatch, cls, name):
+    # The dashboard needs its tokens first: the development ones.
+    overrides = {"dashboard_dev": True} if cls is DashboardSettings else {}
+    for value in ("nan", "inf"):
+        monkeypatch.setenv(f"TOCK_{name.upper()}", value)
+        with pytest.raises(ConfigError, match=f"TOCK_{name.upper()}: must be a finite number"):
+            cls.load(**overrides)
+
+
+def test_the_float_scan_finds_them():
+    names = {name for _, name in _float_settings()}
+    assert {"retention_succeeded_hours", "schedule_lookahead_seconds", "lease_seconds",
+            "sqs_call_timeout_seconds", "dashboard_session_hours"} <= names

@@ -15,7 +15,10 @@ from shared.runtime import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-SOURCES = ["shared", "timer_service", "consumer", "dashboard", "cli"]
+SOURCES = ["shared", "timer_service", "consumer", "dashboard", "cli",
+           # make run and the local SQS: a user sets these too (TOCK_LOCALSTACK_VENV, and
+           # TOCK_DLQ_MAX_RECEIVE_COUNT of localstack/init/ready.d/create_queues.py).
+           "devstack", "localstack"]
 LITERAL = re.compile(r"""["'](TOCK_[A-Z0-9_]*[A-Z0-9])["']""")
 
 
@@ -41,6 +44,10 @@ VARIABLES = sorted(from_settings() | from_sources())
 
 def test_the_scan_finds_both_kinds() -> None:
     assert "TOCK_LEASE_SECONDS" in VARIABLES and "TOCK_DASHBOARD_OPERATOR_TOKEN" in VARIABLES
+
+
+def test_the_scan_covers_make_run_and_localstack() -> None:
+    assert {"TOCK_LOCALSTACK_VENV", "TOCK_DLQ_MAX_RECEIVE_COUNT"} <= set(VARIABLES)
 
 
 @pytest.mark.parametrize("variable", VARIABLES)

@@ -1,0 +1,91 @@
+"""`tock migrate`: its help says what it does, `--dry-run` lists the applied and pending
+migrations without applying any, and an upgrade past the history migration says what
+happens next. Against the session's real Postgres, each test on a database of its own."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from shared.store.migrate import available, migrate, missing_migrations
+
+SHIPPED = [name for name, _ in available()]
+BEFORE_HISTORY = "0006_worker_leases.sql"
+
+
+@pytest.fixture
+def empty_url(pg_server: Any) -> str:
+    return str(pg_server.create_database(f"migrate_{uuid.uuid4().hex[:8]}"))
+
+
+def _listed(out: str, status: str) -> list[str]:
+    return [line.split()[1] for line in out.splitlines() if line.startswith(f"{status} ")]
+
+
+def test_help_says_what_it_does_and_that_it_is_safe_to_rerun(tock):
+    code, out, _ = tock("migrate", "--help")
+    assert code == 0 and out.startswith("usage: tock migrate")
+    text = " ".join(out.split())
+    for words in ("Apply the database migrations", "idempotent and safe to re-run",
+                  "--dry-run", "0007_history.sql", "in the background",
+                  "in bounded batches", "TOCK_RETENTION_BATCH_SIZE"):
+        assert words in text, words
+
+
+def test_dry_run_on_an_empty_database_lists_everything_pending_and_applies_nothing(
+        tock, empty_url):
+    code, out, err = tock("migrate", "--dry-run", "--database-url", empty_url)
+    assert code == 0, err
+    assert _listed(out, "pending") == SHIPPED and _listed(out, "applied") == []
+    assert f"0 applied, {len(SHIPPED)} pending: `tock migrate` applies them" in out
+    assert missing_migrations(empty_url) == SHIPPED
+    with psycopg.connect(empty_url) as conn:
+        row = conn.execute("SELECT to_regclass('tock_migrations')").fetchone()
+    assert row == (None,), "a dry run created nothing, not even tock_migrations"
+
+
+def test_an_upgrade_past_the_history_migration_lists_then_applies_and_says_what_next(
+        tock, empty_url):
+    migrate(empty_url, up_to=BEFORE_HISTORY)
+    done = SHIPPED[:SHIPPED.index(BEFORE_HISTORY) + 1]
+    code, out, _ = tock("migrate", "--list", "--database-url", empty_url)
+    assert code == 0
+    assert _listed(out, "applied") == done
+    assert _listed(out, "pending") == SHIPPED[len(done):]
+    assert missing_migrations(empty_url) == SHIPPED[len(done):], "nothing applied"
+
+    code, out, _ = tock("migrate", "--database-url", empty_url)
+    assert code == 0
+    assert f"applied {len(SHIPPED) - len(done)} migration(s): 0007_history.sql" in out
+    assert "next: a timer of this version moves the finished jobs" in out
+    assert len(out.splitlines()) == 2
+
+    code, out, _ = tock("migrate", "--database-url", empty_url)
+    assert code == 0 and out == "applied 0 migration(s); database is up to date\n"
+    code, out, _ = tock("migrate", "--dry-run", "--database-url", empty_url)
+    assert code == 0 and _listed(out, "applied") == SHIPPED and _listed(out, "pending") == []
+    assert out.endswith(f"{len(SHIPPED)} applied, 0 pending: the database is up to date\n")
+
+
+def test_a_fresh_install_has_nothing_to_move(tock, empty_url):
+    code, out, _ = tock("migrate", "--database-url", empty_url)
+    assert code == 0 and f"applied {len(SHIPPED)} migration(s)" in out
+    assert "next:" not in out
+
+
+def test_dry_run_names_a_migration_of_a_newer_version(tock, database_url):
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO tock_migrations (name) VALUES ('9999_future.sql')")
+    code, out, _ = tock("migrate", "--dry-run", "--database-url", database_url)
+    assert code == 0
+    assert "applied  9999_future.sql  (not shipped with this version of tock)" in out
+    assert _listed(out, "pending") == []
+
+
+def test_dry_run_of_an_unreachable_database_exits_3(tock):
+    code, _, err = tock("migrate", "--dry-run", "--database-url",
+                        "postgresql://nobody@127.0.0.1:1/none")
+    assert code == 3 and "Traceback" not in err
