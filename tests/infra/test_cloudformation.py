@@ -1,6 +1,7 @@
 """infra/cloudformation: cfn-lint clean, the nested SQS stack wired to the root, and the
 settings each ECS container gets valid for its process and in agreement (lease,
-heartbeat, visibility timeout, stop timeout vs shutdown grace)."""
+heartbeat, visibility timeout, stop timeout vs shutdown grace, enforced by the Rules,
+dead-letter receive count), and the dead-letter alarm's optional topic."""
 
 from __future__ import annotations
 
@@ -166,3 +167,94 @@ def test_every_container_logs_to_its_own_group():
         groups.add(options["awslogs-group"]["Ref"])
     assert len(groups) == len(CONTAINERS)
     assert all(RES[g]["Type"] == "AWS::Logs::LogGroup" for g in groups)
+
+
+def test_dead_letter_after_is_the_queues_max_receive_count(monkeypatch):
+    # The consumer defers a message whose job is not committed yet at most
+    # min(5, TOCK_DEAD_LETTER_AFTER) receives; above the queue's maxReceiveCount, such a
+    # message would reach the DLQ. The timer reads it too (for a queue it creates).
+    redrive = QUEUES_T["Resources"]["Queue"]["Properties"]["RedrivePolicy"]
+    assert redrive["maxReceiveCount"] == {"Ref": "MaxReceiveCount"}
+    assert RES["QueueStack"]["Properties"]["Parameters"]["MaxReceiveCount"] == \
+        {"Ref": "MaxReceiveCount"}
+    for definition in ("TimerTaskDefinition", "ConsumerTaskDefinition"):
+        env = {e["Name"]: e["Value"] for e in _container(definition)["Environment"]}
+        assert env["TOCK_DEAD_LETTER_AFTER"] == {"Ref": "MaxReceiveCount"}, definition
+    for definition in CONTAINERS:  # no other value anywhere
+        for var in _container(definition)["Environment"]:
+            if var["Name"] == "TOCK_DEAD_LETTER_AFTER":
+                assert var["Value"] == {"Ref": "MaxReceiveCount"}, definition
+    env = {e["Name"]: _default(e["Value"])
+           for e in _container("ConsumerTaskDefinition")["Environment"]}
+    settings = load_settings("consumer", env, monkeypatch)
+    assert settings.dead_letter_after == int(PARAMS["MaxReceiveCount"]["Default"])
+    # Every MaxReceiveCount the template takes is a TOCK_DEAD_LETTER_AFTER the processes take.
+    for bound in ("MinValue", "MaxValue"):
+        env["TOCK_DEAD_LETTER_AFTER"] = str(PARAMS["MaxReceiveCount"][bound])
+        load_settings("consumer", env, monkeypatch)
+
+
+def _rule_value(node: Any, params: dict[str, str]) -> Any:
+    """A rule function evaluated as CloudFormation does, on parameter values (strings)."""
+    if isinstance(node, list):
+        return [_rule_value(v, params) for v in node]
+    if not isinstance(node, dict):
+        return str(node)
+    ((name, args),) = node.items()
+    if name == "Ref":
+        return params[args]
+    values = _rule_value(args, params)
+    if name == "Fn::Contains":
+        return values[1] in values[0]
+    if name == "Fn::Equals":
+        return values[0] == values[1]
+    if name == "Fn::Not":
+        return not values[0]
+    if name == "Fn::And":
+        return all(values)
+    if name == "Fn::Or":
+        return any(values)
+    raise AssertionError(f"rule function {name} not known to this test")
+
+
+def _rules_refuse(params: dict[str, str]) -> list[str]:
+    """The AssertDescriptions of the rules that would refuse these parameter values."""
+    refused = []
+    for rule in ROOT_T["Rules"].values():
+        if "RuleCondition" in rule and not _rule_value(rule["RuleCondition"], params):
+            continue
+        refused += [a["AssertDescription"] for a in rule["Assertions"]
+                    if not _rule_value(a["Assert"], params)]
+    return refused
+
+
+def test_rules_keep_the_stop_timeout_above_the_shutdown_grace():
+    grace, stop = PARAMS["ShutdownGraceSeconds"], PARAMS["StopTimeoutSeconds"]
+    defaults = {"ShutdownGraceSeconds": str(grace["Default"]),
+                "StopTimeoutSeconds": str(stop["Default"])}
+    assert _rules_refuse(defaults) == []
+    # Every pair the parameters allow: accepted exactly when the stop timeout reaches the
+    # next multiple of 10 above the grace (so always above it, by 10 s for a round grace).
+    for g in range(grace["MinValue"], grace["MaxValue"] + 1):
+        for s in range(stop["MinValue"], stop["MaxValue"] + 1):
+            refused = _rules_refuse({"ShutdownGraceSeconds": str(g),
+                                     "StopTimeoutSeconds": str(s)})
+            assert (not refused) == (s >= (g // 10 + 1) * 10), (g, s, refused)
+            if refused:
+                assert len(refused) == 1 and "StopTimeoutSeconds must be" in refused[0]
+    assert _rules_refuse({"ShutdownGraceSeconds": "25", "StopTimeoutSeconds": "25"}) == [
+        "StopTimeoutSeconds must be 30 or more for a ShutdownGraceSeconds of 20-29."]
+
+
+def test_dead_letter_alarm_notifies_the_topic_given_and_nobody_by_default():
+    topic = PARAMS["AlarmTopicArn"]
+    assert topic["Default"] == ""
+    pattern = re.compile(topic["AllowedPattern"])
+    assert pattern.fullmatch("") and pattern.fullmatch(
+        "arn:aws:sns:eu-west-1:123456789012:tock-alerts")
+    assert not pattern.fullmatch("tock-alerts")
+    assert ROOT_T["Conditions"]["AlarmNotifies"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "AlarmTopicArn"}, ""]}]}
+    alarm = RES["DeadLetterAlarm"]["Properties"]
+    assert alarm["AlarmActions"] == {
+        "Fn::If": ["AlarmNotifies", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}

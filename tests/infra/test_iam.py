@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.infra.paths import TOCK_TEMPLATE, load_template
+from tests.infra.paths import K8S_DIR, TOCK_TEMPLATE, load_template
 
 TEMPLATE = load_template(TOCK_TEMPLATE)
 RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
@@ -108,3 +108,14 @@ def test_execution_roles_read_only_the_secrets_their_tasks_inject():
     assert sorted(map(str, secrets_of("DashboardExecutionRole"))) == sorted(
         str({"Ref": n}) for n in ("DatabaseSecret", "DashboardOperatorToken",
                                   "DashboardViewerToken", "DashboardSecretKey"))
+
+
+def test_kubernetes_service_accounts_comment_names_the_same_actions():
+    # infra/k8s/serviceaccounts.yaml tells what to grant the EKS Pod Identity roles.
+    header = (K8S_DIR / "serviceaccounts.yaml").read_text().split("apiVersion:", 1)[0]
+    text = " ".join(line.lstrip("# ") for line in header.splitlines())
+    timer = text.split("timer =", 1)[1].split("consumer =", 1)[0]
+    consumer = text.split("consumer =", 1)[1].split("dashboard", 1)[0]
+    for role, said in (("TimerTaskRole", timer), ("ConsumerTaskRole", consumer)):
+        for action in TASK_ROLES[role]:
+            assert action.removeprefix("sqs:") in said, (role, action)

@@ -18,7 +18,7 @@ from cloudcoil.models.keda import v1alpha1 as keda
 
 from dashboard.settings import DashboardSettings
 from shared.runtime.settings import ConsumerSettings
-from tests.infra.paths import K8S_DIR, load_k8s_documents
+from tests.infra.paths import K8S_DIR, QUEUES_TEMPLATE, load_k8s_documents, load_template
 from tests.infra.processes import load_settings, unknown_tock_variables
 
 K8S_VERSION = "1.32.0"
@@ -255,3 +255,31 @@ def test_dashboard_answers_its_ingress_host_and_prometheus_by_pod_ip(monkeypatch
     annotations = WORKLOADS["tock-dashboard"]["spec"]["template"]["metadata"].get(
         "annotations", {})
     assert "prometheus.io/scrape" not in annotations
+
+
+def test_dead_letter_after_is_set_for_the_timer_and_consumers(monkeypatch):
+    # The queues come from outside (queues.yaml, say): TOCK_DEAD_LETTER_AFTER must equal
+    # their maxReceiveCount, so it is set explicitly, to the queue template's default.
+    queues = load_template(QUEUES_TEMPLATE)
+    max_receive = int(queues["Parameters"]["MaxReceiveCount"]["Default"])
+    for name, process in (("tock-timer", "timer"), ("tock-consumer", "consumer")):
+        env = _env(WORKLOADS[name])
+        assert env["TOCK_DEAD_LETTER_AFTER"] == str(max_receive), name
+        env["TOCK_DATABASE_URL"] = "postgresql://tock@db.example:5432/tock"
+        assert load_settings(process, env, monkeypatch).dead_letter_after == max_receive
+    # Under a comment that says it must equal the queue's maxReceiveCount.
+    lines = (K8S_DIR / "configmap.yaml").read_text().splitlines()
+    at = next(i for i, x in enumerate(lines) if x.strip().startswith("TOCK_DEAD_LETTER_AFTER:"))
+    comment = []
+    while lines[at - 1 - len(comment)].strip().startswith("#"):
+        comment.append(lines[at - 1 - len(comment)])
+    assert "maxReceiveCount" in " ".join(comment)
+
+
+def test_configmap_comment_lists_every_secret_key_the_manifests_use():
+    header = (K8S_DIR / "configmap.yaml").read_text().split("apiVersion:", 1)[0]
+    for workload in WORKLOADS.values():
+        for var in _container(workload).get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                assert ref["name"] in header and ref["key"] in header, ref
