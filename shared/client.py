@@ -8,6 +8,13 @@ This module is the facade over two layers that do not know each other: jobs
 (`shared.producer`) and recurring schedules (`shared.schedules`). `Client` combines them;
 the module-level functions call one process-wide `Client` built from `TOCK_*` settings on
 first use, with the same signatures as the methods.
+
+A database the client cannot use (wrong URL, password or host; server not running) fails
+its first call at once with `DatabaseUnavailable` naming the database (password
+redacted), the server's or libpq's reason and the setting to check. Once it has worked,
+a call waits up to 30 s for a connection, so a Postgres restart costs a caller a delay,
+not an error; a wait that runs out says why, and while the database stays away the
+following calls fail at once (asking it again at most once a second).
 """
 
 from __future__ import annotations

@@ -54,12 +54,14 @@ def describe(exc: BaseException) -> str:
 def shown(value: object) -> str:
     """`value` for an error message, as the user would write it: text quoted (cut to
     SHOWN_TEXT_LIMIT characters), numbers as digits, times in ISO 8601, durations in
-    seconds, None as null, true/false; anything else by its type. Never a Python repr
-    such as `datetime.datetime(2027, 1, 1, 0, 0)`."""
+    seconds, None as null, booleans as True/False (the checks that use this guard Python
+    calls: the HTTP API's strict request models refuse a JSON true where these expect
+    something else, before them); anything else by its type. Never a Python repr such as
+    `datetime.datetime(2027, 1, 1, 0, 0)`."""
     if value is None:
         return "null"
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return "True" if value else "False"
     if isinstance(value, int):
         if value.bit_length() < 200:
             return str(value)

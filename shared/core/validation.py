@@ -71,62 +71,103 @@ def payload(value: object, max_bytes: int) -> str:
     return text
 
 
+Where = tuple[Any, str | int] | None
+"""Where a value sits in a payload: (where its container sits, its key or index); None for
+the payload itself. Made into text (`_path`) only for a message."""
+
+
 def _check_json(value: object) -> None:
     """Walk the payload without recursion (a deep one must not exhaust the stack)."""
-    stack: list[tuple[object, str, int]] = [(value, "$", 0)]
+    stack: list[tuple[object, Where, int]] = [(value, None, 0)]
     while stack:
-        item, path, depth = stack.pop()
+        item, where, depth = stack.pop()
         if depth > MAX_PAYLOAD_DEPTH:
             raise InvalidInput(f"payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels "
-                               f"(at {path[:80]})")
+                               f"(at {_path(where)})")
         if item is None or isinstance(item, bool):
             continue
         if isinstance(item, str):
-            _check_text(item, path)
+            _check_text(item, where)
         elif isinstance(item, int):
             if abs(item) >= MAX_PAYLOAD_INT:
-                raise InvalidInput(f"payload integer at {path[:80]} has more than "
+                raise InvalidInput(f"payload integer at {_path(where)} has more than "
                                    f"{len(str(MAX_PAYLOAD_INT)) - 1} digits")
         elif isinstance(item, float):
-            _check_float(item, path)
+            _check_float(item, where)
         elif isinstance(item, dict):
             for key, inner in item.items():
                 if not isinstance(key, str):
                     raise InvalidInput(
-                        f"payload key {shown(key)} at {path[:80]} is not a string: JSON "
+                        f"payload key {shown(key)} at {_path(where)} is not a string: JSON "
                         "object keys are strings, and it would come back as one")
-                _check_text(key, f"{path}.{key[:20]}")
-                stack.append((inner, f"{path}.{key[:20]}", depth + 1))
+                _check_text(key, (where, key))
+                stack.append((inner, (where, key), depth + 1))
         elif isinstance(item, list):
-            stack.extend((inner, f"{path}[{i}]", depth + 1) for i, inner in enumerate(item))
+            stack.extend((inner, (where, i), depth + 1) for i, inner in enumerate(item))
         elif isinstance(item, tuple):
-            raise InvalidInput(f"payload value at {path[:80]} is a tuple: use a list (it "
+            raise InvalidInput(f"payload value at {_path(where)} is a tuple: use a list (it "
                                "would come back as one)")
         else:
-            raise InvalidInput(f"payload value at {path[:80]} is a {type(item).__name__}, "
+            raise InvalidInput(f"payload value at {_path(where)} is a {type(item).__name__}, "
                                "which is not JSON (use str, int, float, bool, None, list, "
                                "dict)")
 
 
-def _check_text(text: str, where: str) -> None:
+PATH_LIMIT = 80
+KEY_LIMIT = 20
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _path(where: Where) -> str:
+    """`where` as a JSONPath (`$.items[3].name`) of at most about PATH_LIMIT characters: a
+    longer one keeps its first steps and its last, whole, with `[...]` for those between
+    (`$[0][0][...][0]`)."""
+    steps: list[str] = []
+    while where is not None:
+        where, step = where
+        steps.append(_step(step))
+    steps.reverse()
+    if len(steps) < 2 or sum(map(len, steps)) < PATH_LIMIT:
+        return "$" + "".join(steps)
+    room = PATH_LIMIT - len(steps[-1]) - len("$[...]")
+    head = ""
+    for step in steps[:-1]:
+        if len(head) + len(step) > room:
+            break
+        head += step
+    return f"${head}[...]{steps[-1]}"
+
+
+def _step(step: str | int) -> str:
+    """One step of a path: `[3]`, `.name`, or for a key that is not a plain name (or is
+    long) `['a key']`, escaped like a Python literal and cut to KEY_LIMIT characters."""
+    if isinstance(step, int):
+        return f"[{step}]"
+    if len(step) <= KEY_LIMIT and _PLAIN_KEY.fullmatch(step):
+        return f".{step}"
+    shown_key = step if len(step) <= KEY_LIMIT else step[:KEY_LIMIT] + "..."
+    return f"[{shown_key!r}]"
+
+
+def _check_text(text: str, where: Where) -> None:
     if "\x00" in text:
-        raise InvalidInput(f"payload text at {where[:80]} contains a NUL character, which "
+        raise InvalidInput(f"payload text at {_path(where)} contains a NUL character, which "
                            "Postgres cannot store")
     problem = utf8_problem(text)
     if problem:
-        raise InvalidInput(f"payload text at {where[:80]} is not valid UTF-8 text: {problem}")
+        raise InvalidInput(f"payload text at {_path(where)} is not valid UTF-8 text: {problem}")
 
 
-def _check_float(number: float, where: str) -> None:
+def _check_float(number: float, where: Where) -> None:
     if not math.isfinite(number):
-        raise InvalidInput(f"payload number at {where[:80]} is {number}, which is not JSON")
+        raise InvalidInput(f"payload number at {_path(where)} is {number}, which is not JSON")
     # jsonb keeps numbers as exact decimals and prints integral ones written with an
     # exponent as integers: 1e16 would come back as the int 10000000000000000, 1e23 as a
     # different value altogether.
     if number.is_integer() and "e" in repr(number):
-        raise InvalidInput(f"payload number {shown(number)} at {where[:80]} cannot be stored "
-                           "exactly (it would come back as a different integer); send it as "
-                           "an int or a string")
+        raise InvalidInput(f"payload number {shown(number)} at {_path(where)} cannot be "
+                           "stored exactly (it would come back as a different integer); send "
+                           "it as an int or a string")
 
 
 def aware(name: str, value: object) -> datetime:

@@ -30,6 +30,9 @@ from shared.store.rows import NewJob
 
 Seconds = float | int | timedelta
 
+DATABASE_SETTING = "TOCK_DATABASE_URL or ClientSettings.database_url"
+"""Where the client's database comes from, named when it cannot be used."""
+
 
 class Client:
     """A connection pool and the producer operations over it. Thread-safe."""
@@ -39,9 +42,11 @@ class Client:
         self._now = now  # tests pin the database's idea of "now" through this
         # Autocommit connections: enqueue, get, cancel and retry are one statement each (or a
         # read after one) and skip BEGIN/COMMIT. Checked on checkout: a restarted database
-        # must not fail an application's call.
+        # must not fail an application's call. But a database that cannot be used at all
+        # (wrong URL, password or host; not running) fails the first call at once, saying
+        # why and where to fix it, instead of after the pool's 30 s wait (Database).
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
-                                 name="tock-client")
+                                 name="tock-client", setting=DATABASE_SETTING)
         self._jobs = JobStore(self.database)
         self._flow = FlowStore(self.database)
         self.known_kinds = KnownKinds(self._jobs)
@@ -80,14 +85,17 @@ class Client:
         spec = dict(kind=kind, payload=payload, at=at, delay=delay, key=key, priority=priority,
                     queue=queue, max_attempts=max_attempts, timeout=timeout, tenant=tenant,
                     concurrency_key=concurrency_key)
-        return self.schedule_many([spec], connection=connection)[0]
+        return self._enqueue(self._validated([spec], numbered=False), connection)[0]
 
     def schedule_many(self, jobs: Iterable[Mapping[str, Any]], *,
                       connection: object | None = None) -> list[Job]:
         """Enqueue many jobs in one round trip. Each item takes the keyword arguments of
         `schedule` (`kind` required). Returns the jobs in input order. All or nothing:
-        one invalid item raises before anything is written."""
-        new = self._validated(jobs)
+        one invalid item raises before anything is written, its message starting with
+        `job #N:`, N its index in `jobs` (from 0)."""
+        return self._enqueue(self._validated(jobs, numbered=True), connection)
+
+    def _enqueue(self, new: list[NewJob], connection: object | None) -> list[Job]:
         if not new:
             return []
         if self.settings.reject_unknown_kinds:
@@ -132,7 +140,9 @@ class Client:
             raise Retryable(f"key(s) {missing[:5]} are taken but no job holds "
                                       "them; try again")
 
-    def _validated(self, jobs: Iterable[Mapping[str, Any]]) -> list[NewJob]:
+    def _validated(self, jobs: Iterable[Mapping[str, Any]], *, numbered: bool) -> list[NewJob]:
+        """The jobs checked; `numbered` (schedule_many) starts a message about an item with
+        `job #N: ` (its index), as `schedule()`'s one job needs no number."""
         if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
             raise InvalidInput(f"jobs must be a list of job mappings, got {type(jobs).__name__}")
         out: list[NewJob] = []
@@ -167,7 +177,7 @@ class Client:
                         raise InvalidInput(f"key {job.unique_key!r} is given twice with "
                                            "different jobs in one call")
             except InvalidInput as exc:
-                if index == 0 and not out:
+                if not numbered:
                     raise
                 raise InvalidInput(f"job #{index}: {exc}") from None
             out.append(job)

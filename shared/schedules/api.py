@@ -52,7 +52,8 @@ class ScheduleApi:
 
     def recurring(self, name: str, kind: str, payload: Any = None, *,
                   every: timedelta | float | None = None, cron: str | None = None,
-                  tz: str = "UTC", start: datetime | None = None, queue: str | None = None,
+                  tz: str | None = None, start: datetime | None = None,
+                  queue: str | None = None,
                   priority: int = 0, max_attempts: int | None = None,
                   timeout: float | timedelta | None = None, tenant: str | None = None,
                   misfire: str = "latest", misfire_grace: float | timedelta = 60.0,
@@ -64,13 +65,14 @@ class ScheduleApi:
 
         Timing: `every=` (timedelta or seconds, >= 1 s; slots are `start + k * every`,
         `start` defaulting to the Unix epoch) or `cron=` (5 fields, or 6 with seconds first)
-        read in `tz`. Policies: `misfire` latest|skip|all (missed = reached more than
-        `misfire_grace` late; `all` runs at most `backfill_max`, `backfill_gap` seconds
-        apart), `overlap` allow|skip|buffer_one, `dst_gap` shift|skip, `dst_fold`
-        once|twice, `spread` (a stable per-name offset within that many seconds) and
-        `jitter` (random, up to that many). Job options (`queue`, `priority`,
-        `max_attempts`, `timeout`, `tenant`) as in `schedule()`. Raises `InvalidSchedule`
-        naming the problem. A paused schedule stays paused.
+        read in `tz` (an IANA zone, default UTC; only with `cron=`). Policies: `misfire`
+        latest|skip|all (missed = reached more than `misfire_grace` late; `all` runs at
+        most `backfill_max`, `backfill_gap` seconds apart), `overlap`
+        allow|skip|buffer_one, `dst_gap` shift|skip, `dst_fold` once|twice, `spread` (a
+        stable per-name offset within that many seconds) and `jitter` (random, up to that
+        many). Job options (`queue`, `priority`, `max_attempts`, `timeout`, `tenant`) as in
+        `schedule()`. Raises `InvalidSchedule` naming the problem. A paused schedule stays
+        paused.
         """
         with self._schedules().transaction() as store:
             t = store.db_now(now)
@@ -102,7 +104,9 @@ class ScheduleApi:
                 args.pop("every", None)
                 args.pop("start", None)
             if "every" in changes:
+                # The zone belongs to the cron it replaces: an interval has none.
                 args.pop("cron", None)
+                args.pop("tz", None)
             args.update(changes)
             t = store.db_now(now)
             spec = make_spec(name, args.pop("kind"), args.pop("payload"), **args,
@@ -249,7 +253,7 @@ def _audit_unrun(store: ScheduleStore, current: Schedule, t: datetime, reason: s
 def _arguments(current: Schedule) -> dict[str, Any]:
     """The `recurring()` arguments that define `current`."""
     args: dict[str, Any] = {
-        "kind": current.kind, "payload": current.payload, "tz": current.tz,
+        "kind": current.kind, "payload": current.payload,
         "queue": current.queue, "priority": current.priority,
         "max_attempts": current.max_attempts, "timeout": current.timeout_seconds,
         "tenant": current.tenant, "misfire": current.misfire.value,
@@ -260,7 +264,7 @@ def _arguments(current: Schedule) -> dict[str, Any]:
         "jitter": current.jitter_seconds,
     }
     if current.cron is not None:
-        args["cron"] = current.cron
+        args["cron"], args["tz"] = current.cron, current.tz
     else:
         args["every"], args["start"] = current.every, current.anchor
     return args

@@ -42,6 +42,14 @@ MAX_EVERY = timedelta(days=366)
 MAX_SPREAD_SECONDS = 86400.0
 MAX_BACKFILL = 10000
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CRON_FIELDS = "5 fields (minute hour day month weekday) or 6 (second minute hour day month weekday)"
+CRON_SHORTCUTS = {
+    "@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+"""The @-shortcuts of cron and the 5 fields each stands for (refused, with these as the
+fix: one way to write a schedule, and it shows what it does)."""
 
 
 def schedule_name(value: object) -> str:
@@ -54,7 +62,7 @@ def schedule_name(value: object) -> str:
 
 
 def make_spec(name: object, kind: object, payload: Any = None, *,
-              every: object = None, cron: object = None, tz: object = "UTC",
+              every: object = None, cron: object = None, tz: object = None,
               start: object = None, queue: object = "default", priority: object = 0,
               max_attempts: object = None, timeout: object = None, tenant: object = None,
               misfire: object = "latest", misfire_grace: object = 60.0,
@@ -63,7 +71,8 @@ def make_spec(name: object, kind: object, payload: Any = None, *,
               spread: object = 0.0, jitter: object = 0.0,
               max_payload_bytes: int = 256 * 1024, now: datetime | None = None) -> ScheduleSpec:
     """Validate every argument of a schedule and return its definition; raises
-    `InvalidSchedule` naming the argument and the problem."""
+    `InvalidSchedule` naming the argument and the problem. `tz` is for `cron=` only (None:
+    UTC); any zone given with `every=`, "UTC" included, is refused."""
     with _schedule_errors():
         return _make_spec(
             name=name, kind=kind, payload=payload, every=every, cron=cron, tz=tz, start=start,
@@ -93,7 +102,7 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
     name = schedule_name(name)
     if (every is None) == (cron is None):
         raise InvalidSchedule("give exactly one of every= (an interval) and cron= (an expression)")
-    zone_name = time_zone(tz)
+    zone_name = "UTC" if tz is None else time_zone(tz)
     gap = _choice("dst_gap", dst_gap, DstGap)
     fold = _choice("dst_fold", dst_fold, DstFold)
     if cron is not None:
@@ -103,10 +112,11 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         _first_fire(timing, now or datetime.now(UTC))
         period = None
     else:
-        if zone_name != "UTC":
+        if tz is not None:
             raise InvalidSchedule(
-                "tz= applies to cron schedules: every= intervals are absolute elapsed time "
-                "(for 'every day at 09:00 Berlin time' use cron='0 9 * * *', tz='Europe/Berlin')")
+                f"tz={shown(tz)} is given with every=, but tz= applies to cron schedules "
+                "only: intervals are absolute elapsed time, in no zone; leave tz out (for "
+                "'every day at 09:00 Berlin time' use cron='0 9 * * *', tz='Europe/Berlin')")
         interval = interval_of(every)
         anchor = EPOCH if start is None else validation.aware("start", start).astimezone(UTC)
         timing = Timing(None, interval, anchor, "UTC", gap, fold)
@@ -153,11 +163,13 @@ def cron_expression(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidSchedule(f"cron must be a non-empty string, got {shown(value)}")
     expr = " ".join(value.split())
+    if expr.startswith("@"):
+        raise InvalidSchedule(_shortcut_refused(value, expr))
     fields = expr.split(" ")
     if len(fields) not in (5, 6):
         raise InvalidSchedule(
-            f"cron {value!r} has {len(fields)} fields; use 5 (minute hour day month weekday) "
-            "or 6 (second minute hour day month weekday)")
+            f"cron {value!r} has {len(fields)} field{'' if len(fields) == 1 else 's'}; "
+            f"use {CRON_FIELDS}")
     if any(ch in expr.upper() for ch in ("H", "R")) and not re.search(r"[A-Z]{3}", expr.upper()):
         raise InvalidSchedule(
             f"cron {value!r}: H and R are not supported; spread runs with spread= instead")
@@ -166,6 +178,18 @@ def cron_expression(value: object) -> str:
     except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
         raise InvalidSchedule(f"cron {value!r} is malformed: {exc}") from None
     return expr
+
+
+def _shortcut_refused(value: str, expr: str) -> str:
+    """Why an @-shortcut cron is refused, with the 5 fields that say the same where there
+    are such."""
+    word = expr.split(" ", maxsplit=1)[0].lower()[:20]
+    said = f"cron {value!r}: @-shortcuts such as {word} are not supported"
+    if word in CRON_SHORTCUTS:
+        return f"{said}; write the 5 fields it stands for: cron={CRON_SHORTCUTS[word]!r}"
+    if word == "@every":
+        return f"{said}; for a fixed interval use every= (seconds or a timedelta)"
+    return f"{said}; use {CRON_FIELDS}"
 
 
 def _first_fire(timing: Timing, now: datetime) -> None:

@@ -5,6 +5,7 @@ Callers use the stores (`JobStore`, `ScheduleStore`, `OperatorStore`), not conne
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from shared.core.errors import DatabaseUnavailable, InvalidInput
 from shared.store.errors import translated
@@ -22,6 +23,9 @@ from shared.store.errors import translated
 Connection = psycopg.Connection[Any]
 
 RECHECK_SECONDS = 0.5
+DOWN_RECHECK_SECONDS = 1.0
+"""While a pool that fails fast knows its database is down, it asks again at most this
+often; calls in between fail at once with the last answer."""
 
 LINK_OPTIONS: dict[str, Any] = {
     "connect_timeout": 5,
@@ -50,13 +54,27 @@ class Database:
     within a second) asks for a new connection, so a loop works again within about a
     second of the server coming back. `reconnect_timeout` is how long the pool itself keeps
     reconnecting in the background (1 s, 2 s, 4 s ... apart) for a caller that waits.
+
+    `setting` (the producer client's pools) makes the pool fail fast when the database
+    cannot be used at all, with one `DatabaseUnavailable` that names the database (password
+    redacted), libpq's reason and `setting`, the place to fix it: the first use connects
+    once before the pool starts, so a wrong URL, password or host, or a server that is not
+    running, fails within one connection attempt instead of after `timeout` of the pool's
+    background retries (and their log lines). Once the pool has worked, a call waits up to
+    `timeout` for a connection as before, riding out a restart; if that wait runs out the
+    error says why (asked once more), and until a connection attempt succeeds again the
+    following calls fail at once instead of each waiting out `timeout`.
     """
 
     def __init__(self, url: str, *, max_size: int = 10, name: str = "tock", check: bool = True,
                  autocommit: bool = True, synchronous_commit: bool = True,
-                 timeout: float = 30.0, reconnect_timeout: float = 300.0) -> None:
+                 timeout: float = 30.0, reconnect_timeout: float = 300.0,
+                 setting: str | None = None) -> None:
         self.url = url
         self.name = name
+        self.timeout = timeout
+        self.max_size = max_size
+        self.setting = setting
         kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit,
                                   **LINK_OPTIONS}
         # JIT compiling pays only for long analytical statements; tock's are short, and a
@@ -65,6 +83,7 @@ class Database:
         options = ["-c jit=off", *([] if synchronous_commit else ["-c synchronous_commit=off"]),
                    str(conninfo_to_dict(url).get("options") or "")]
         kwargs["options"] = " ".join(o for o in options if o)
+        self._kwargs = kwargs
         self.pool = ConnectionPool(
             url, min_size=1, max_size=max_size, open=False, name=name,
             check=ConnectionPool.check_connection if check else None,
@@ -73,6 +92,9 @@ class Database:
         self._opened = False
         self._lock = threading.Lock()
         self._checked_at = 0.0
+        self._asking = threading.Lock()
+        self._answer: tuple[float, str | None] = (-math.inf, None)  # when asked, why unusable
+        self._down = False
 
     @classmethod
     def for_service(cls, url: str, *, name: str, max_size: int,
@@ -83,9 +105,13 @@ class Database:
                    reconnect_timeout=1.0, synchronous_commit=synchronous_commit)
 
     def open(self) -> None:
-        """Start the pool (idempotent); connections are made in the background."""
+        """Start the pool (idempotent); connections are made in the background. A pool that
+        fails fast (`setting`) first connects once, and raises `DatabaseUnavailable` saying
+        why if it cannot: the pool is not started then, and the next call tries again."""
         if self._opened:
             return
+        if self.setting is not None:
+            self._require_answer(time.monotonic())
         with self._lock:
             if not self._opened:
                 self.pool.open(wait=False)
@@ -98,24 +124,84 @@ class Database:
     def transaction(self) -> Iterator[Connection]:
         """A pooled connection inside one transaction: commits on success, rolls back on
         error."""
-        self.open()
+        self._ready()
         try:
             with translated(), self.pool.connection() as conn, conn.transaction():
                 yield conn
-        except DatabaseUnavailable:
+        except DatabaseUnavailable as exc:
             self._recheck()
-            raise
+            raise self._explained(exc) from exc.__cause__
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A pooled connection for single autocommit statements (one round trip each)."""
-        self.open()
+        self._ready()
         try:
             with translated(), self.pool.connection() as conn:
                 yield conn
-        except DatabaseUnavailable:
+        except DatabaseUnavailable as exc:
             self._recheck()
-            raise
+            raise self._explained(exc) from exc.__cause__
+
+    def _ready(self) -> None:
+        """Open the pool; while a pool that fails fast knows the database is down, raise at
+        once unless it answers again."""
+        self.open()
+        if self._down:
+            self._require_answer(time.monotonic())
+            self._down = False
+
+    def _require_answer(self, asked: float) -> None:
+        """`DatabaseUnavailable`, saying why, unless the database answers (`_answer`)."""
+        why = self._answer_since(asked)
+        if why is not None:
+            raise DatabaseUnavailable(self._unusable(why))
+
+    def _answer_since(self, asked: float) -> str | None:
+        """None if the database answers a connection made after `asked`, else why not.
+        Callers asking together make one attempt, not one each (a concurrent caller's
+        attempt counts), and while the database is down it is asked at most once per
+        DOWN_RECHECK_SECONDS: calls in between get the last answer at once."""
+        with self._asking:
+            when, why = self._answer
+            recent_failure = why is not None and time.monotonic() - when < DOWN_RECHECK_SECONDS
+            if when < asked and not recent_failure:
+                why = self._ask()
+                self._answer = (time.monotonic(), why)
+            return why
+
+    def _ask(self) -> str | None:
+        """None if a connection made like the pool's answers a query, else why not."""
+        try:
+            with psycopg.connect(self.url, **self._kwargs) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error as exc:
+            return reason(exc)
+        return None
+
+    def _unusable(self, why: str) -> str:
+        return f"cannot use the database at {redacted(self.url)}: {why} (check {self.setting})"
+
+    def _explained(self, exc: DatabaseUnavailable) -> DatabaseUnavailable:
+        """For a pool that fails fast, a wait for a connection that ran out as an error that
+        says why (the pool only says it waited): the database, asked once more, or a pool
+        whose connections were all in use the whole time."""
+        if self.setting is None or not isinstance(exc.__cause__, PoolTimeout):
+            return exc
+        why = self._answer_since(time.monotonic())
+        if why is None:
+            stats = self.pool.get_stats()
+            busy = stats.get("pool_size", 0) >= self.max_size and not stats.get("pool_available")
+            return DatabaseUnavailable(
+                f"no free connection to the database at {redacted(self.url)} within "
+                f"{self.timeout:g} s: " + (
+                    f"all {self.max_size} connections of the pool were in use (a larger "
+                    "pool_max_size, TOCK_POOL_MAX_SIZE, or shorter transactions would help)"
+                    if busy else "it answers again now (it may have just come back); try "
+                    "again"))
+        self._down = True
+        return DatabaseUnavailable(f"{self._unusable(why)}; no connection within "
+                                   f"{self.timeout:g} s")
 
     def _recheck(self) -> None:
         """After a lost connection, test the idle ones (at most twice a second) so a
@@ -167,8 +253,18 @@ def check_url(url: str) -> str:
 
 
 def redacted(url: str) -> str:
-    """`url` with its password replaced by ***, for messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """`url` with its password replaced by ***, for messages: in a URL's user part or
+    `?password=` parameter, or in a `password=` pair of the key=value form."""
+    url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", r"\1***", url)
+
+
+def reason(exc: psycopg.Error) -> str:
+    """Why a connection failed, in libpq's words on one line (connection refused, password
+    authentication failed, a host that does not resolve ...)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()
+             and not line.strip().startswith("Is the server running")]
+    return "; ".join(lines) or type(exc).__name__
 
 
 def probe(url: str, timeout: float = 2.0) -> str | None:
@@ -179,9 +275,7 @@ def probe(url: str, timeout: float = 2.0) -> str | None:
                              application_name="tock-probe") as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()
-                 and not line.strip().startswith("Is the server running")]
-        return "; ".join(lines) or type(exc).__name__
+        return reason(exc)
     return None
 
 

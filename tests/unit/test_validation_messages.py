@@ -26,7 +26,7 @@ def _message(check, *args) -> str:
 
 
 @pytest.mark.parametrize(("value", "text"), [
-    (None, "null"), (True, "true"), (False, "false"), (7, "7"), (0.5, "0.5"),
+    (None, "null"), (True, "True"), (False, "False"), (7, "7"), (0.5, "0.5"),
     (float("nan"), "nan"), ("acme", "'acme'"), ("x" * 100, "'" + "x" * 60 + "...'"),
     ("a\udcffb", "'a\\udcffb'"), (datetime(2027, 1, 1), "2027-01-01T00:00:00"),
     (time(9, 30), "09:30:00"), (timedelta(seconds=-5), "-5 s"),
@@ -88,3 +88,48 @@ def test_text_that_is_not_utf8_is_called_that(value):
     assert "lone surrogate" not in message
     message = _message(validation.payload, {"s": value}, 1000)
     assert message.startswith("payload text at $.s is not valid UTF-8 text: ")
+
+
+def test_a_boolean_is_shown_as_python_writes_it():
+    """The checks behind these messages guard Python calls (the HTTP API's strict models
+    refuse a JSON true before them)."""
+    assert _message(validation.delay_seconds, True) == "delay must be a number, got True"
+    assert _message(validation.priority, False) == "priority must be an integer, got False"
+
+
+def _deep(depth: int, leaf: object = None) -> object:
+    value: object = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_too_deep_payload_names_a_path_cut_between_steps():
+    message = _message(validation.payload, _deep(70), 10_000)
+    assert message == ("payload is nested deeper than 64 levels (at $" + "[0]" * 23
+                       + "[...][0])")
+    validation.payload(_deep(64), 10_000)  # 64 levels are fine
+
+
+def test_a_long_path_keeps_its_first_steps_and_its_last():
+    deep: dict[str, object] = {}
+    level = deep
+    for i in range(70):
+        key = f"key{i}" + "_" * (i % 30)
+        level[key] = {}
+        level = level[key]  # type: ignore[assignment]
+    message = _message(validation.payload, deep, 10**6)
+    assert message == ("payload is nested deeper than 64 levels (at $.key0.key1_.key2__"
+                       ".key3___.key4____.key5_____.key6______[...].key64____)")
+
+
+@pytest.mark.parametrize(("payload", "says"), [
+    ({"to": {"name": "a\x00b"}}, "payload text at $.to.name contains a NUL character"),
+    ({"a b": "\x00"}, "payload text at $['a b'] contains a NUL"),
+    ({"x": ["ok", "\x00"]}, "payload text at $.x[1] contains a NUL"),
+    ({"k\udcff": 1}, "payload text at $['k\\udcff'] is not valid UTF-8 text"),
+    ({"n": [1.5, float("inf")]}, "payload number at $.n[1] is inf"),
+    ({"v": (1, 2)}, "payload value at $.v is a tuple"),
+])
+def test_payload_paths_name_keys_and_indexes(payload, says):
+    assert _message(validation.payload, payload, 10_000).startswith(says)

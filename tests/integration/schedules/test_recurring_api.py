@@ -134,3 +134,37 @@ def test_concurrent_declarations_of_a_new_schedule_make_one_row(database_url, db
     assert sorted(r.changed for r in results) == [False, False, False, True]
     assert {r.next_slot for r in results} == {datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)}
     assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 1
+
+
+def test_a_zone_with_an_interval_is_refused_utc_too_and_nothing_is_written(client, db):
+    for tz in ("UTC", "Etc/UTC", "Europe/Berlin"):
+        with pytest.raises(InvalidSchedule, match="tz= applies to cron schedules only"):
+            client.recurring("x2", "a.tick", every=60, tz=tz, now=T0)
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
+
+
+def test_the_stored_zone_is_utc_when_none_is_given_as_before(client, db):
+    client.recurring("c", "report", cron="0 2 * * *", now=T0)
+    client.recurring("e", "report", every=60, now=T0)
+    client.recurring("b", "report", cron="0 2 * * *", tz="Europe/Berlin", now=T0)
+    rows = db.execute("SELECT name, tz FROM tock_schedules ORDER BY name").fetchall()
+    assert rows == [("b", "Europe/Berlin"), ("c", "UTC"), ("e", "UTC")]
+    # Declared again the same way: unchanged, nothing written.
+    assert not client.recurring("c", "report", cron="0 2 * * *", tz="UTC", now=T0).changed
+    assert not client.recurring("e", "report", every=60, now=T0).changed
+
+
+def test_updates_keep_the_zone_with_the_cron_it_belongs_to(client):
+    client.recurring("e", "report", every=60, now=T0)
+    assert client.update_schedule("e", priority=3, now=T0).priority == 3  # no zone carried
+    with pytest.raises(InvalidSchedule, match="tz= applies to cron schedules only"):
+        client.update_schedule("e", tz="UTC", now=T0)
+    client.recurring("b", "report", cron="0 2 * * *", tz="Europe/Berlin", now=T0)
+    assert client.update_schedule("b", priority=2, now=T0).tz == "Europe/Berlin"
+    # An interval replaces the cron and its zone; a zone given with it is still refused.
+    with pytest.raises(InvalidSchedule, match="tz='Europe/Berlin' is given with every="):
+        client.update_schedule("b", every=60, tz="Europe/Berlin", now=T0)
+    switched = client.update_schedule("b", every=60, now=T0)
+    assert (switched.every, switched.cron, switched.tz) == (timedelta(seconds=60), None, "UTC")
+    back = client.update_schedule("b", cron="0 2 * * *", now=T0)
+    assert (back.cron, back.tz) == ("0 2 * * *", "UTC")

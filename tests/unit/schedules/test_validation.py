@@ -21,6 +21,8 @@ def spec(**kw):
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"cron": "61 * * * *"}, "malformed"),
     ({"cron": "* * * *"}, "has 4 fields"),
+    ({"cron": "daily"}, "cron 'daily' has 1 field; use 5 fields (minute hour day month "
+                        "weekday) or 6 (second minute hour day month weekday)"),
     ({"cron": "0 0 30 2 *"}, "never fires"),
     ({"cron": "0 0 31 4 *"}, "never fires"),
     ({"cron": "H * * * *"}, "spread="),
@@ -33,6 +35,10 @@ def spec(**kw):
     ({"every": "10s"}, "timedelta or a number"),
     ({"every": 10, "cron": "* * * * *"}, "exactly one"),
     ({"every": 10, "tz": "Europe/Berlin"}, "tz= applies to cron"),
+    ({"every": 10, "tz": "UTC"}, "tz='UTC' is given with every=, but tz= applies to cron "
+                                 "schedules only"),
+    ({"every": 10, "tz": "Etc/UTC"}, "tz= applies to cron"),
+    ({"every": 10, "tz": ""}, "tz must be an IANA time zone name"),
     ({"every": 10, "spread": 10}, "shorter than the interval"),
     ({"every": 10, "start": datetime(2026, 1, 1)}, "timezone-aware"),
     ({"cron": "0 * * * *", "start": NOW}, "no anchor"),
@@ -62,3 +68,38 @@ def test_valid_definitions():
     every = spec(every=timedelta(minutes=5), start=NOW)
     assert every.timing.every == timedelta(minutes=5)
     assert every.timing.anchor == NOW
+
+
+@pytest.mark.parametrize(("cron", "fields"), [
+    ("@yearly", "0 0 1 1 *"), ("@annually", "0 0 1 1 *"), ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"), ("@daily", "0 0 * * *"), ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"), (" @Daily ", "0 0 * * *"),
+])
+def test_a_cron_shortcut_is_refused_with_the_fields_it_stands_for(cron, fields):
+    with pytest.raises(InvalidSchedule) as info:
+        spec(cron=cron)
+    word = cron.strip().lower()
+    assert str(info.value) == (f"cron {cron!r}: @-shortcuts such as {word} are not "
+                               f"supported; write the 5 fields it stands for: cron={fields!r}")
+    assert spec(cron=fields).timing.cron == fields  # and the fix is accepted
+
+
+@pytest.mark.parametrize(("cron", "says"), [
+    ("@reboot", "@-shortcuts such as @reboot are not supported; use 5 fields (minute"),
+    ("@every 5m", "@-shortcuts such as @every are not supported; for a fixed interval use "
+                  "every= (seconds or a timedelta)"),
+])
+def test_other_at_words_are_refused_too(cron, says):
+    with pytest.raises(InvalidSchedule, match=None) as info:
+        spec(cron=cron)
+    assert says in str(info.value)
+
+
+def test_the_zone_defaults_to_utc_for_cron_and_is_none_of_every_business():
+    """An interval has no zone: any tz= with every= is refused, "UTC" as much as
+    "Europe/Berlin", and leaving it out stores UTC for both kinds, as before."""
+    assert spec(cron="0 2 * * *").timing.tz == "UTC"
+    assert spec(cron="0 2 * * *", tz=None).timing.tz == "UTC"
+    assert spec(cron="0 2 * * *", tz="UTC").timing.tz == "UTC"
+    assert spec(every=60).timing.tz == "UTC"
+    assert spec(every=60, tz=None).timing.tz == "UTC"

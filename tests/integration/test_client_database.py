@@ -1,0 +1,149 @@
+"""The producer client's pool against the real test Postgres: the first call connects and
+works as before; a database it cannot use is named with the server's reason at once; and a
+pool that worked waits for a connection through an outage, then says why it gave up, fails
+the following calls at once while the database stays away, and works again as soon as it
+is back. The outage is a TCP relay in front of the session's server being closed (the
+server itself is shared with other tests and keeps running)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shared.client import Client
+from shared.core.errors import DatabaseUnavailable
+from shared.runtime.settings import ClientSettings
+from shared.store.database import DOWN_RECHECK_SECONDS, Database
+from shared.store.schedule_store import ScheduleStore
+
+SETTING = "TOCK_DATABASE_URL or ClientSettings.database_url"
+
+
+class Relay:
+    """Forwards a local port to the test server; `close()` is the server going away (every
+    connection dropped, new ones refused); `open()` brings it back on the same port."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port: int = s.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.open()
+
+    def open(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen()
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def close(self) -> None:
+        if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the accept() blocked on it
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._sockets.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def relay(database_url: str) -> Iterator[Relay]:
+    port = int(database_url.split("@127.0.0.1:", 1)[1].split("/", 1)[0])
+    r = Relay(port)
+    yield r
+    r.close()
+
+
+def test_the_first_call_on_a_working_database_connects_and_works(database_url):
+    with Client(ClientSettings(database_url=database_url)) as client:
+        job = client.schedule("a.ok", {"n": 1})
+        assert client.get(job.id).payload == {"n": 1}
+        assert client.database._opened
+
+
+def test_a_database_that_does_not_exist_is_named_with_the_servers_reason(database_url):
+    url = database_url.rsplit("/", 1)[0] + "/no_such_db"
+    started = time.monotonic()
+    with Client(ClientSettings(database_url=url)) as client, \
+            pytest.raises(DatabaseUnavailable) as info:
+        client.schedule("a.ok")
+    assert time.monotonic() - started < 5
+    assert str(info.value).startswith(f"cannot use the database at {url}: ")
+    assert 'database "no_such_db" does not exist' in str(info.value)
+    assert str(info.value).endswith(f"(check {SETTING})")
+
+
+def test_an_outage_is_waited_out_then_explained_then_failed_fast_until_it_ends(
+        relay, database_url):
+    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
+    db = Database(url, name="tock-client", timeout=1.5, setting=SETTING)
+    store = ScheduleStore(db)
+    try:
+        assert store.db_now(None) is not None  # the pool works
+        relay.close()
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailable) as info:
+            store.db_now(None)
+        assert time.monotonic() - started >= 1.4  # it waited for the database to come back
+        message = str(info.value)
+        assert message.startswith(f"cannot use the database at {url}: "), message
+        assert "Connection refused" in message
+        assert message.endswith(f"(check {SETTING}); no connection within 1.5 s"), message
+        assert info.value.__cause__ is not None  # the pool's timeout, kept
+
+        # Known to be down: the next calls fail at once with the same reason.
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailable, match="Connection refused"):
+                store.db_now(None)
+            assert time.monotonic() - started < 0.5
+
+        relay.open()
+        time.sleep(DOWN_RECHECK_SECONDS)
+        assert store.db_now(None) is not None  # back at once
+    finally:
+        db.close()
+
+
+def test_a_short_outage_of_a_working_pool_is_ridden_out(relay, database_url):
+    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
+    db = Database(url, name="tock-client", timeout=10, setting=SETTING)
+    store = ScheduleStore(db)
+    try:
+        store.db_now(None)
+        relay.close()
+        threading.Timer(1.0, relay.open).start()
+        assert store.db_now(None) is not None  # waited, reconnected, answered
+    finally:
+        db.close()
