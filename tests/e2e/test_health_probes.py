@@ -8,26 +8,15 @@ import signal
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
 from devstack.ports import free_port
 from shared.runtime.health import HealthServer
+from tests.support.http import get
 from tests.support.wait import wait_for
 from timer_service.service import Timer
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as res:
-            return res.status, res.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def test_timer_probes_follow_its_loops(transport, timer_settings, client):

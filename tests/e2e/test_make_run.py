@@ -12,8 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -21,6 +19,7 @@ import psycopg
 import pytest
 
 from devstack.ports import free_port
+from tests.support.http import get as _get
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -81,16 +80,6 @@ def _announced(url: str, pid: int) -> bool:
         row = conn.execute("SELECT count(*) FROM tock_workers WHERE pid = %s "
                            "AND stopped_at IS NULL", (pid,)).fetchone()
     return bool(row and row[0])
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as res:
-            return res.status, res.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def _health_ports(run: MakeRun) -> dict[str, int]:
