@@ -130,6 +130,9 @@ def test_an_outage_is_waited_out_then_explained_then_failed_fast_until_it_ends(
             assert time.monotonic() - started < 0.5
 
         relay.open()
+        # Not a wait for a condition: the property is that a known-down pool asks again
+        # once DOWN_RECHECK_SECONDS have passed since its last answer, and then works at
+        # the first call; a polling wait would hide a pool that never asks again.
         time.sleep(DOWN_RECHECK_SECONDS)
         assert store.db_now(None) is not None  # back at once
     finally:

@@ -69,7 +69,7 @@ def test_callers_waiting_together_share_one_attempt(client, monkeypatch):
 
     def slow_ask() -> str | None:
         attempts.append(time.monotonic())
-        time.sleep(0.3)
+        time.sleep(0.3)  # a slow connect, so that the 8 callers overlap it
         return ask()
 
     monkeypatch.setattr(client.database, "_ask", slow_ask)
