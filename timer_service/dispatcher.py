@@ -81,6 +81,26 @@ PairAt = tuple[int, str, str]
 """(priority level, kind, tenant)."""
 
 
+@dataclass(frozen=True)
+class WindowHeld:
+    """What the dispatch window holds back as of its last count: the (kind, tenant) pairs
+    with a batch of jobs waited in SQS past the window's age, and the kinds with the whole
+    window in SQS. The dispatch threads look again at them every WINDOW_POLL_SECONDS; the
+    due watcher serves everything else meanwhile."""
+
+    pairs: frozenset[tuple[str, str]] = frozenset()
+    kinds: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.pairs or self.kinds)
+
+    def __contains__(self, pair: object) -> bool:
+        if not isinstance(pair, tuple) or len(pair) != 3:
+            return False
+        _, kind, tenant = pair
+        return kind in self.kinds or (kind, tenant) in self.pairs
+
+
 @dataclass
 class Batch:
     """What one claim took, and what the limits held back."""
@@ -249,6 +269,14 @@ class Dispatcher(Loop):
                 del self._filling[pair]
             return frozenset(p for p, (since, last) in self._filling.items()
                              if last - since >= BACKLOGGED_AFTER_SECONDS)
+
+    def window_held(self) -> WindowHeld:
+        """What the dispatch window holds back as of its last count (see WindowHeld)."""
+        if not self.dispatch_window:
+            return WindowHeld()
+        with self._lock:
+            full = frozenset(k for k, n in self._in_sqs.items() if n >= self.dispatch_window)
+            return WindowHeld(frozenset(self._waited), full)
 
     def _filled(self, level: int, pairs: list[fair_share.Pair]) -> None:
         """A full batch at `level` in which `pairs` took their whole share."""

@@ -3,13 +3,18 @@
 Behind one tenant's backlog both dispatch threads run full batches back to back, and a job
 of another tenant that falls due waits for the next pass to start and, fair share giving it
 part of each batch, for the one after: a pass time or two (10 ms in the fair share
-benchmark), where with nothing else due it leaves within the wake-up (1 ms). This loop is
-a third dispatch thread that works only while some (kind, tenant) pair is backlogged (it
-filled its share of a full batch within the last second): it sleeps until a NOTIFY on
-`tock_due` or until the next job not yet due falls due, then claims one batch of the due
-work of every pair but the backlogged ones, with the dispatcher's own claim (limits, fair
-share, send, commit), so the newcomer does not wait behind the backlog's passes. Rows are
-taken FOR UPDATE SKIP LOCKED as by any pass, so nothing goes out twice.
+benchmark), where with nothing else due it leaves within the wake-up (1 ms). While the
+dispatch window holds a backlog back (consumers are behind on it), the dispatch threads
+do not wait for the next due time either: they look again every WINDOW_POLL_SECONDS
+(50 ms), and a newcomer's job would wait for that.
+
+This loop is a third dispatch thread that works only while some (kind, tenant) pair is
+backlogged (it filled its share of a full batch within the last second) or held back by
+the dispatch window: it sleeps until a NOTIFY on `tock_due` or until the next job not yet
+due of another pair falls due, then claims one batch of the due work of every pair but
+those, with the dispatcher's own claim (limits, fair share, window, send, commit), so the
+newcomer waits neither behind the backlog's passes nor for their next look. Rows are taken
+FOR UPDATE SKIP LOCKED as by any pass, so nothing goes out twice.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from datetime import datetime
 
 from shared.runtime.supervisor import Loop
 from shared.store.database import Listener
-from timer_service.dispatcher import DUE_CHANNEL, Dispatcher
+from timer_service.dispatcher import DUE_CHANNEL, Dispatcher, PairAt, WindowHeld
 
 LOOK_AGAIN_SECONDS = 0.25
 """The longest sleep while a pair is backlogged (no NOTIFY comes for jobs that were
@@ -52,7 +57,7 @@ class DueWatcher(Loop):
     def run_once(self, now: datetime | None = None) -> int:
         skip = self.dispatcher.backlogged()
         due_at, self._due_at = self._due_at, None
-        if skip:
+        if skip or self.dispatcher.window_held():
             with self.dispatcher.priority_pass():
                 if due_at is not None:
                     # Woken LEAD_SECONDS early: the backlog's passes are held from now, and
@@ -67,7 +72,8 @@ class DueWatcher(Loop):
 
     def idle(self) -> None:
         skip = self.dispatcher.backlogged()
-        if not skip:
+        held = self.dispatcher.window_held()
+        if not (skip or held):
             # The dispatch threads are idle themselves, waiting for the same NOTIFY.
             self.close()
             self.wait(LOOK_AGAIN_SECONDS)
@@ -77,7 +83,7 @@ class DueWatcher(Loop):
                 database = self.dispatcher.store.database
                 assert database is not None
                 self._listener = database.listener(DUE_CHANNEL)
-            sleep, falls_due = self.seconds_to_sleep(skip)
+            sleep, falls_due = self.seconds_to_sleep(skip, held)
             if falls_due:
                 self._due_at = time.monotonic() + sleep
                 sleep = max(sleep - LEAD_SECONDS, 0.0)
@@ -91,15 +97,16 @@ class DueWatcher(Loop):
             self.close()
             raise
 
-    def seconds_to_sleep(self, skip: frozenset[tuple[int, str, str]]) -> tuple[float, bool]:
+    def seconds_to_sleep(self, skip: frozenset[PairAt],
+                         held: WindowHeld | None = None) -> tuple[float, bool]:
         """(seconds until the next job not yet due falls due, if it is not of a backlogged
-        pair (those are the dispatch threads' work), at most LOOK_AGAIN_SECONDS; whether
-        a job falls due at the end of them)."""
+        pair nor one the dispatch window holds (those are the dispatch threads' work), at
+        most LOOK_AGAIN_SECONDS; whether a job falls due at the end of them)."""
         upcoming = self.dispatcher.store.next_to_fall_due()
         if upcoming is None:
             return LOOK_AGAIN_SECONDS, False
         run_at, pair, db_now = upcoming
-        if pair in skip:
+        if pair in skip or (held is not None and pair in held):
             return LOOK_AGAIN_SECONDS, False
         seconds = max((run_at - db_now).total_seconds(), MIN_SLEEP_SECONDS)
         return min(seconds, LOOK_AGAIN_SECONDS), seconds <= LOOK_AGAIN_SECONDS

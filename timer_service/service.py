@@ -3,8 +3,8 @@ side with no leader (every claim is FOR UPDATE SKIP LOCKED).
 
     schedule   turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
     dispatch   claims due jobs and sends them to SQS (timer_service/dispatcher.py)
-    dispatch-watch  while a pair is backlogged, work falling due for the others goes out
-               at once (timer_service/due_watcher.py)
+    dispatch-watch  while a pair is backlogged or held back by the dispatch window, work
+               falling due for the others goes out at once (timer_service/due_watcher.py)
     rescue     expired leases and lost messages (timer_service/rescuer.py)
     retention  the history's day partitions and retention (timer_service/retention.py)
     statistics an ANALYZE of tock_jobs when its statistics lag far behind it

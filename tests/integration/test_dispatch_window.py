@@ -18,6 +18,7 @@ from shared.store.operator_store import OperatorStore
 from tests.integration.readings import metric
 from tests.support.drive import dispatch, receive, run_all, timer_running
 from tests.support.wait import wait_for
+from timer_service.due_watcher import LOOK_AGAIN_SECONDS
 from timer_service.service import Timer
 
 WINDOW = 40
@@ -106,6 +107,37 @@ def test_a_kind_whose_jobs_wait_in_sqs_gets_no_more_until_consumers_catch_up(
     assert waiting < 10, "under a batch of the first tenant's jobs still waits"
     assert dispatch(windowed, later) == 15
     run_all(consumer, entries)
+
+
+def test_while_the_window_holds_a_tenant_the_watcher_serves_a_newcomer_when_it_falls_due(
+        db, windowed, clock):
+    """A held tenant's dispatch threads look again every WINDOW_POLL_SECONDS, not at the
+    next due time: the due watcher takes a newcomer's job when it falls due instead, and
+    none of the held tenant's."""
+    watcher = windowed.due_watcher
+    _due(db, 15, now=clock.now)
+    assert dispatch(windowed, clock.now) == 15
+    assert not windowed.dispatcher.window_held(), "nothing has waited yet"
+    _due(db, 15, now=clock.now)
+    later = clock.now + timedelta(seconds=windowed.settings.dispatch_window_seconds + 1)
+    assert dispatch(windowed, later) == 0
+    held = windowed.dispatcher.window_held()
+    assert (0, "k", "") in held and (0, "k", "B") not in held
+    assert windowed.dispatcher.backlogged() == frozenset(), "no full batch: no backlog"
+    # The held tenant's next job is the dispatch threads' business, not the watcher's.
+    db.execute("""INSERT INTO tock_jobs (kind, run_at, payload)
+                  VALUES ('k', now() + interval '100 milliseconds', '{}')""")
+    assert watcher.seconds_to_sleep(frozenset(), held) == (LOOK_AGAIN_SECONDS, False)
+    db.execute("DELETE FROM tock_jobs WHERE run_at > now()")
+    db.execute("""INSERT INTO tock_jobs (kind, run_at, payload, tenant)
+                  VALUES ('k', now() + interval '150 milliseconds', '{}', 'B')""")
+    seconds, falls_due = watcher.seconds_to_sleep(frozenset(), held)
+    assert falls_due and 0 < seconds <= 0.15
+    watcher.run_once(later)
+    states = dict(db.execute("SELECT coalesce(tenant, ''), array_agg(DISTINCT state::text) "
+                             "FROM tock_jobs GROUP BY 1").fetchall())
+    assert states == {"B": ["dispatched"], "": ["dispatched", "scheduled"]}
+    assert _in_sqs(db)["k"] == 16, "B's job, and none more of the held tenant's"
 
 
 def test_what_waits_goes_out_by_priority_then_fair_share(
