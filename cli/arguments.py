@@ -1,10 +1,11 @@
 """The arguments the operator commands share: argument types (ISO 8601 times, job ids,
-non-empty filter values), the `--database-url`/`--json` pair, and the job filter flags
-with the `JobFilter` they make."""
+non-empty filter values, database URLs, seconds), the `--database-url`/`--json` pair, and
+the job filter flags with the `JobFilter` they make."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime
@@ -13,6 +14,7 @@ from typing import Any
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
 from shared.core.text import shown
+from shared.store.database import check_url, redacted
 
 Sub = Any  # argparse._SubParsersAction is private; its type adds nothing here
 
@@ -98,10 +100,44 @@ def job_id_type(text: str) -> int:
     return value
 
 
-def add_common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
-    p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds above 0. float() also reads nan, which compares false
+    with every bound, and inf."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds above 0, got {shown(text)}")
+    return value
+
+
+def database_url_type(text: str) -> str:
+    """`--database-url`, checked while parsing so the error names the option: later, ''
+    would fall back to TOCK_DATABASE_URL and a bad URL would be blamed on that variable."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "the value is empty; give a URL such as postgresql://user@host:port/database, "
+            "or leave the option out to use TOCK_DATABASE_URL")
+    try:
+        return check_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{shown(redacted(text))} {exc}") from None
+
+
+def add_common(p: argparse.ArgumentParser, *, json_flag: bool = True,
+               after_action: bool = False) -> None:
+    """`--database-url` and (with `json_flag`) `--json`. `after_action`: on an action's
+    parser (`tock limits set ... --json`) whose command's parser has them too; SUPPRESS
+    keeps the action from resetting a value given before it (`tock limits --json set`)."""
+    p.add_argument("--database-url", type=database_url_type, metavar="URL",
+                   default=argparse.SUPPRESS if after_action else None,
+                   help="default: TOCK_DATABASE_URL")
     if json_flag:
-        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        p.add_argument("--json", action="store_true",
+                       default=argparse.SUPPRESS if after_action else False,
+                       help="print JSON for scripts")
 
 
 def add_filters(p: argparse.ArgumentParser) -> None:

@@ -78,8 +78,7 @@ def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> i
         if not sys.stdin.isatty():
             raise InvalidInput(f"{plan.shown} job(s) match; pass --yes to {action} them "
                                "without a prompt (or --dry-run to only count)")
-        answer = input(f"{action} {plan.shown} job(s) ({plan.description})? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
+        if not _confirmed(f"{action} {plan.shown} job(s) ({plan.description})? [y/N] "):
             print("nothing changed")
             return EXIT_REFUSED
 
@@ -92,6 +91,17 @@ def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> i
     else:
         print(f"{'retried' if action == 'retry' else 'cancelled'} {count} job(s)")
     return EXIT_OK
+
+
+def _confirmed(question: str) -> bool:
+    """Whether the operator answered yes. Ctrl-D (EOF) and Ctrl-C are a no, not a
+    traceback: the prompt is where one backs out."""
+    try:
+        answer = input(question)
+    except (EOFError, KeyboardInterrupt):
+        print()  # end the prompt's line, which the key left open
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def add_parser(sub: Sub) -> None:

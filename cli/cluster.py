@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from cli import connect
-from cli.arguments import Sub, add_common
-from cli.output import print_json, print_table
+from cli.arguments import Sub, add_common, positive_seconds
+from cli.output import approx, print_json, print_table
 from shared.core.filters import FINISHED_STATES
 from shared.core.states import JobState
 
@@ -41,7 +41,7 @@ def _stats(args: argparse.Namespace) -> int:
         print("no unfinished work")
         return EXIT_OK
     print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
-        [q.queue, q.kind, *(f"~{n}" if q.estimated else n
+        [q.queue, q.kind, *(approx(n, q.estimated)
                             for n in (q.due, q.dispatched, q.running, q.future)),
          round(q.oldest_due_age_seconds, 1)] for q in queues])
     return EXIT_OK
@@ -79,15 +79,22 @@ def add_parser(sub: Sub) -> None:
     add_common(p)
     p.set_defaults(func=_stats)
 
-    p = sub.add_parser("workers", help="consumers and their last heartbeat")
-    p.add_argument("--stale-seconds", type=float, default=WORKER_STALE_SECONDS,
+    p = sub.add_parser("workers", help="consumers and their last heartbeat",
+                       description="The consumers running or stopped in the last hour, "
+                                   "live ones first, with their queues, jobs in hand and "
+                                   "the age of their last heartbeat.")
+    p.add_argument("--stale-seconds", type=positive_seconds, default=WORKER_STALE_SECONDS,
+                   metavar="SECONDS",
                    help="a worker is stale once its lease has expired, or at the latest "
                         "once silent this long (default 30)")
     add_common(p)
     p.set_defaults(func=_workers)
 
     p = sub.add_parser("dashboard", help="serve the dashboard and HTTP API "
-                                         "(python -m dashboard)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+                                         "(python -m dashboard)",
+                       description="Serve the dashboard, its HTTP API, /metrics, /healthz "
+                                   "and /readyz, as python -m dashboard does; settings come "
+                                   "from TOCK_DASHBOARD_* environment variables.")
+    p.add_argument("--host", help="default TOCK_DASHBOARD_HOST or 127.0.0.1")
+    p.add_argument("--port", type=int, help="default TOCK_DASHBOARD_PORT or 8080")
     p.set_defaults(func=_dashboard)

@@ -20,6 +20,7 @@ from cli.arguments import (
 from cli.output import cell, print_json, print_table
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from shared.core.text import shown
 from shared.ops import explain
 from shared.ops import jobs as ops_jobs
 
@@ -71,8 +72,18 @@ def _read_payload_file(path: str) -> str:
 
 
 def _parse_json(source: str, text: str) -> object:
+    def unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        # json.loads keeps the last of a repeated key: the sender meant one of them, or both
+        obj: dict[str, object] = {}
+        for key, value in pairs:
+            if key in obj:
+                raise InvalidInput(f"{source} has the key {shown(key)} twice in one object; "
+                                   "give each key once")
+            obj[key] = value
+        return obj
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"{source} is not JSON: {exc}") from None
     except RecursionError:

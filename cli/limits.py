@@ -7,15 +7,16 @@ a tenant. A change applies from the timers' next pass."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from cli import audit, connect
 from cli.arguments import Sub, add_common
-from cli.output import print_json, print_table
+from cli.output import Count, print_json, print_table
 from shared.core.errors import InvalidInput
 from shared.core.limits import SCOPES
 from shared.core.reports import LimitInfo
 
-EXIT_OK = 0
+EXIT_OK, EXIT_REFUSED = 0, 1
 NO_TENANT_LABEL = "(no tenant)"
 
 
@@ -47,7 +48,8 @@ def _row(limit: LimitInfo) -> list[object]:
     running = _running(limit)
     rate = "-" if limit.rate_per_second is None else f"{limit.rate_per_second:g}/s"
     tokens = "-" if limit.tokens is None else f"{limit.tokens:.1f}/{limit.burst}"
-    return [limit.scope, _label(limit), running, rate, tokens, limit.waiting_shown]
+    waiting = Count(limit.waiting, limit.waiting_shown)
+    return [limit.scope, _label(limit), running, rate, tokens, waiting]
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -78,12 +80,15 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
+    key = _key(args)
     with connect.client(args) as client:
-        removed = client.remove_limit(args.scope, _key(args))
-    audit.action("limit_removed", scope=args.scope, key=_key(args), removed=removed)
-    name = NO_TENANT_LABEL if args.no_tenant else args.key
-    print(f"{args.scope} {name}: limit removed" if removed
-          else f"{args.scope} {name}: had no limit")
+        removed = client.remove_limit(args.scope, key)
+    audit.action("limit_removed", scope=args.scope, key=key, removed=removed)
+    name = NO_TENANT_LABEL if key is None else key
+    if not removed:  # refused, as deleting a schedule that does not exist is
+        print(f"tock: {args.scope} {name} has no limit; nothing removed", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"{args.scope} {name}: limit removed")
     return EXIT_OK
 
 
@@ -114,7 +119,7 @@ def add_parser(sub: Sub) -> None:
     p.set_defaults(func=_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     a = actions.add_parser("list", help="every limit with its use and the jobs waiting")
-    add_common(a)
+    add_common(a, after_action=True)
     a.set_defaults(func=_list)
     for name, text, func in (("set", "create or replace a limit", _set),
                              ("remove", "drop a limit", _remove)):
@@ -133,5 +138,5 @@ def add_parser(sub: Sub) -> None:
                            help="the rate's period (default 1 s)")
             a.add_argument("--burst", type=_integer, metavar="B",
                            help="tokens the bucket holds (default: one second's worth)")
-        add_common(a, json_flag=name == "set")
+        add_common(a, json_flag=name == "set", after_action=True)
         a.set_defaults(func=func)

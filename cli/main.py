@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cli import audit
+from cli.arguments import add_common
 from shared.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate", help="apply database migrations (idempotent)",
                        description=MIGRATE_DESCRIPTION)
-    p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
+    add_common(p, json_flag=False)
     p.add_argument("--dry-run", "--list", dest="dry_run", action="store_true",
                    help="list the applied and pending migrations; apply nothing")
     p.set_defaults(func=_migrate)

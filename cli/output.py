@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 from enum import Enum
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 from uuid import UUID
 
 MAX_CELL = 60
@@ -33,6 +33,26 @@ def _plain(value: Any) -> Any:
 def print_json(value: Any, out: TextIO | None = None) -> None:
     """One JSON document: dataclasses, datetimes (ISO 8601), enums and UUIDs included."""
     print(json.dumps(_plain(value), indent=2, sort_keys=False), file=out or sys.stdout)
+
+
+class Count(int):
+    """A count whose text qualifies it ("~37" estimated, "more than 10,000"): a table
+    right-aligns it as the number it is, where a string would be left-aligned."""
+
+    text: str
+
+    def __new__(cls, n: int, text: str) -> Self:
+        count = super().__new__(cls, n)
+        count.text = text
+        return count
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def approx(n: int, estimated: bool) -> int:
+    """`n` as a table cell: ~N if `estimated`."""
+    return Count(n, f"~{n}") if estimated else n
 
 
 def cell(value: Any) -> str:

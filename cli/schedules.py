@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any
 
 from cli import audit
+from cli.arguments import add_common
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 
@@ -22,24 +23,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     """Register `tock schedules ...`."""
     p = sub.add_parser("schedules", help="list, inspect, preview, pause, resume or delete "
                                          "recurring schedules")
-    p.add_argument("--database-url", help="default: TOCK_DATABASE_URL")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    # --json also after the action (`tock schedules list --json`); SUPPRESS keeps the
-    # action's parser from resetting a --json given before it.
-    json_flag = argparse.ArgumentParser(add_help=False)
-    json_flag.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                           help="machine-readable output")
+    add_common(p)
+    # The same options also after the action (`tock schedules list --json`).
+    after = argparse.ArgumentParser(add_help=False)
+    add_common(after, after_action=True)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="every schedule, its timing and next fire time",
-                       parents=[json_flag])
+                       parents=[after])
     for name, text in (("show", "one schedule: definition, recent runs, slots not run"),
                        ("pause", "stop firing (jobs already made are left alone)"),
                        ("resume", "fire again from the next slot; audit the paused slots"),
                        ("delete", "delete the schedule and its audit records")):
-        a = actions.add_parser(name, help=text, parents=[json_flag])
+        a = actions.add_parser(name, help=text, parents=[after])
         a.add_argument("name")
     a = actions.add_parser("preview", help="the next fire times, after time zone, DST and "
-                                           "spreading", parents=[json_flag])
+                                           "spreading", parents=[after])
     a.add_argument("name")
     a.add_argument("-n", type=int, default=10, help="how many (default 10)")
     p.set_defaults(func=run)

@@ -9,7 +9,7 @@ import argparse
 
 from cli import audit, connect
 from cli.arguments import Sub, add_common
-from cli.output import print_json, print_table
+from cli.output import approx, print_json, print_table
 from shared.core.errors import InvalidInput
 
 EXIT_OK, EXIT_REFUSED = 0, 1
@@ -45,11 +45,12 @@ def _list(args: argparse.Namespace) -> int:
     if not found:
         print("no tenant has unfinished work or a weight set")
         return EXIT_OK
-    approx = "~" if any(t.estimated for t in found) else ""
+    sampled = any(t.estimated for t in found)
     print_table(["tenant", "weight", "due", "in sqs", "running", "later", "oldest due s"], [
-        [t.tenant or NO_TENANT_LABEL, t.weight, f"{approx}{t.due}", t.dispatched, t.running,
-         f"{approx}{t.future}", round(t.oldest_due_age_seconds, 1)] for t in found])
-    if approx:
+        [t.tenant or NO_TENANT_LABEL, t.weight, approx(t.due, sampled), t.dispatched,
+         t.running, approx(t.future, sampled), round(t.oldest_due_age_seconds, 1)]
+        for t in found])
+    if sampled:
         print("(~: sampled, since more than 10,000 jobs wait)")
     return EXIT_OK
 
@@ -82,7 +83,7 @@ def add_parser(sub: Sub) -> None:
     p.set_defaults(func=_list)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     a = actions.add_parser("list", help="weight, due, in SQS, running and later per tenant")
-    add_common(a)
+    add_common(a, after_action=True)
     a.set_defaults(func=_list)
     for name, text, func, usage in (
             ("weight", "set a tenant's weight (1..1000)", _weight, "TENANT N | --no-tenant N"),
@@ -91,5 +92,5 @@ def add_parser(sub: Sub) -> None:
         a.add_argument("values", nargs="*", metavar="TENANT N" if name == "weight" else "TENANT")
         a.add_argument("--no-tenant", action="store_true",
                        help="the jobs enqueued without a tenant")
-        add_common(a, json_flag=False)
+        add_common(a, json_flag=False, after_action=True)
         a.set_defaults(func=func)

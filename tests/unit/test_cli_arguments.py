@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cli.arguments import parse_time
-from cli.main import main
+from cli.main import build_parser, main
 
 # What a suggested time looks like in a message: a date, T, a time, then Z or an offset.
 SUGGESTED = re.compile(r"\b\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:\d{2})")
@@ -92,3 +92,75 @@ def test_time_filters_say_what_to_write(flag, capsys):
     err = capsys.readouterr().err
     assert f"argument {flag}: '2027-01-01' is a date without a time of day" in err
     assert f"{flag}: {flag}" not in err  # the name once, from argparse
+
+
+URL = "postgresql://me@db.example:5432/tock"
+
+
+@pytest.mark.parametrize(("argv", "json_flag"), [
+    (["limits", "--database-url", URL, "--json", "set", "kind", "k", "--max-running", "1"],
+     True),
+    (["limits", "--database-url", URL, "--json", "list"], True),
+    (["limits", "--database-url", URL, "remove", "kind", "k"], False),
+    (["limits", "list", "--database-url", URL, "--json"], True),
+    (["tenants", "--database-url", URL, "--json", "list"], True),
+    (["tenants", "--database-url", URL, "weight", "acme", "2"], False),
+    (["tenants", "--database-url", URL, "reset", "--no-tenant"], False),
+    (["tenants", "reset", "acme", "--database-url", URL], False),
+    (["schedules", "--database-url", URL, "--json", "show", "nightly"], True),
+    (["schedules", "show", "nightly", "--database-url", URL, "--json"], True),
+])
+def test_options_before_or_after_the_action_are_kept(argv, json_flag):
+    args = build_parser().parse_args(argv)
+    assert args.database_url == URL
+    assert args.json is True or not json_flag
+
+
+def test_an_option_after_the_action_wins_over_one_before():
+    args = build_parser().parse_args(["limits", "--database-url", "postgresql://a@x/a",
+                                      "list", "--database-url", URL])
+    assert args.database_url == URL
+
+
+@pytest.mark.parametrize("argv", [
+    ["stats"], ["jobs"], ["migrate"], ["limits"], ["limits", "list"],
+    ["limits", "remove", "kind", "k"], ["tenants"], ["tenants", "weight", "a", "2"],
+    ["schedules", "list"], ["workers"], ["cancel", "1"],
+])
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_database_url_is_a_usage_error(argv, value, capsys):
+    # '' used to mean "not given": the command ran against TOCK_DATABASE_URL's database
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--database-url", value])
+    assert info.value.code == 2
+    assert "argument --database-url: the value is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["migrate", "stats", "schedules"])
+def test_a_bad_database_url_is_blamed_on_the_option(command, monkeypatch, capsys):
+    monkeypatch.setenv("TOCK_DATABASE_URL", URL)
+    with pytest.raises(SystemExit) as info:
+        main([command, "--database-url", "host=x password=hush garbage",
+              *(["list"] if command == "schedules" else [])])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert ("argument --database-url: 'host=x password=*** garbage' is not a Postgres "
+            "connection URL") in err
+    assert "TOCK_DATABASE_URL" not in err and "hush" not in err
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("-1", "must be a finite number of seconds above 0, got '-1'"),
+    ("0", "above 0, got '0'"), ("nan", "got 'nan'"), ("inf", "got 'inf'"),
+    ("-inf", "got '-inf'"), ("soon", "'soon' is not a number of seconds"),
+])
+def test_stale_seconds_must_be_a_positive_finite_number(value, says, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["workers", f"--stale-seconds={value}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --stale-seconds: " in err and says in err, err
+
+
+def test_stale_seconds_takes_a_fraction():
+    assert build_parser().parse_args(["workers", "--stale-seconds", "2.5"]).stale_seconds == 2.5

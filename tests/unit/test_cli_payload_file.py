@@ -107,3 +107,26 @@ def test_reading_stops_past_the_cap(fake, monkeypatch, capsys):
     _stdin(monkeypatch, b'{"blob": "' + b"x" * 20 + b'"}')
     assert main(["enqueue", "email", "--payload-file", "-"]) == 2
     assert "standard input is over" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('{"a": 1, "a": 2}', "'a'"),
+    ('{"to": "x", "opts": [{"id": 1, "id": 1}]}', "'id'"),
+    ('{"\\u00e9": 1, "é": 2}', "'é'"),  # the same key, once escaped
+])
+def test_a_key_given_twice_is_refused_naming_it(fake, tmp_path, capsys, text, key):
+    # json.loads would keep the last value and drop the other without a word
+    assert main(["enqueue", "email", "--payload", text]) == 2
+    assert capsys.readouterr().err == f"tock: --payload has the key {key} twice in one " \
+                                      "object; give each key once\n"
+    path = tmp_path / "payload.json"
+    path.write_text(text, encoding="utf-8")
+    assert main(["enqueue", "email", "--payload-file", str(path)]) == 2
+    assert f"tock: --payload-file: {path} has the key {key} twice" in capsys.readouterr().err
+    assert fake.payloads == []
+
+
+def test_the_same_key_in_different_objects_is_fine(fake):
+    text = '{"a": {"id": 1}, "b": {"id": 2}, "c": [{"id": 3}, {"id": 4}]}'
+    assert main(["enqueue", "email", "--payload", text]) == 0
+    assert fake.payloads == [json.loads(text)]

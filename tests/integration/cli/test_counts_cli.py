@@ -48,3 +48,15 @@ def test_a_limit_past_the_bound_shows_more_than(tock, backlog):
     assert tock("limits", "set", "kind", "email", "--max-running", "5")[0] == 0
     code, out, _ = tock("limits", "list")
     assert code == 0 and f"more than {UNFINISHED_EXACT_UP_TO:,}" in out
+
+
+
+@pytest.mark.parametrize("command", ["stats", "tenants"])
+def test_estimated_counts_stay_right_aligned(tock, backlog, command):
+    out = tock(command)[1]
+    assert "~" in out
+    table = out[out.index("QUEUE" if command == "stats" else "TENANT"):].splitlines()
+    end = table[0].index("DUE") + len("DUE")
+    for row in table[1:]:
+        if not row.startswith("(~"):  # the footnote
+            assert row[end - 1].isdigit() and row[end:end + 1] in ("", " "), table

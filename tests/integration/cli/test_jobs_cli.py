@@ -111,6 +111,32 @@ def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
     assert code == 0 and out.strip() == "cancelled 2 job(s)"
 
 
+class _Terminal(io.StringIO):
+    """Standard input as a terminal that has reached its end (Ctrl-D)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _interrupt(prompt: str = "") -> str:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("key", ["Ctrl-D", "Ctrl-C"])
+def test_backing_out_of_the_prompt_changes_nothing(tock, db, monkeypatch, key):
+    tock("enqueue", "email")
+    monkeypatch.setattr(sys, "stdin", _Terminal(""))
+    if key == "Ctrl-C":
+        monkeypatch.setattr("builtins.input", _interrupt)
+    try:
+        code, out, err = tock("cancel", "--kind", "email")
+    except KeyboardInterrupt:  # escaping, it would end the test session too
+        pytest.fail("Ctrl-C at the prompt escaped as a KeyboardInterrupt")
+    assert code == 1 and "Traceback" not in err, err
+    assert out.endswith("\nnothing changed\n"), out
+    assert db.execute("SELECT state::text FROM tock_jobs").fetchall() == [("scheduled",)]
+
+
 def test_a_dry_run_past_the_count_cap_says_more_than(tock, db, monkeypatch):
     monkeypatch.setattr("shared.ops.jobs.BULK_COUNT_CAP", 2)
     for _ in range(3):
@@ -173,6 +199,9 @@ def test_an_unmigrated_database_says_run_migrate_and_migrate_fixes_it(tock, pg_s
 def test_help_for_every_command(tock, command):
     code, out, _ = tock(command, "--help")
     assert code == 0 and out.startswith(f"usage: tock {command}")
+    description = out.split("\n\n")[1]
+    assert not description.endswith(":") and not description.startswith(
+        ("options:", "positional arguments:")), f"{command} has no description"
 
 
 def test_tock_entry_point_runs_as_a_program(database_url):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from devstack.ports import free_port
+
 
 def test_set_list_and_remove(tock, db):
     db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload, tenant)
@@ -22,7 +24,6 @@ def test_set_list_and_remove(tock, db):
     assert lines[0].split() == ["SCOPE", "KEY", "RUNNING/MAX", "RATE", "TOKENS", "WAITING"]
     assert lines[2].split()[:4] == ["tenant", "(no", "tenant)", "-"]
     assert tock("limits", "remove", "kind", "email")[1] == "kind email: limit removed\n"
-    assert tock("limits", "remove", "kind", "email")[1] == "kind email: had no limit\n"
     assert tock("limits", "remove", "tenant", "--no-tenant")[0] == 0
     assert "no limits" in tock("limits", "list")[1]
 
@@ -56,3 +57,38 @@ def test_a_per_key_limit_from_the_command_line(tock, db):
     code, _, err = tock("limits", "set", "kind_key", "sync", "--rate", "2")
     assert code == 2 and "takes max_running only" in err
     assert tock("limits", "remove", "kind_key", "sync")[1] == "kind_key sync: limit removed\n"
+
+
+def test_removing_a_limit_that_does_not_exist_is_refused(tock):
+    # as `tock schedules delete` of a schedule that does not exist
+    code, out, err = tock("limits", "remove", "kind", "nosuch")
+    assert (code, out) == (1, "")
+    assert err == "tock: kind nosuch has no limit; nothing removed\n"
+    code, _, err = tock("limits", "remove", "tenant", "--no-tenant")
+    assert code == 1 and "tenant (no tenant) has no limit" in err
+
+
+def test_options_before_the_action_are_not_dropped(tock):
+    # The action's own copies of --database-url and --json used to reset these to their
+    # defaults: the limit went to TOCK_DATABASE_URL's database, and no JSON came out.
+    port = free_port()
+    down = f"postgresql://me@127.0.0.1:{port}/x"
+    code, _, err = tock("limits", "--database-url", down, "set", "kind", "foo",
+                        "--max-running", "3")
+    assert code == 3 and f"port {port} failed" in err
+    code, out, _ = tock("limits", "--json", "list")
+    assert code == 0 and json.loads(out) == [], "nothing written to TOCK_DATABASE_URL's"
+    code, out, _ = tock("limits", "--json", "set", "kind", "foo", "--max-running", "3")
+    assert code == 0 and json.loads(out)["max_running"] == 3
+    assert tock("limits", "--database-url", down, "remove", "kind", "foo")[0] == 3
+
+
+def test_the_waiting_count_is_right_aligned(tock, db):
+    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload)
+                  SELECT 'email', 'scheduled', now() - interval '1 minute', '{}'
+                  FROM generate_series(1, 12)""")
+    tock("limits", "set", "kind", "email", "--max-running", "0")
+    tock("limits", "set", "kind", "sms", "--max-running", "0")
+    lines = tock("limits")[1].splitlines()
+    end = len(lines[0])  # WAITING is the last column
+    assert [line[end - 2:] for line in lines[1:]] == ["12", " 0"], lines

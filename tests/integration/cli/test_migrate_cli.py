@@ -89,3 +89,11 @@ def test_dry_run_of_an_unreachable_database_exits_3(tock):
     code, _, err = tock("migrate", "--dry-run", "--database-url",
                         "postgresql://nobody@127.0.0.1:1/none")
     assert code == 3 and "Traceback" not in err
+
+
+def test_a_bad_url_given_as_the_option_is_blamed_on_the_option(tock):
+    code, _, err = tock("migrate", "--database-url", "garbage")
+    assert code == 2 and "argument --database-url: 'garbage' is not a Postgres" in err
+    assert "TOCK_DATABASE_URL" not in err
+    code, _, err = tock("migrate", "--database-url", "")
+    assert code == 2 and "argument --database-url: the value is empty" in err

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from devstack.ports import free_port
+
 
 def test_weights_set_list_and_reset(tock, db):
     db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload, tenant)
@@ -40,3 +42,34 @@ def test_bad_weights_and_tenants_are_refused_with_the_reason(tock):
     assert code == 2 and "give a TENANT or --no-tenant, one of the two" in err
     code, _, err = tock("tenants", "weight", "x" * 200, "5")
     assert code == 2 and "tenant must be at most 128 characters" in err
+
+
+def _right_aligned(lines: list[str], header: str) -> bool:
+    """Whether every row's cell in the column `header` ends where the header does."""
+    end = lines[0].index(header) + len(header)
+    return all(row[end - 1] != " " and row[end:end + 1] in ("", " ") for row in lines[1:])
+
+
+def test_counts_are_right_aligned(tock, db):
+    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload, tenant)
+                  SELECT 'k', 'scheduled', now() + s * interval '1 minute', '{}', 'acme'
+                  FROM generate_series(-11, 11) s""")
+    tock("tenants", "weight", "idle", "3")
+    lines = tock("tenants")[1].splitlines()
+    assert [line.split()[:3] for line in lines[1:]] == [["acme", "1", "12"],
+                                                         ["idle", "3", "0"]]
+    for header in ("WEIGHT", "DUE", "IN SQS", "RUNNING", "LATER"):
+        assert _right_aligned(lines, header), (header, lines)
+
+
+def test_options_before_the_action_are_not_dropped(tock):
+    # The action's own copies of --database-url and --json used to reset these to their
+    # defaults: the weight went to TOCK_DATABASE_URL's database, and no JSON came out.
+    port = free_port()
+    down = f"postgresql://me@127.0.0.1:{port}/x"
+    code, _, err = tock("tenants", "--database-url", down, "weight", "acme", "5")
+    assert code == 3 and f"port {port} failed" in err
+    code, out, _ = tock("tenants", "--json", "list")
+    assert code == 0 and json.loads(out) == [], "nothing written to TOCK_DATABASE_URL's"
+    assert tock("tenants", "--database-url", down, "reset", "acme")[0] == 3
+    assert tock("tenants", "--database-url", down, "list")[0] == 3
