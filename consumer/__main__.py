@@ -3,7 +3,12 @@ a loop crashes (exit 70, so the orchestrator restarts it).
 
 `--tasks` takes one module or a comma-separated list, and may be repeated:
 `--tasks a.tasks,b.tasks` is `--tasks a.tasks --tasks b.tasks` (a deployment parameter
-holding a list passes it as one argument)."""
+holding a list passes it as one argument).
+
+Before anything touches Postgres or SQS it checks what needs neither: its settings and
+options, the task modules, the kill grace of process-isolated kinds, the probe port. Each
+stops it with one line (exit 2); so does an AWS region or endpoint boto3 cannot use,
+checked after the database (exit 3 while that is unreachable)."""
 
 from __future__ import annotations
 
@@ -15,10 +20,13 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-from shared.core.errors import ConfigError
+from consumer.tasks import registry
+from shared.core import validation
+from shared.core.errors import ConfigError, InvalidInput
+from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure, emit
 from shared.runtime.settings import ConsumerSettings
-from shared.runtime.startup import database_problem, report_missing_queues
+from shared.runtime.startup import EXIT_CONFIG, database_problem, report_missing_queues
 
 log = logging.getLogger("tock.consumer")
 
@@ -47,6 +55,20 @@ def task_modules(value: str) -> list[str]:
     return names
 
 
+def queue_names(value: str) -> list[str]:
+    """The queues of `--queues`: comma-separated, blanks around names dropped; an empty
+    name (`a,,b`, an empty value) or an invalid one is refused."""
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"empty queue name in {value!r} (give queue names separated by commas, e.g. "
+            "default,reports; leave --queues out for TOCK_QUEUES or 'default')")
+    try:
+        return [validation.queue(name) for name in names]
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _import_problem(module: str, exc: Exception) -> str:
     """One line naming the module and what went wrong importing it; for an error raised
     while it ran (a bad @task, a duplicate kind), also where in the task code."""
@@ -66,8 +88,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
                         metavar="MODULE",
                         help="module whose @task handlers to run; several: "
                              "comma-separated or repeated (a,b or --tasks a --tasks b)")
-    parser.add_argument("--queues", help="comma-separated tock queues (default TOCK_QUEUES "
-                                         "or 'default')")
+    parser.add_argument("--queues", type=queue_names,
+                        help="comma-separated tock queues (default TOCK_QUEUES or 'default')")
     parser.add_argument("--concurrency", type=int, help="handlers run at once")
     parser.add_argument("--isolation", choices=["thread", "process"],
                         help="run handlers in threads of this process (default "
@@ -76,8 +98,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
                              "whose @task does not set isolation=")
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {}
-    if args.queues:
-        overrides["queues"] = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if args.queues is not None:
+        overrides["queues"] = args.queues
     if args.concurrency is not None:
         overrides["concurrency"] = args.concurrency
     if args.isolation is not None:
@@ -86,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
         settings = ConsumerSettings.load(**overrides)
     except ConfigError as exc:
         print(f"tock consumer: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     configure(settings.log_format, settings.log_level, "consumer")
     modules: list[str] = list(dict.fromkeys(args.tasks))  # in order, each once
     for module in modules:
@@ -96,31 +118,63 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
             # The whole traceback, for TOCK_LOG_LEVEL=DEBUG.
             emit(log, "task_module_failed", logging.DEBUG, exc_info=True, module=module)
             print(f"tock consumer: {_import_problem(module, exc)}", file=sys.stderr)
-            return 2
-    from consumer.service import Consumer
-    from consumer.tasks import registry
-
+            return EXIT_CONFIG
     if not registry.kinds():
         print(f"tock consumer: no @task handlers registered by {modules}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    try:
+        _check_kill_grace(settings)
+        # Bound before Postgres or SQS is touched: a taken port is a setting to fix.
+        health = (HealthServer(settings.health_port, process="consumer")
+                  if settings.health_port else None)
+    except ConfigError as exc:
+        print(f"tock consumer: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return _run(settings, modules, health)
+    finally:
+        if health is not None:
+            health.close()
+
+
+def _check_kill_grace(settings: ConsumerSettings) -> None:
+    """The kill grace against the lease, for kinds that ask for process isolation in a
+    consumer whose own setting is threads (loading the settings checked the other case),
+    before SQS or Postgres is touched: with TOCK_CREATE_QUEUES the queue would otherwise be
+    created by a consumer that then refuses to start. The executor checks it again."""
+    isolated = [t.kind for t in registry.process_isolated(settings.isolation)]
+    if not isolated:
+        return
+    problem = settings.kill_grace_problem(
+        "isolation=process" if settings.isolation == "process"
+        else f"process-isolated kind(s) {isolated}")
+    if problem:
+        raise ConsumerSettings.refused(problem)
+
+
+def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | None) -> int:
     problem = database_problem(settings.database_url)
     if problem:
         print(f"tock consumer: {problem[1]}", file=sys.stderr)
         return problem[0]
-    consumer = Consumer(settings, registry, task_modules=modules)
+    from consumer.service import Consumer
+
+    try:
+        consumer = Consumer(settings, registry, task_modules=modules)
+    except ConfigError as exc:  # the AWS region or endpoint
+        print(f"tock consumer: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     report_missing_queues(consumer.pipe.transport, settings.queues)
     consumer.stop_flag.install_signal_handlers()
-    if settings.health_port:
-        from shared.runtime.health import HealthServer
-
-        HealthServer(settings.health_port, live=consumer.supervisor.live,
-                     ready=consumer.supervisor.ready, process="consumer").start()
+    if health is not None:
+        health.live, health.ready = consumer.supervisor.live, consumer.supervisor.ready
+        health.start()
     try:
         return consumer.run_forever()
     except ConfigError as exc:  # a handler process could not start
         print(f"tock consumer: {exc}", file=sys.stderr)
         consumer.close()
-        return 2
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

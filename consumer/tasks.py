@@ -42,6 +42,7 @@ from typing import Any, Literal, cast, get_args
 
 from shared.core import validation
 from shared.core.errors import InvalidInput
+from shared.core.text import shown
 
 Handler = Callable[[Any, "TaskContext"], Any]
 Isolation = Literal["thread", "process"]
@@ -106,6 +107,9 @@ class Registry:
     def add(self, kind: str, handler: Handler, *, max_attempts: int | None = None,
             timeout: float | None = None, isolation: Isolation | None = None) -> Task:
         validation.kind(kind)
+        if not callable(handler):  # else the consumer would start, and fail every job
+            raise InvalidInput(f"the handler of kind {kind!r} must be a function taking "
+                               f"(payload, ctx), not {shown(handler)}")
         if kind in self._tasks and self._tasks[kind].handler is not handler:
             raise InvalidInput(f"a handler for kind {kind!r} is already registered: "
                                f"{self._tasks[kind].handler!r}")

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from dashboard import models
 from dashboard.auth import Principal, current_principal, operator
+from dashboard.bodies import StrictJsonRoute
 from dashboard.models import MAX_ID
 from dashboard.stats import StatsCache, state_totals
 from shared.client import Client
@@ -40,7 +41,8 @@ JOB_ERRORS = {**ERRORS, 404: {"model": models.ErrorOut, "description": "No such 
 CHANGE_ERRORS = {**JOB_ERRORS,
                  409: {"model": models.ErrorOut, "description": "Not allowed in this state"}}
 
-router = APIRouter(prefix="/api", responses=ERRORS)
+router = APIRouter(prefix="/api", responses=ERRORS,
+                   route_class=StrictJsonRoute)
 Viewer = Annotated[Principal, Depends(current_principal)]
 Operator = Annotated[Principal, Depends(operator)]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,10 +23,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match, Mount
+from starlette.types import Scope
 
 from dashboard import api, limits_api, pages, schedules_api, tenants_api
 from dashboard.auth import Authenticator
@@ -84,6 +84,24 @@ def _json_safe(value: Any) -> Any:
 async def _invalid_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     return ErrorResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
+    """The methods some route answers at the request's path, for a 405's Allow (Starlette
+    names only the first route matching the path). Each method is tried as routing would
+    try it: included routers nest their routes, so the top level cannot list them.
+    Mounts (/static) match every method and answer 405 themselves: left out."""
+    found = []
+    for method in METHODS:
+        probe = {"type": "http", "path": scope["path"], "root_path": scope.get("root_path", ""),
+                 "method": method}
+        if any(not isinstance(route, Mount) and route.matches(probe)[0] is Match.FULL
+               for route in routes):
+            found.append(method)
+    return found
 
 
 def create_app(settings: DashboardSettings) -> FastAPI:
@@ -154,11 +172,9 @@ def create_app(settings: DashboardSettings) -> FastAPI:
                                ) -> Response:
         response = await call_next(request)
         if response.status_code == 405:
-            # Starlette names only the first route matching the path; list them all.
-            allowed = {method for route in app.routes if isinstance(route, APIRoute)
-                       and route.matches(request.scope)[0] is not Match.NONE
-                       for method in route.methods or ()}
-            response.headers["Allow"] = ", ".join(sorted(allowed))
+            allowed = allowed_methods(app.routes, request.scope)
+            if allowed:
+                response.headers["Allow"] = ", ".join(sorted(allowed))
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response

@@ -12,12 +12,14 @@ from pydantic import BaseModel, Field
 
 from dashboard import models
 from dashboard.api import ERRORS, Operator, Viewer
+from dashboard.bodies import StrictJsonRoute
 from shared.client import Client
 from shared.runtime.logs import emit
 
 log = logging.getLogger("tock.dashboard")
 
-router = APIRouter(prefix="/api/limits", responses=ERRORS, tags=["limits"])
+router = APIRouter(prefix="/api/limits", responses=ERRORS, tags=["limits"],
+                   route_class=StrictJsonRoute)
 SCOPE_PATTERN = "^(kind|tenant|kind_key)$"
 Scope = Annotated[str, Field(pattern=SCOPE_PATTERN,
                              description="kind, tenant, or kind_key (each concurrency key "

@@ -12,6 +12,7 @@ from shared.core.filters import JobFilter
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import LimitInfo, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
+from shared.core.text import shown
 from shared.core.validation import QUEUE_NAME
 from shared.ops.explain import Explanation
 
@@ -31,7 +32,13 @@ def _iso(value: object) -> object:
                          "2026-12-02T15:04:05Z") from None
     # Python takes offsets up to 24 h, Postgres up to 15:59: the same instant in UTC
     # suits both. Naive values pass through for shared.validation to refuse by name.
-    return parsed.astimezone(UTC) if parsed.tzinfo is not None else parsed
+    if parsed.tzinfo is None:
+        return parsed
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59-05:00, 0001-01-01T00:00+05:00
+        raise ValueError(f"{shown(value)} is out of range: in UTC it falls outside years 1 "
+                         "to 9999") from None
 
 
 IsoDateTime = Annotated[datetime, BeforeValidator(_iso)]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from dashboard import models
 from dashboard.api import ERRORS, Operator, Viewer
+from dashboard.bodies import StrictJsonRoute
 from shared.client import Client
 from shared.core.schedules import Schedule
 from shared.runtime.logs import emit
@@ -20,7 +21,8 @@ from shared.schedules.api import MAX_PREVIEW
 log = logging.getLogger("tock.dashboard")
 
 NOT_FOUND = {**ERRORS, 404: {"model": models.ErrorOut, "description": "No such schedule"}}
-router = APIRouter(prefix="/api/schedules", responses=ERRORS, tags=["schedules"])
+router = APIRouter(prefix="/api/schedules", responses=ERRORS, tags=["schedules"],
+                   route_class=StrictJsonRoute)
 Name = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
                            description="schedule name")]
 

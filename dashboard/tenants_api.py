@@ -10,12 +10,14 @@ from pydantic import BaseModel, Field
 
 from dashboard import models
 from dashboard.api import ERRORS, Operator, Read, Viewer
+from dashboard.bodies import StrictJsonRoute
 from shared.client import Client
 from shared.runtime.logs import emit
 
 log = logging.getLogger("tock.dashboard")
 
-router = APIRouter(prefix="/api/tenants", responses=ERRORS, tags=["tenants"])
+router = APIRouter(prefix="/api/tenants", responses=ERRORS, tags=["tenants"],
+                   route_class=StrictJsonRoute)
 
 
 class WeightIn(models.StrictIn):

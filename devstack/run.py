@@ -135,6 +135,8 @@ def consumer_env(stack: Stack, database_url: str) -> dict[str, str]:
         # Short leases so the demo shows heartbeats and crash recovery within seconds.
         "TOCK_LEASE_SECONDS": "3",
         "TOCK_HEARTBEAT_SECONDS": "1",
+        # Under the lease, as process isolation requires (the default 5 s is not).
+        "TOCK_KILL_GRACE_SECONDS": "1",
         "TOCK_VISIBILITY_TIMEOUT_SECONDS": str(VISIBILITY_SECONDS),
         "TOCK_SHUTDOWN_GRACE_SECONDS": "8",
         # A LocalStack restart loses its queues: the processes create them again (as make

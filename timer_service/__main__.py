@@ -1,5 +1,7 @@
 """`python -m timer_service`: run one timer instance until SIGTERM (exit 0), or until a
-loop crashes (exit 70, so the orchestrator restarts it)."""
+loop crashes (exit 70, so the orchestrator restarts it). A setting that cannot work
+(TOCK_*, the probe server's port, the AWS region or endpoint) stops it at once with one
+line (exit 2), as does an unusable database (exit 3; 2 for missing migrations)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import argparse
 import sys
 
 from shared.core.errors import ConfigError
+from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure
 from shared.runtime.settings import TimerSettings
-from shared.runtime.startup import database_problem
+from shared.runtime.startup import EXIT_CONFIG, database_problem
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -> int:
@@ -20,9 +23,20 @@ def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -
     parser.parse_args(argv)
     try:
         settings = TimerSettings.load()
+        # Bound before Postgres or SQS is touched: a taken port is a setting to fix.
+        health = (HealthServer(settings.health_port, process="timer")
+                  if settings.health_port else None)
     except ConfigError as exc:
         print(f"tock timer: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    try:
+        return _run(settings, health)
+    finally:
+        if health is not None:
+            health.close()
+
+
+def _run(settings: TimerSettings, health: HealthServer | None) -> int:
     configure(settings.log_format, settings.log_level, "timer")
     problem = database_problem(settings.database_url)
     if problem:
@@ -30,13 +44,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -
         return problem[0]
     from timer_service.service import Timer
 
-    timer = Timer(settings)
+    try:
+        timer = Timer(settings)
+    except ConfigError as exc:  # the AWS region or endpoint
+        print(f"tock timer: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     timer.stop_flag.install_signal_handlers()
-    if settings.health_port:
-        from shared.runtime.health import HealthServer
-
-        HealthServer(settings.health_port, live=timer.supervisor.live,
-                     ready=timer.supervisor.ready, process="timer").start()
+    if health is not None:
+        health.live, health.ready = timer.supervisor.live, timer.supervisor.ready
+        health.start()
     return timer.run_forever()
 
 

@@ -16,13 +16,16 @@ nothing else.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from shared.core.errors import ConfigError
 from shared.runtime.logs import emit
 from shared.runtime.metrics import exported_by
 from shared.runtime.settings import HealthSettings
@@ -33,16 +36,40 @@ Probe = Callable[[], tuple[bool, str]]
 """Returns (ok, reason in words)."""
 
 
-class HealthServer:
-    """Serves the probes on a daemon thread; `close()` stops it. `process` ("timer",
-    "consumer") also chooses the metrics /metrics exports (any other name: all of them)."""
+def _starting() -> tuple[bool, str]:
+    return False, "starting"
 
-    def __init__(self, port: int, *, live: Probe, ready: Probe, host: str | None = None,
-                 process: str = "tock") -> None:
+
+def cannot_listen(exc: OSError, host: str, port: int, *, host_setting: str,
+                  port_setting: str) -> ConfigError:
+    """A failed bind as one line naming the setting to change: the host for a name that
+    does not resolve or an address this machine does not have, else the port (taken,
+    or privileged)."""
+    host_at_fault = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+    setting = host_setting if host_at_fault else port_setting
+    return ConfigError(f"{setting}: cannot listen on {host}:{port}: "
+                       f"{exc.strerror or exc}")
+
+
+class HealthServer:
+    """Serves the probes on a daemon thread once started; `close()` stops it. `process`
+    ("timer", "consumer") also chooses the metrics /metrics exports (any other name: all
+    of them).
+
+    Made, it already listens (`ConfigError`, naming TOCK_HEALTH_PORT or _HOST, if it
+    cannot), so a process binds it before it touches Postgres or SQS and sets `live`
+    and `ready` once its loops exist; until then both answer "starting"."""
+
+    def __init__(self, port: int, *, live: Probe = _starting, ready: Probe = _starting,
+                 host: str | None = None, process: str = "tock") -> None:
         self.live, self.ready, self.process = live, ready, process
         self.metrics = exported_by(process)
         bind = host if host is not None else HealthSettings().host
-        self._server = ThreadingHTTPServer((bind, port), self._handler())
+        try:
+            self._server = ThreadingHTTPServer((bind, port), self._handler())
+        except OSError as exc:
+            raise cannot_listen(exc, bind, port, host_setting="TOCK_HEALTH_HOST",
+                                port_setting="TOCK_HEALTH_PORT") from None
         self._server.daemon_threads = True
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -54,7 +81,8 @@ class HealthServer:
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() would wait forever for a loop never run
+            self._server.shutdown()
         self._server.server_close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:

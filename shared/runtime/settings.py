@@ -8,6 +8,7 @@ so the same code runs against LocalStack and real SQS.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from typing import Annotated, Any, Literal, Self
@@ -29,12 +30,62 @@ def _message(error: ErrorDetails) -> str:
     return text.removeprefix("Value error, ")
 
 
-class CommonSettings(BaseSettings):
+class TockSettings(BaseSettings):
+    """Settings that fail as one `ConfigError` naming the variables, however they are made
+    (`load()`, or the class called with keywords): never a pydantic ValidationError, whose
+    text quotes every input, a database password included. A keyword that is not a
+    setting (`databse_url=`) is refused rather than ignored for the default; environment
+    variables are looked up by name, so an unknown TOCK_* variable is never read."""
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError("invalid settings:\n" + "\n".join(
+                f"  {type(self)._line(e)}" for e in exc.errors())) from None
+        except SettingsError as exc:  # a value the environment parser could not read
+            raise ConfigError(f"invalid settings: {exc}") from None
+
+    @classmethod
+    def load(cls, **overrides: object) -> Self:
+        """Read the environment and apply overrides; `ConfigError` (see the class)."""
+        return cls(**overrides)
+
+    @classmethod
+    def refused(cls, message: str) -> ConfigError:
+        """The `ConfigError` for a check across fields made after `load` (it needs what
+        only the process knows later, such as its registered tasks), worded as `load`
+        words its own."""
+        return ConfigError(f"invalid settings:\n  {cls._names((), message)}: {message}")
+
+    @classmethod
+    def _line(cls, error: ErrorDetails) -> str:
+        if error["type"] == "extra_forbidden":
+            given = str(error["loc"][0])
+            near = difflib.get_close_matches(given, list(cls.model_fields), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            return f"{given}: not a setting of {cls.__name__}{hint}"
+        return f"{cls._names(error['loc'], error['msg'])}: {_message(error)}"
+
+    @classmethod
+    def _names(cls, loc: tuple[int | str, ...], message: str) -> str:
+        """The variable(s) an error is about: its field, or for a check across fields,
+        every field its message names."""
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        if loc:
+            return f"{prefix}{str(loc[0]).upper()}"
+        named = [f for f in cls.model_fields if re.search(rf"\b{f}\b", message)]
+        return ", ".join(f"{prefix}{f.upper()}" for f in named) or f"{prefix}* settings"
+
+
+class CommonSettings(TockSettings):
     """Settings every process reads. No float setting (here or in a subclass) takes NaN or
     infinity (`allow_inf_nan`): NaN compares false with every bound, so it would otherwise
     pass `ge`/`gt` checks, or fail with a message about the bound."""
 
-    model_config = SettingsConfigDict(env_prefix="TOCK_", extra="ignore", allow_inf_nan=False)
+    model_config = SettingsConfigDict(env_prefix="TOCK_", extra="forbid", allow_inf_nan=False)
 
     database_url: str = Field(
         default="postgresql://postgres@127.0.0.1:5432/tock",
@@ -64,34 +115,6 @@ class CommonSettings(BaseSettings):
     @classmethod
     def _url(cls, value: str) -> str:
         return check_url(value)
-
-    @classmethod
-    def load(cls, **overrides: object) -> Self:
-        """Read the environment, apply overrides, and turn every validation error into one
-        readable `ConfigError` that names the variables."""
-        try:
-            return cls(**overrides)  # type: ignore[arg-type]
-        except ValidationError as exc:
-            lines = [f"  {cls._names(e['loc'], e['msg'])}: {_message(e)}" for e in exc.errors()]
-            raise ConfigError("invalid settings:\n" + "\n".join(lines)) from None
-        except SettingsError as exc:  # a value the environment parser could not read
-            raise ConfigError(f"invalid settings: {exc}") from None
-
-    @classmethod
-    def refused(cls, message: str) -> ConfigError:
-        """The `ConfigError` for a check across fields made after `load` (it needs what
-        only the process knows later, such as its registered tasks), worded as `load`
-        words its own."""
-        return ConfigError(f"invalid settings:\n  {cls._names((), message)}: {message}")
-
-    @classmethod
-    def _names(cls, loc: tuple[int | str, ...], message: str) -> str:
-        """The variable(s) an error is about: its field, or for a check across fields,
-        every field its message names."""
-        if loc:
-            return f"TOCK_{str(loc[0]).upper()}"
-        named = [f for f in cls.model_fields if re.search(rf"\b{f}\b", message)]
-        return ", ".join(f"TOCK_{f.upper()}" for f in named) or "TOCK_* settings"
 
 
 class ClientSettings(CommonSettings):
@@ -269,11 +292,16 @@ class ConsumerSettings(CommonSettings):
             return [q.strip() for q in text.split(",") if q.strip()]
         return value
 
-    @model_validator(mode="after")
-    def _check(self) -> Self:
-        bad = [q for q in self.queues if not QUEUE_NAME.fullmatch(q)]
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, value: list[str]) -> list[str]:
+        bad = [q for q in value if not QUEUE_NAME.fullmatch(q)]
         if bad:
             raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
         if self.heartbeat_seconds * 2 >= self.lease_seconds:
             raise ValueError(
                 f"heartbeat_seconds ({self.heartbeat_seconds}) must be under half of "
@@ -304,10 +332,10 @@ class ConsumerSettings(CommonSettings):
                 "killed before its job is left to expire")
 
 
-class HealthSettings(BaseSettings):
+class HealthSettings(TockSettings):
     """Where the probe server listens (TOCK_HEALTH_*); the port itself is the process's
     `health_port`."""
 
-    model_config = SettingsConfigDict(env_prefix="TOCK_HEALTH_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="TOCK_HEALTH_", extra="forbid")
 
     host: str = Field(default="0.0.0.0", min_length=1)  # probed from outside the container

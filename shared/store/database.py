@@ -247,16 +247,30 @@ def check_url(url: str) -> str:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not a libpq URL"
+        reason = _without_passwords(reason, url)
         raise ValueError(f"is not a Postgres connection URL ({reason}); expected "
                          "postgresql://user@host:port/database") from None
     return url
 
 
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)([^@]*)@")
+_PASSWORD_PAIR = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)")
+
+
 def redacted(url: str) -> str:
     """`url` with its password replaced by ***, for messages: in a URL's user part or
     `?password=` parameter, or in a `password=` pair of the key=value form."""
-    url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", r"\1***", url)
+    return _PASSWORD_PAIR.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
+
+
+def _without_passwords(text: str, url: str) -> str:
+    """libpq's parse error `text` about `url`, with no password in it: libpq quotes the
+    whole URL, or the one token it could not decode (which may be the password)."""
+    text = redacted(text.replace(url, redacted(url)))
+    secrets = [m[2] for pattern in (_URL_PASSWORD, _PASSWORD_PAIR)
+               for m in pattern.finditer(url) if m[2]]
+    return re.sub(r'"[^"]*"', lambda m: '"***"' if any(s in m[0] for s in secrets)
+                  else m[0], text)
 
 
 def reason(exc: psycopg.Error) -> str:

@@ -4,7 +4,9 @@ exist); per-entry failures of batch calls are returned per entry.
 
 The endpoint, region and credentials come from the standard AWS configuration
 (`AWS_ENDPOINT_URL_SQS`, `AWS_DEFAULT_REGION`, roles ...), so this runs unchanged against
-LocalStack, moto and real SQS.
+LocalStack, moto and real SQS. A configuration that cannot work (no region, an endpoint
+that is not an http(s) URL) is a `ConfigError` naming the variable when the transport is
+made, before any call.
 
 Queue URLs are cached. A call that finds its queue gone (deleted, or a LocalStack restart)
 drops the cached URL, so the next call resolves it again; with `create_missing` the queue
@@ -28,17 +30,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, InvalidRegionError, NoRegionError
 
-from shared.core.errors import QueueMissing, TransportError
+from shared.core.errors import ConfigError, QueueMissing, TransportError
 from shared.transport.base import (
     MAX_BATCH,
     MAX_VISIBILITY_SECONDS,
@@ -88,6 +92,50 @@ def shorten_handles(text: str) -> str:
     return _HANDLE.sub(lambda m: m.group()[:HANDLE_KEEP] + "...", text)
 
 
+def sqs_client(config: Config | None = None) -> SQSClient:
+    """A boto3 SQS client from the standard AWS configuration, or `ConfigError` naming the
+    variable to fix when that configuration cannot work: no region, or an endpoint that is
+    not an http(s) URL. No call is made, so a process finds out at start, not with a
+    traceback (or a loop failing forever) later."""
+    try:
+        client: SQSClient = boto3.client("sqs", config=config)
+    except NoRegionError:
+        raise ConfigError(
+            "AWS_DEFAULT_REGION: no AWS region is configured; set it (e.g. "
+            "AWS_DEFAULT_REGION=us-east-1) or `region` in the AWS config file (boto3 does "
+            "not read AWS_REGION)") from None
+    except InvalidRegionError as exc:
+        raise ConfigError(f"AWS_DEFAULT_REGION: {exc}") from None
+    except ValueError as exc:  # botocore's "Invalid endpoint: ...", urllib's own
+        raise _bad_endpoint(str(exc)) from None
+    endpoint = client.meta.endpoint_url
+    try:
+        parts = urlsplit(endpoint)
+        _ = parts.port  # a port past 65535 raises only here
+    except ValueError as exc:
+        raise _bad_endpoint(str(exc)) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _bad_endpoint("not an http:// or https:// URL")
+    return client
+
+
+def _bad_endpoint(reason: str) -> ConfigError:
+    """The endpoint URL boto3 was given cannot work: where it came from, and why."""
+    setting = next((name for name in ("AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL")
+                    if os.environ.get(name)), None)
+    where = (f"{setting}={_hidden(os.environ[setting])!r}" if setting
+             else "the endpoint_url of the AWS config file")
+    if reason.startswith("Invalid endpoint"):  # it quotes the URL, shown already
+        reason = "not a URL"
+    return ConfigError(f"{where}: {reason}; expected a URL such as http://127.0.0.1:4566 "
+                       "(or nothing, for AWS itself)")
+
+
+def _hidden(url: str) -> str:
+    """`url` without the password of its user part."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
 class SqsTransport:
     """SQS queues named `prefix + tock queue name`."""
 
@@ -105,10 +153,10 @@ class SqsTransport:
         # Every call but the long poll has its own short read timeout, so a hung SQS call
         # returns within call_timeout_seconds; the long poll holds its connection up to
         # 20 s, so its client allows that on top.
-        self.client: SQSClient = client or boto3.client("sqs", config=Config(
+        self.client: SQSClient = client or sqs_client(Config(
             connect_timeout=call_timeout_seconds, read_timeout=call_timeout_seconds,
             retries=retries, max_pool_connections=max_connections))
-        self._poll: SQSClient = client or boto3.client("sqs", config=Config(
+        self._poll: SQSClient = client or sqs_client(Config(
             connect_timeout=call_timeout_seconds,
             read_timeout=call_timeout_seconds + MAX_WAIT_SECONDS,
             retries=retries, max_pool_connections=max_connections))

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from typing import Any
 
+import pytest
+
 from consumer.service import Consumer
 from consumer.tasks import Registry
 from devstack.ports import free_port
+from shared.core.errors import ConfigError
 from shared.runtime.health import HealthServer
 from tests.support.http import get
 from tests.support.wait import wait_for
@@ -107,3 +111,29 @@ def test_processes_serve_probes_on_tock_health_port(database_url, queue_prefix, 
         logs = [_stop(p) for p in procs]
     assert '"event": "health_server_started"' in logs[0]
     assert '"event": "health_server_started"' in logs[1]
+
+
+def test_a_port_it_cannot_listen_on_is_a_config_error_naming_the_setting():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as refused:
+            HealthServer(port, host="127.0.0.1")
+    assert str(refused.value).startswith(f"TOCK_HEALTH_PORT: cannot listen on 127.0.0.1:{port}")
+    with pytest.raises(ConfigError) as refused:
+        HealthServer(free_port(), host="nonexistent.invalid")
+    assert str(refused.value).startswith("TOCK_HEALTH_HOST: cannot listen on nonexistent.invalid")
+
+
+def test_a_server_bound_before_its_loops_exist_answers_starting_until_given_probes():
+    server = HealthServer(0, host="127.0.0.1")  # listening, not yet serving
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        server.start()
+        assert get(base + "/readyz") == (503, "not ok: starting\n")
+        server.live = server.ready = lambda: (True, "fine")
+        assert get(base + "/healthz") == (200, "ok: fine\n")
+    finally:
+        server.close()
+    HealthServer(0, host="127.0.0.1").close()  # never started: closes, does not hang

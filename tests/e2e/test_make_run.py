@@ -13,12 +13,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import psycopg
 import pytest
 
 from devstack.ports import free_port
+from devstack.run import Stack, consumer_env, export_line
+from shared.runtime.settings import ConsumerSettings
+from tests.infra.processes import load_settings
 from tests.support.http import get as _get
 from tests.support.wait import wait_for
 
@@ -112,7 +116,7 @@ def _own_consumer_joins(run: MakeRun, url: str, tmp_path: Path) -> None:
     exported = dict(item.split("=", 1) for item in shlex.split(line))
     assert {"TOCK_DATABASE_URL", "AWS_ENDPOINT_URL_SQS", "AWS_ACCESS_KEY_ID",
             "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "TOCK_LEASE_SECONDS",
-            "TOCK_VISIBILITY_TIMEOUT_SECONDS"} <= set(exported)
+            "TOCK_VISIBILITY_TIMEOUT_SECONDS", "TOCK_KILL_GRACE_SECONDS"} <= set(exported)
     assert exported["TOCK_DATABASE_URL"] == url
     base = {k: v for k, v in os.environ.items() if not k.startswith(("TOCK_", "AWS_"))}
     with (tmp_path / "own-consumer.log").open("wb") as out:
@@ -134,6 +138,17 @@ def _more_succeed(url: str, timeout: float = 60) -> None:
                       message="the database answering") - 1
     wait_for(lambda: _succeeded(url) > before, timeout=timeout, interval=0.2,
              message=f"more than {before} jobs succeeded")
+
+
+def test_the_export_line_suits_a_consumer_with_process_isolated_kinds(monkeypatch):
+    """Its short lease needs a kill grace under it, which the default (5 s) is not."""
+    env = consumer_env(Stack(sqs=SimpleNamespace(env=dict)), "postgresql://me@db/tock")
+    settings = load_settings("consumer", env, monkeypatch)
+    assert isinstance(settings, ConsumerSettings)
+    assert settings.kill_grace_problem("process-isolated kind(s) ['x']") is None
+    assert load_settings("consumer", {**env, "TOCK_ISOLATION": "process"}, monkeypatch)
+    line = export_line(env)
+    assert f"TOCK_KILL_GRACE_SECONDS={env['TOCK_KILL_GRACE_SECONDS']}" in line
 
 
 def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):

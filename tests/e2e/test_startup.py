@@ -1,12 +1,16 @@
 """Each process refuses to start on a database it cannot use, within seconds, naming the
 variable and the cause (exit 2: a setting to fix; exit 3: unreachable), and a consumer
-whose SQS queue does not exist says so once, clearly."""
+whose SQS queue does not exist says so once, clearly. An AWS configuration boto3 cannot
+use (no region, a malformed endpoint) and a probe or dashboard address it cannot listen
+on are settings to fix too: one line naming the variable, exit 2, no traceback."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,9 +23,21 @@ PROCESSES = {
 }
 
 
-def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], check=False, env={**os.environ, **env},
+def _run(args: list[str], *, drop: tuple[str, ...] = (),
+         **env: str) -> subprocess.CompletedProcess[str]:
+    # A free dashboard port: the dashboard binds it before it checks the database.
+    base = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run([sys.executable, *args], check=False,
+                          env={**base, "TOCK_DASHBOARD_PORT": str(free_port()), **env},
                           capture_output=True, text=True, timeout=60)
+
+
+def _one_line_refusal(done: subprocess.CompletedProcess[str], *names: str) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+    assert all(name in done.stderr for name in names), done.stderr
+    return done.stderr
 
 
 @pytest.mark.parametrize("process", sorted(PROCESSES))
@@ -40,6 +56,75 @@ def test_a_malformed_database_url_is_a_settings_error(process, url):
     done = _run(PROCESSES[process], TOCK_DATABASE_URL=url, TOCK_DASHBOARD_DEV="1")
     assert done.returncode == 2, done.stderr
     assert "TOCK_DATABASE_URL" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("process", sorted(PROCESSES))
+def test_a_malformed_database_url_is_refused_without_its_password(process):
+    done = _run(PROCESSES[process], TOCK_DATABASE_URL="postgresql://me:s3cr3tpw@[db/tock",
+                TOCK_DASHBOARD_DEV="1")
+    assert done.returncode == 2, done.stderr
+    assert "TOCK_DATABASE_URL" in done.stderr and "postgresql://me:***@[db/tock" in done.stderr
+    assert "s3cr3tpw" not in done.stderr
+
+
+AWS_PROCESSES = ["consumer", "timer"]
+"""The processes that use SQS (the dashboard does not)."""
+
+
+@pytest.mark.parametrize("process", AWS_PROCESSES)
+def test_no_aws_region_is_one_line_naming_the_variable(process, database_url):
+    done = _run(PROCESSES[process], drop=("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE"),
+                TOCK_DATABASE_URL=database_url, AWS_CONFIG_FILE=os.devnull)
+    err = _one_line_refusal(done, "AWS_DEFAULT_REGION", "AWS_REGION")
+    assert "NoRegionError" not in err
+
+
+@pytest.mark.parametrize("process", AWS_PROCESSES)
+@pytest.mark.parametrize(("variable", "url"), [
+    ("AWS_ENDPOINT_URL_SQS", "not-a-url"),
+    ("AWS_ENDPOINT_URL_SQS", "http://[::1"),
+    ("AWS_ENDPOINT_URL", "localhost:4566"),
+])
+def test_a_malformed_aws_endpoint_is_one_line_naming_the_variable(process, database_url,
+                                                                  variable, url):
+    drop = ("AWS_ENDPOINT_URL_SQS",) if variable != "AWS_ENDPOINT_URL_SQS" else ()
+    done = _run(PROCESSES[process], drop=drop, TOCK_DATABASE_URL=database_url,
+                AWS_DEFAULT_REGION="us-east-1", **{variable: url})
+    _one_line_refusal(done, variable, repr(url))
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port something listens on (on every interface, as the probe server binds)."""
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("process", AWS_PROCESSES)
+def test_a_taken_health_port_is_one_line_naming_it(process, taken_port):
+    # Refused before Postgres is asked: the URL here leads nowhere.
+    done = _run(PROCESSES[process], TOCK_HEALTH_PORT=str(taken_port),
+                TOCK_DATABASE_URL=f"postgresql://tock@127.0.0.1:{free_port()}/tock")
+    err = _one_line_refusal(done, "TOCK_HEALTH_PORT", str(taken_port))
+    assert "in use" in err
+
+
+@pytest.mark.parametrize("process", AWS_PROCESSES)
+def test_a_health_host_that_does_not_resolve_is_one_line_naming_it(process):
+    done = _run(PROCESSES[process], TOCK_HEALTH_PORT=str(free_port()),
+                TOCK_HEALTH_HOST="nonexistent.invalid")
+    _one_line_refusal(done, "TOCK_HEALTH_HOST", "nonexistent.invalid")
+
+
+def test_a_taken_dashboard_port_is_one_line_and_exit_2_not_3(taken_port):
+    done = _run(PROCESSES["dashboard"], TOCK_DASHBOARD_DEV="1",
+                TOCK_DASHBOARD_PORT=str(taken_port),
+                TOCK_DATABASE_URL=f"postgresql://tock@127.0.0.1:{free_port()}/tock")
+    _one_line_refusal(done, "TOCK_DASHBOARD_PORT", str(taken_port))
+    done = _run([*PROCESSES["dashboard"], "--port", str(taken_port)], TOCK_DASHBOARD_DEV="1")
+    _one_line_refusal(done, "--port", str(taken_port))
 
 
 def test_an_unmigrated_database_says_run_tock_migrate(pg_server):

@@ -89,10 +89,17 @@ def test_cli_bad_input_exits_2_with_a_message(database_url, db, capsys, argv):
 
 
 @pytest.mark.parametrize("url", ["not a url", "mysql://u@h/db"])
-def test_cli_bad_database_url_exits_2_naming_the_setting(capsys, url):
-    assert cli(["jobs", "--database-url", url]) == 2
+def test_cli_bad_database_url_exits_2_naming_the_setting(capsys, monkeypatch, url):
+    monkeypatch.setenv("TOCK_DATABASE_URL", url)
+    assert cli(["jobs"]) == 2
     err = capsys.readouterr().err
     assert "TOCK_DATABASE_URL" in err and "Traceback" not in err
+    # given as the option, the option is named, not the variable it overrides
+    with pytest.raises(SystemExit) as info:
+        cli(["jobs", "--database-url", url])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "argument --database-url: " in err
+    assert "TOCK_DATABASE_URL" not in err and "Traceback" not in err
 
 
 # --- property: stored exactly as given, or InvalidInput with nothing written ----------------

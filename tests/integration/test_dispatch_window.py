@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from shared.core.errors import ConfigError
 from shared.core.states import JobState
 from shared.ops import explain
 from shared.runtime.settings import TimerSettings
@@ -226,7 +227,7 @@ def test_window_zero_sends_every_due_job(db, timer_settings, transport, clock):
 
 
 def test_a_window_smaller_than_a_batch_is_refused():
-    with pytest.raises(ValueError, match=r"dispatch_window .* at least batch_size"):
+    with pytest.raises(ConfigError, match=r"dispatch_window .* at least batch_size"):
         TimerSettings(database_url="postgresql://x/y", batch_size=100, dispatch_window=50)
 
 

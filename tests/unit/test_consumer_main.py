@@ -130,3 +130,50 @@ def test_the_traceback_is_logged_at_debug_level(tmp_path):
     assert "task_module_failed" in done.stderr and "Traceback" in done.stderr
     assert done.stderr.rstrip().splitlines()[-1].startswith(
         "tock consumer: cannot import task module 'raises': RuntimeError")
+
+
+def test_a_handler_that_is_not_callable_is_refused_at_import(tmp_path):
+    _module(tmp_path, "not_callable", """\
+        from consumer import task
+
+        task("nc")(5)
+        """)
+    line = _refused(_consumer(tmp_path, "not_callable"), "not_callable")
+    assert "InvalidInput: the handler of kind 'nc' must be a function taking (payload, " \
+           "ctx), not 5" in line
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("", "argument --queues: empty queue name in ''"),
+    (" ", "argument --queues: empty queue name in ' '"),
+    ("default,", "argument --queues: empty queue name in 'default,'"),
+    ("a b", "argument --queues: queue 'a b' is not a valid queue name"),
+    ("default,a/b", "argument --queues: queue 'a/b' is not a valid queue name"),
+])
+def test_an_empty_or_invalid_queues_option_is_refused_naming_it(value, says, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--tasks", "demo.tasks", "--queues", value])
+    assert stopped.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_kill_grace_too_long_for_a_process_kind_stops_it_before_postgres(tmp_path):
+    _module(tmp_path, "isolated", """\
+        from consumer import task
+
+        @task("i.heavy", isolation="process")
+        def handle(payload, ctx):
+            pass
+        """)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TOCK_DATABASE_URL": UNREACHABLE_DB,
+           "TOCK_LEASE_SECONDS": "3", "TOCK_HEARTBEAT_SECONDS": "1",
+           "TOCK_VISIBILITY_TIMEOUT_SECONDS": "10", "TOCK_CREATE_QUEUES": "1"}
+    env.pop("TOCK_KILL_GRACE_SECONDS", None)
+    done = subprocess.run([sys.executable, "-m", "consumer", "--tasks", "isolated"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    # A settings error (2), found before the database is asked (it would say 3) and so
+    # before any SQS queue is created.
+    assert done.returncode == 2, done.stderr
+    assert "kill_grace_seconds (5.0) must be under lease_seconds (3.0) with " \
+           "process-isolated kind(s) ['i.heavy']" in done.stderr
+    assert "TOCK_KILL_GRACE_SECONDS" in done.stderr and "Traceback" not in done.stderr

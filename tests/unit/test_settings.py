@@ -104,3 +104,50 @@ def test_the_float_scan_finds_them():
     names = {name for _, name in _float_settings()}
     assert {"retention_succeeded_hours", "schedule_lookahead_seconds", "lease_seconds",
             "sqs_call_timeout_seconds", "dashboard_session_hours"} <= names
+
+
+PASSWORD = "s3cr3tpw"
+
+
+@pytest.mark.parametrize("url", [
+    f"postgresql://me:{PASSWORD}@[db/tock",  # libpq quotes the whole URL
+    f"postgresql://me:{PASSWORD}%zz@db/tock",  # ... or the token it could not decode
+    f"postgresql://me@db/tock?password={PASSWORD}%zz",
+])
+def test_a_malformed_database_url_is_refused_without_its_password(monkeypatch, url):
+    monkeypatch.setenv("TOCK_DATABASE_URL", url)
+    with pytest.raises(ConfigError) as from_env:
+        ClientSettings.load()
+    with pytest.raises(ConfigError) as from_code:  # not a pydantic ValidationError
+        ClientSettings(database_url=url)
+    for refused in (from_env.value, from_code.value):
+        assert "TOCK_DATABASE_URL: is not a Postgres connection URL" in str(refused)
+        assert PASSWORD not in str(refused) and "***" in str(refused)
+        assert refused.__suppress_context__  # no chained error repeats it either
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"databse_url": "postgresql://me@elsewhere/db"},
+     "databse_url: not a setting of ClientSettings (did you mean database_url?)"),
+    ({"bogus": 1}, "bogus: not a setting of ClientSettings"),
+])
+def test_a_keyword_that_is_not_a_setting_is_refused(given, says):
+    with pytest.raises(ConfigError) as refused:
+        ClientSettings(**given)
+    assert says in str(refused.value)
+
+
+def test_unknown_tock_variables_in_the_environment_are_harmless(monkeypatch):
+    monkeypatch.setenv("TOCK_BOGUS", "1")
+    monkeypatch.setenv("TOCK_DATABSE_URL", "postgresql://me@elsewhere/db")
+    assert ClientSettings().database_url == ClientSettings.model_fields["database_url"].default
+    ConsumerSettings.load()
+    TimerSettings.load()
+
+
+def test_bad_queue_names_name_the_queues_variable(monkeypatch):
+    monkeypatch.setenv("TOCK_QUEUES", "a b")
+    with pytest.raises(ConfigError) as refused:
+        ConsumerSettings.load()
+    assert "TOCK_QUEUES: queue names must match" in str(refused.value)
+    assert "TOCK_* settings" not in str(refused.value)

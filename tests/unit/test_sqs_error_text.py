@@ -6,11 +6,12 @@ the handle (the audit saw `error="Value OGM3Mjk5NjgtMmY2NS00...`)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 from botocore.exceptions import ClientError
 
-from shared.core.errors import TransportError
+from shared.core.errors import ConfigError, TransportError
 from shared.runtime.logs import HumanFormatter
 from shared.transport.sqs import SqsTransport, shorten_handles
 
@@ -83,3 +84,44 @@ def test_a_human_log_line_shows_why() -> None:
                      "error": failure.message}
     line = HumanFormatter("consumer-1").format(record)
     assert "Reason: Message does not exist" in line
+
+
+@pytest.fixture
+def aws_env(monkeypatch):
+    """No AWS configuration but what the test sets."""
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL",
+                 "AWS_ENDPOINT_URL_SQS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    return monkeypatch
+
+
+def test_no_region_is_a_config_error_naming_the_variable(aws_env) -> None:
+    with pytest.raises(ConfigError) as refused:
+        SqsTransport()
+    assert str(refused.value).startswith("AWS_DEFAULT_REGION: no AWS region is configured")
+    assert "AWS_REGION" in str(refused.value)
+
+
+@pytest.mark.parametrize(("variable", "url", "says"), [
+    ("AWS_ENDPOINT_URL_SQS", "not-a-url", "not a URL"),
+    ("AWS_ENDPOINT_URL_SQS", "http://me:pw@[::1", "Invalid IPv6 URL"),
+    ("AWS_ENDPOINT_URL_SQS", "ftp://127.0.0.1:4566", "not an http:// or https:// URL"),
+    ("AWS_ENDPOINT_URL_SQS", "http://127.0.0.1:99999", "Port out of range"),
+    ("AWS_ENDPOINT_URL", "localhost:4566", "not a URL"),
+])
+def test_a_malformed_endpoint_is_a_config_error_naming_the_variable(aws_env, variable, url,
+                                                                   says) -> None:
+    aws_env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    aws_env.setenv(variable, url)
+    with pytest.raises(ConfigError) as refused:
+        SqsTransport()
+    text = str(refused.value)
+    assert text.startswith(f"{variable}=") and says in text
+    assert ":pw@" not in text
+
+
+def test_a_usable_configuration_makes_a_client(aws_env) -> None:
+    aws_env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    aws_env.setenv("AWS_ENDPOINT_URL_SQS", "http://127.0.0.1:4566")
+    assert SqsTransport().client.meta.endpoint_url == "http://127.0.0.1:4566"

@@ -12,6 +12,7 @@ import pytest
 
 from consumer.inflight import InFlight
 from consumer.tasks import Registry, TaskContext, call_sync, is_coroutine_handler
+from shared.core.errors import InvalidInput
 from shared.store.rows import Lease
 
 
@@ -77,3 +78,12 @@ def test_a_handler_that_returned_is_never_counted_stuck():
     other = in_flight()
     assert not other.handler_returned() and not other.mark_stuck(), "returned first"
 
+
+
+@pytest.mark.parametrize("handler", [5, "send_email", None])
+def test_a_handler_that_cannot_be_called_is_refused_when_registered(handler):
+    registry = Registry()
+    with pytest.raises(InvalidInput, match="the handler of kind 'nc' must be a function "
+                                           r"taking \(payload, ctx\)"):
+        registry.task("nc")(handler)
+    assert registry.kinds() == []

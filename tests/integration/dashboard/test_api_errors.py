@@ -4,6 +4,8 @@ or `burst` without a rate (refused, never dropped)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from shared.core.errors import InvalidInput
@@ -91,3 +93,63 @@ def test_per_or_burst_without_a_rate_is_refused_not_dropped(operator, client, ex
                                             "max_running": 1, "rate": 6, **extra})
     assert res.status_code == 200, res.text
     assert res.json()["rate_per_second"] == 6 / extra.get("per", 1)
+
+
+OUT_OF_RANGE = "out of range: in UTC it falls outside years 1 to 9999"
+
+
+@pytest.mark.parametrize("when", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"])
+def test_a_time_outside_the_calendar_in_utc_is_a_422_naming_the_field(operator, db, when):
+    # Valid ISO 8601 with its offset, but past year 9999 (or before year 1) in UTC.
+    answers = {
+        ("body", "at"): operator.post("/api/jobs", json={"kind": "email", "at": when}),
+        ("query", "created_after"): operator.get("/api/jobs",
+                                                 params={"created_after": when}),
+        ("body", "filter", "created_after"): operator.post(
+            "/api/jobs/bulk/cancel", json={"filter": {"created_after": when}}),
+    }
+    for loc, res in answers.items():
+        assert res.status_code == 422, res.text
+        [error] = res.json()["detail"]
+        assert tuple(error["loc"]) == loc and OUT_OF_RANGE in error["msg"], error
+    assert jobs(db) == 0
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("DELETE", "/api/jobs/1", "GET"),
+    ("PUT", "/api/jobs", "GET, POST"),
+    ("GET", "/api/jobs/1/cancel", "POST"),
+    ("POST", "/healthz", "GET"),
+])
+def test_a_405_lists_the_methods_the_path_takes(operator, method, path, allowed):
+    res = operator.request(method, path)
+    assert res.status_code == 405
+    assert res.headers["Allow"] == allowed
+
+
+@pytest.mark.parametrize(("body", "key"), [
+    (b'{"kind": "email", "kind": "report"}', "kind"),
+    (b'{"kind": "email", "payload": {"to": "a@example.com", "to": "b@example.com"}}', "to"),
+    (b'{"kind": "email", "payload": [{"n": 1}, {"n": 1, "x": 0, "n": 2}]}', "n"),
+])
+def test_a_json_object_that_repeats_a_key_is_refused_naming_it(operator, db, body, key):
+    res = operator.post("/api/jobs", content=body, headers=JSON)
+    assert res.status_code == 400, res.text
+    assert res.json()["detail"] == (f"request body has the key {key!r} twice in one JSON "
+                                    "object: send each key once")
+    assert jobs(db) == 0
+
+
+def test_every_api_route_with_a_body_parses_it_strictly(operator):
+    """Each route taking a JSON body (from the OpenAPI schema, so a new router is covered)
+    refuses a repeated key before its body is validated."""
+    schema = operator.get("/openapi.json").json()
+    routes = [(method, re.sub(r"\{[^}]+\}", "1", path))
+              for path, item in schema["paths"].items()
+              for method, operation in item.items() if "requestBody" in operation]
+    assert ("post", "/api/jobs") in routes and ("put", "/api/limits") in routes
+    for method, path in routes:
+        res = operator.request(method.upper(), path, content=b'{"a": 1, "a": 2}',
+                               headers=JSON)
+        assert res.status_code == 400, (method, path, res.text)
+        assert "'a' twice" in res.json()["detail"], (method, path)
