@@ -5,6 +5,12 @@ backoff, or to `dead` when that was its last attempt; the lost attempt is record
 `lease_expired`. Its old worker, if it is alive after all, is fenced out: its heartbeat and
 its completion match no row.
 
+Leases run on by the database clock while the database is away, and no worker can renew
+its lease then. So after an outage (any statement of this timer finding the database
+unavailable), and after this process starts (it may not have seen one), a worker's jobs
+are rescued only once it has had a whole lease of its own since then to renew and did not:
+a restart of Postgres longer than a lease does not fail every running job.
+
 A dispatched job nobody claimed for `dispatch_timeout_seconds` is sent again only on
 evidence that its message is gone: its SQS queue holds fewer messages than it should (one
 per dispatched job, one in flight per running job). A long backlog therefore resends
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from shared.core.backoff import backoff_seconds
@@ -52,6 +59,10 @@ class Rescuer(Loop):
         # Counting a queue's jobs costs more than the lease scan: at most every few seconds.
         self._redispatch_every = max(interval_seconds, min(10.0, dispatch_timeout_seconds / 2))
         self._next_redispatch = 0.0
+        self.monotonic: Callable[[], float] = time.monotonic  # tests move it
+        self._back_at: float | None = None
+        """(time.monotonic()) When a pass first reached the database after this process
+        started or after the database was last found unavailable."""
 
     def run_once(self, now: datetime | None = None) -> int:
         """Rescue expired leases, then (every few seconds) re-dispatch jobs whose message
@@ -68,9 +79,15 @@ class Rescuer(Loop):
         return int(rescued >= self.batch_size or redispatched >= self.batch_size)
 
     def rescue_expired(self, now: datetime | None = None) -> int:
-        """Move running jobs with an expired lease to retrying or dead; returns how many."""
+        """Move running jobs with an expired lease to retrying or dead; returns how many.
+        On the database clock (`now` None), a worker gets a whole lease to renew after the
+        database comes back (see the module docstring); a pinned `now` skips that."""
+        since_back, back_at = self._since_back() if now is None else (None, None)
         with self.store.transaction() as tx:
-            expired = tx.expired_leases(self.batch_size, self.default_max_attempts, now)
+            expired = tx.expired_leases(self.batch_size, self.default_max_attempts, now,
+                                        since_back=since_back)
+            if back_at is not None:
+                self._back_at = back_at  # this pass reached the database
             if not expired:
                 return 0
             rescues = []
@@ -90,6 +107,16 @@ class Rescuer(Loop):
                 emit(log, "lease_expired", logging.WARNING, job_id=rescue.job_id,
                      worker=rescue.worker, next_state=rescue.state.value)
         return len(done)
+
+    def _since_back(self) -> tuple[float, float | None]:
+        """(Seconds since the database came back, as far as this timer can tell; the
+        moment to remember as that if this pass reaches it, or None)."""
+        start = self.monotonic()
+        database = self.store.database
+        down_at = database.unavailable_at if database is not None else None
+        if self._back_at is None or (down_at is not None and down_at >= self._back_at):
+            return 0.0, start
+        return start - self._back_at, None
 
     def redispatch_stuck(self, now: datetime | None = None) -> int:
         """Make dispatched jobs whose message is gone due again (see the module docstring);

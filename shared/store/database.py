@@ -95,6 +95,9 @@ class Database:
         self._asking = threading.Lock()
         self._answer: tuple[float, str | None] = (-math.inf, None)  # when asked, why unusable
         self._down = False
+        self.unavailable_at: float | None = None
+        """When (time.monotonic()) a statement last found the database unavailable: the
+        timer's rescuer gives workers a lease to renew after that (timer_service/rescuer.py)."""
 
     @classmethod
     def for_service(cls, url: str, *, name: str, max_size: int,
@@ -129,6 +132,7 @@ class Database:
             with translated(), self.pool.connection() as conn, conn.transaction():
                 yield conn
         except DatabaseUnavailable as exc:
+            self.unavailable_at = time.monotonic()
             self._recheck()
             raise self._explained(exc) from exc.__cause__
 
@@ -140,6 +144,7 @@ class Database:
             with translated(), self.pool.connection() as conn:
                 yield conn
         except DatabaseUnavailable as exc:
+            self.unavailable_at = time.monotonic()
             self._recheck()
             raise self._explained(exc) from exc.__cause__
 

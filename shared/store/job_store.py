@@ -138,11 +138,15 @@ class JobStore(Store):
             "queue": queue, "timeout_seconds": timeout_seconds, "limit": limit, "now": now})]
 
     def expired_leases(self, limit: int, default_max_attempts: int,
-                       now: datetime | None = None) -> list[ExpiredLease]:
+                       now: datetime | None = None, *,
+                       since_back: float | None = None) -> list[ExpiredLease]:
         """Running jobs whose lease expired (their own and their worker's, or their own for
         a detached job), locked (SKIP LOCKED) until the transaction ends: call
-        `rescue_expired` in the same transaction."""
-        params = {"limit": limit, "default_max_attempts": default_max_attempts, "now": now}
+        `rescue_expired` in the same transaction. With `since_back` (seconds since the
+        database came back after an outage), a worker's jobs count only once it has had a
+        whole lease since then to renew."""
+        params = {"limit": limit, "default_max_attempts": default_max_attempts, "now": now,
+                  "since_back": since_back}
         leases = [ExpiredLease(*r) for r in self._rows(sql.SELECT_EXPIRED_LEASES, params)]
         if len(leases) < limit:
             leases += [replace(ExpiredLease(*r), detached=True) for r in self._rows(

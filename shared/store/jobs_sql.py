@@ -118,8 +118,15 @@ WITH RECURSIVE owners(owner) AS (
             ORDER BY j.lease_owner LIMIT 1)
     FROM owners o WHERE o.owner IS NOT NULL
 ), stale AS (
+    -- A worker's lease runs on while the database is away, when no worker can renew it:
+    -- after an outage (since_back: seconds since this timer reached it again) a worker is
+    -- stale only once it has had a whole lease of its own to renew and did not.
     SELECT o.owner FROM owners o LEFT JOIN tock_workers w ON w.id = o.owner
-    WHERE o.owner IS NOT NULL AND (w.lease_expires_at IS NULL OR w.lease_expires_at < {NOW})
+    WHERE o.owner IS NOT NULL AND (w.lease_expires_at IS NULL OR (
+        w.lease_expires_at < {NOW}
+        AND (%(since_back)s::float8 IS NULL
+             OR make_interval(secs => %(since_back)s::float8)
+                > w.lease_expires_at - w.last_heartbeat)))
 )
 SELECT j.id, j.attempt, coalesce(j.max_attempts, %(default_max_attempts)s), j.lease_owner,
        j.started_at, greatest(j.lease_expires_at, w.lease_expires_at)

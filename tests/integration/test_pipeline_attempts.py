@@ -11,9 +11,11 @@ import threading
 from datetime import timedelta
 
 from shared.core.errors import Permanent
+from shared.core.reports import Worker
 from shared.core.states import AttemptOutcome, JobState
 from tests.integration.readings import metric, queue_empty
-from tests.support.drive import Clock, dispatch, receive, run_all
+from tests.integration.store.helpers import add_running
+from tests.support.drive import Clock, db_now, dispatch, receive, run_all
 from tests.support.wait import wait_for
 
 
@@ -217,3 +219,51 @@ def test_shutdown_releases_unfinished_jobs_for_others_at_once(
     assert [a.outcome for a in released.attempts] == [AttemptOutcome.RELEASED]
     assert wait_for(lambda: queue_empty(transport), message="released message deleted")
     assert dispatch(timer) == 1, "due again at once"
+
+
+class _Ticks:
+    """The rescuer's monotonic clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.at = 1000.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def _expired_worker(db, store, worker: str) -> int:
+    """A running job of `worker`, whose 30 s lease (and the job's) ran out 10 s ago by the
+    database clock; returns the job's id."""
+    now = db_now(db)
+    lease = add_running(db, now, worker=worker, lease_until=now - timedelta(seconds=50))
+    store.heartbeat(Worker(worker, "h", 1, ["default"], [], 4, 1), [lease], 30,
+                    now=now - timedelta(seconds=40))
+    return lease.job_id
+
+
+def test_a_worker_gets_a_whole_lease_to_renew_after_an_outage_or_a_timer_start(db, timer):
+    """On the database clock, a lease runs on while the database is away and no worker can
+    renew it. So after this timer starts, and after any of its statements finds the
+    database unavailable, a worker's jobs are rescued only once the worker has had a whole
+    lease of its own (30 s here) to renew and did not."""
+    rescuer = timer.rescuer
+    ticks = rescuer.monotonic = _Ticks()
+    first = _expired_worker(db, rescuer.store, "w1")
+    assert rescuer.rescue_expired() == 0, "a fresh timer may not have seen the outage"
+    ticks.at += 29
+    assert rescuer.rescue_expired() == 0
+    ticks.at += 2
+    assert rescuer.rescue_expired() == 1
+    assert db.execute("SELECT state::text FROM tock_jobs_all WHERE id = %s",
+                      (first,)).fetchone() == ("retrying",)
+    second = _expired_worker(db, rescuer.store, "w2")
+    assert rescuer.store.database is not None
+    rescuer.store.database.unavailable_at = ticks.at  # a statement found it away
+    ticks.at += 1
+    assert rescuer.rescue_expired() == 0, "back a second ago: w2 may yet renew"
+    ticks.at += 29
+    assert rescuer.rescue_expired() == 0
+    ticks.at += 1.5
+    assert rescuer.rescue_expired() == 1
+    assert db.execute("SELECT state::text FROM tock_jobs_all WHERE id = %s",
+                      (second,)).fetchone() == ("retrying",)

@@ -6,6 +6,7 @@ throwaway Postgres server (the session's is shared by other tests), restarted fo
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from itertools import pairwise
@@ -25,6 +26,7 @@ from shared.store.database import Database
 from shared.store.migrate import migrate
 from shared.store.statistics_store import StatisticsStore
 from shared.transport.sqs import SqsTransport
+from tests.faults.proxy import TcpProxy
 from tests.support.wait import wait_for
 from timer_service.service import Timer
 from timer_service.statistics import Statistics
@@ -38,10 +40,11 @@ def server() -> Iterator[PostgresServer]:
     pg.destroy()
 
 
-def _outage(server: PostgresServer, seconds: float) -> threading.Thread:
-    """Stop the server now (as a crash would) and start it again after `seconds`: the
-    length of the outage is the fault itself."""
-    server.stop("immediate")
+def _outage(server: PostgresServer, seconds: float, mode: str = "immediate"
+            ) -> threading.Thread:
+    """Stop the server now (as a crash would, or `mode` "fast": a clean restart) and start
+    it again after `seconds`: the length of the outage is the fault itself."""
+    server.stop(mode)
     back = threading.Timer(seconds, server.start)
     back.start()
     return back
@@ -94,6 +97,57 @@ def test_timer_and_consumer_work_again_after_postgres_comes_back(server, system,
     assert consumer.supervisor.live()[0], consumer.supervisor.live()[1]
     wait_for(lambda: timer.supervisor.ready()[0] and consumer.supervisor.ready()[0],
              timeout=30, message="both ready again")
+
+
+def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt(
+        server, sqs_server):
+    """Postgres down for longer than the consumer's lease (8 s), its handler running all
+    along, and the consumer cut off for 2 s more (a proxy): by the database clock the
+    lease ran out, but nobody could renew it. The timer's rescue passes in those 2 s leave
+    the job alone (they used to fail the attempt at once, throwing the handler's result
+    away); the consumer, back, renews, and the job finishes in its first attempt."""
+    prefix = f"r{uuid.uuid4().hex[:8]}-"
+    SqsTransport(prefix).create_queue("default", visibility_timeout=30)
+    release = threading.Event()
+    registry = Registry()
+    registry.add("hold", lambda payload, ctx: release.wait(60))
+    proxy = TcpProxy(server.port).start()
+    timer = Timer(TimerSettings(database_url=server.url(), queue_prefix=prefix,
+                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5))
+    consumer = Consumer(ConsumerSettings(
+        database_url=server.url().replace(f":{server.port}/", f":{proxy.port}/"),
+        queue_prefix=prefix, lease_seconds=8, heartbeat_seconds=2,
+        visibility_timeout_seconds=30, receive_wait_seconds=1), registry)
+    client = Client(ClientSettings(database_url=server.url()))
+    timer.start()
+    consumer.start()
+    try:
+        job = client.schedule("hold", max_attempts=1)
+        wait_for(lambda: client.get(job.id).state is JobState.RUNNING, timeout=30,
+                 message="the job running")
+        proxy.partition(new="refuse")
+        # A clean restart: a crash could also lose the claim's asynchronous commit, and
+        # then the job runs again by design (consumer/completer.py, _claims_lost).
+        _outage(server, 10.0, "fast").join()
+        back = time.monotonic()
+        # Rescue passes on the database clock while the consumer is still cut off.
+        wait_for(lambda: (timer.rescuer.last_success_age(time.monotonic()) or 99)
+                 < time.monotonic() - back - 1.5, timeout=30,
+                 message="rescue passes after Postgres came back")
+        assert client.get(job.id).state is JobState.RUNNING
+        proxy.heal()
+        release.set()
+        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+                 message="the job's own attempt succeeding")
+        attempts = client.get(job.id, with_attempts=True).attempts
+        assert [(a.attempt, a.outcome.value) for a in attempts] == [(1, "succeeded")]
+    finally:
+        release.set()
+        proxy.heal()
+        consumer.shutdown()
+        timer.stop()
+        client.close()
+        proxy.close()
 
 
 def test_a_per_key_limit_holds_through_a_postgres_restart(server, system):

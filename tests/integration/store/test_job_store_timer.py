@@ -306,6 +306,22 @@ def test_a_live_workers_lease_covers_its_jobs_past_their_own(job_store, db, now)
         held.job_id]
 
 
+def test_after_an_outage_a_worker_is_stale_only_once_it_had_a_whole_lease_to_renew(
+        job_store, db, now):
+    """`since_back`: seconds since the database came back. A worker with a 30 s lease whose
+    lease ran out while nobody could renew one keeps its jobs until 30 s after that; a job
+    of a worker with no row is not held."""
+    held = add_running(db, now, worker="w1", lease_until=now - secs(50))
+    job_store.heartbeat(Worker("w1", "h", 1, ["default"], [], 4, 1), [held], 30,
+                        now=now - secs(40))  # expired 10 s ago
+    orphan = add_running(db, now, worker="gone", lease_until=now - secs(1))
+    found = [e.job_id for e in job_store.expired_leases(10, 3, now=now, since_back=29.0)]
+    assert found == [orphan.job_id]
+    found = [e.job_id for e in job_store.expired_leases(10, 3, now=now, since_back=31.0)]
+    assert sorted(found) == sorted([held.job_id, orphan.job_id])
+    assert len(job_store.expired_leases(10, 3, now=now)) == 2, "None: no outage"
+
+
 def test_a_detached_job_expires_on_its_own_lease_whatever_its_worker(job_store, db, now):
     stuck = add_running(db, now, worker="w1", lease_until=now + secs(60))
     job_store.heartbeat(Worker("w1", "h", 1, ["default"], [], 4, 1), [stuck], 300, now=now)
