@@ -83,13 +83,26 @@ class Claimer(Loop):
         # A pass is one long poll plus a claim that may wait for a dispatch commit.
         self.pass_bound_seconds = (settings.receive_wait_seconds
                                    + 3 * settings.sqs_call_timeout_seconds + 60)
+        # Not ready while its queue cannot be received from (SQS away, the queue missing):
+        # a pass is one long poll, which ends within the wait and a call's timeout.
+        self.ready_within_seconds = (settings.receive_wait_seconds
+                                     + settings.sqs_call_timeout_seconds + 5)
         # At most the DLQ's maxReceiveCount (of queues tock creates): a message deferred
         # at that count would go to the DLQ at its next receive.
         self.defer_limit = min(MAX_DEFERRED_RECEIVES, settings.dead_letter_after)
 
+    explicit_success = True
+    """Marked by every pass that raised nothing, so a step-by-step `receive_once` counts
+    towards readiness as a pass of the loop does."""
+
     def run_once(self, now: datetime | None = None, wait_seconds: int | None = None) -> int:
         """Receive one batch, claim it, hand the claimed jobs to the executor; returns how
         many were claimed."""
+        claimed = self._pass(wait_seconds)
+        self.mark_ok()
+        return claimed
+
+    def _pass(self, wait_seconds: int | None) -> int:
         pipe = self.pipe
         if len(pipe.tracker) >= pipe.max_tracked:
             # Outcomes are waiting to be written (database slow?): do not take more.

@@ -152,11 +152,12 @@ class VisibilityKeeper(Loop):
         many extensions SQS refused. The database lease stays the authority: a message
         that reappears anyway claims nothing."""
         pipe = self.pipe
-        by_queue: dict[str, list[str]] = defaultdict(list)
+        by_queue: dict[str, list[InFlight]] = defaultdict(list)
         for item in pipe.tracker.heartbeating():
-            by_queue[item.queue].append(item.receipt)
+            by_queue[item.queue].append(item)
         refused = 0
-        for q, receipts in by_queue.items():
+        for q, items in by_queue.items():
+            receipts = [item.receipt for item in items]
             for i in range(0, len(receipts), MAX_BATCH):
                 try:
                     failures = pipe.transport.change_visibility_batch(
@@ -168,6 +169,10 @@ class VisibilityKeeper(Loop):
                              error=str(exc))
                     refused += len(receipts[i:i + MAX_BATCH])
                     continue
+                # A job whose outcome was written meanwhile has had its message deleted:
+                # SQS refuses that receipt, and nothing is wrong.
+                chunk = items[i:i + MAX_BATCH]
+                failures = [f for f in failures if _still_held(pipe, chunk, f.entry_id)]
                 if failures:
                     refused += len(failures)
                     metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc(len(failures))
@@ -176,3 +181,13 @@ class VisibilityKeeper(Loop):
                          entries=len(failures), code=failures[0].code,
                          error=failures[0].message)
         return refused
+
+
+def _still_held(pipe: Pipeline, chunk: list[InFlight], entry_id: str) -> bool:
+    """Whether the job of a refused entry (its id: its index in the call) is still held
+    and its outcome not being written: else the refusal is the delete's doing."""
+    try:
+        item = chunk[int(entry_id)]
+    except (ValueError, IndexError):
+        return True  # not an id we sent: report it
+    return pipe.tracker.holds(item) and item.heartbeating

@@ -110,6 +110,8 @@ class Consumer:
             self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
                                       self.pipe.clock())
             self.lease_keeper.mark_ok()  # ready from the start
+            for claimer in self.claimers.values():
+                claimer.mark_ok()
         except Retryable as exc:
             # The database went away since the start-up probe: the heartbeat loop announces
             # this worker once it is back (until then nothing can be claimed, and the

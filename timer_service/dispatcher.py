@@ -144,6 +144,10 @@ class Dispatcher(Loop):
     name = "dispatch"
     threads = 2
     """Two passes in flight: one claims the next batch while the other's sends are out."""
+    explicit_success = True
+    """A pass whose every send SQS refused is no success for readiness, nor is any pass
+    after it (refused jobs back off, so the next passes may find nothing due) until a
+    send succeeds again."""
 
     def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
                  send_concurrency: int, max_idle_seconds: float,
@@ -184,6 +188,7 @@ class Dispatcher(Loop):
         self._gate = threading.Event()
         self._gate.set()
         self._held: list[tuple[float, float]] = []  # (start, end) of recent holds
+        self._refusing = False  # the last pass that sent anything had every send refused
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -197,6 +202,12 @@ class Dispatcher(Loop):
         self._gate.wait(HOLD_MAX_SECONDS)  # the due watcher's pass goes first
         sent, refused = self.dispatch_due(now)
         self._local.refused = bool(refused) and not sent
+        if refused and not sent:
+            self._refusing = True
+        elif sent:
+            self._refusing = False
+        if not self._refusing:
+            self.mark_ok()
         return sent if sent >= self.batch_size else 0
 
     def idle(self) -> None:
@@ -533,7 +544,13 @@ class Dispatcher(Loop):
 
     def _report_stuck(self, due: list[DueJob], streaks: dict[int, int],
                       failed: dict[int, str]) -> None:
+        """One line per queue and pass for the jobs refused STUCK_AFTER_FAILURES times in a
+        row (not one per job: an SQS outage under a backlog would log every job)."""
+        stuck: dict[str, list[DueJob]] = defaultdict(list)
         for job in due:
             if streaks.get(job.id) == STUCK_AFTER_FAILURES:
-                emit(log, "dispatch_stuck", logging.ERROR, job_id=job.id, queue=job.queue,
-                     refused=STUCK_AFTER_FAILURES, error=failed[job.id])
+                stuck[job.queue].append(job)
+        for queue, jobs in stuck.items():
+            emit(log, "dispatch_stuck", logging.ERROR, queue=queue, jobs=len(jobs),
+                 job_ids=[j.id for j in jobs[:20]], refused=STUCK_AFTER_FAILURES,
+                 error=failed[jobs[0].id])

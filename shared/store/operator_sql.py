@@ -18,7 +18,7 @@ from psycopg import sql as pgsql
 
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
-from shared.store.columns import JOB_COLUMNS, NOW
+from shared.store.columns import JOB_COLUMNS, NOW, state_is
 from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
 
 DB_NOW = "SELECT now()"
@@ -202,12 +202,14 @@ def sample_leaf(leaf: str) -> pgsql.Composed:
 
 # The last column: whether the worker's own lease has run out (the timer then rescues
 # every job it holds; NULL for a row written before migration 0006).
-WORKERS = """
+WORKERS = f"""
 SELECT id, host, pid, queues, kinds, concurrency, in_flight, started_at, last_heartbeat,
        stopped_at, lease_expires_at,
        extract(epoch FROM n.now - last_heartbeat)::float8,
-       lease_expires_at < n.now
-FROM tock_workers, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
+       lease_expires_at < n.now,
+       (SELECT count(*) FROM tock_jobs j
+        WHERE {state_is('j', 'running')} AND j.lease_owner = w.id)
+FROM tock_workers w, (SELECT coalesce(%(now)s::timestamptz, now()) AS now) n
 WHERE stopped_at IS NULL OR stopped_at > n.now - interval '1 hour'
 ORDER BY stopped_at IS NOT NULL, last_heartbeat DESC
 LIMIT 500

@@ -217,13 +217,17 @@ class OperatorStore(Store):
         that has not stopped is `stale` once its own lease has expired (the timer then
         rescues its jobs: with 3 s leases, 3 s after a kill -9) or once it has been silent
         for `stale_after_seconds`, whichever comes first (the bound covers a very long
-        lease and rows without one); else `alive`."""
+        lease and rows without one); else `alive`. A live worker's `in_flight` is what it
+        last reported; a stale or stopped one's is the running jobs it still holds (0
+        once the timer rescued them), not its last report."""
         out = []
         for r in self._rows(sql.WORKERS, {"now": now}):
             stale = bool(r[12]) or r[11] > stale_after_seconds
             status = "stopped" if r[9] else ("stale" if stale else "alive")
             out.append(WorkerInfo(id=r[0], host=r[1], pid=r[2], queues=r[3], kinds=r[4],
-                                  concurrency=r[5], in_flight=r[6], started_at=r[7],
+                                  concurrency=r[5],
+                                  in_flight=r[6] if status == "alive" else r[13],
+                                  started_at=r[7],
                                   last_heartbeat=r[8], stopped_at=r[9], lease_expires_at=r[10],
                                   heartbeat_age_seconds=r[11], status=status))
         out.sort(key=lambda w: _STATUS_ORDER[w.status])  # stable: newest heartbeat first

@@ -48,7 +48,7 @@ def test_timer_probes_follow_its_loops(transport, timer_settings, client):
         server.close()
 
 
-def test_consumer_ready_after_a_heartbeat(consumer_settings, transport):
+def test_consumer_ready_after_a_heartbeat_and_a_receive(consumer_settings, transport):
     consumer = Consumer(consumer_settings, Registry(), transport)
     live, ready = consumer.supervisor.live, consumer.supervisor.ready
     server = HealthServer(0, live=live, ready=ready, host="127.0.0.1").start()
@@ -59,6 +59,10 @@ def test_consumer_ready_after_a_heartbeat(consumer_settings, transport):
         status, body = get(base + "/readyz")
         assert status == 503 and "no successful heartbeat pass yet" in body
         consumer.heartbeat_once()
+        status, body = get(base + "/readyz")
+        assert status == 503 and "no successful claim-default pass yet" in body, (
+            "and a receive from each queue")
+        consumer.receive_once("default", wait_seconds=0)
         status, body = get(base + "/readyz")
         assert status == 200 and "heartbeat" in body
     finally:

@@ -6,15 +6,18 @@ seam (a call that hangs)."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 from consumer.service import Consumer
 from shared.core.states import AttemptOutcome, JobState
 from shared.transport.sqs import SqsTransport
-from tests.support.drive import dispatch
+from tests.support.drive import dispatch, receive
 from tests.support.wait import wait_for
+from timer_service.dispatcher import REFUSED_BACKOFF_CAP_SECONDS, STUCK_AFTER_FAILURES
 from timer_service.service import Timer
 
 
@@ -133,3 +136,97 @@ def test_a_backlog_older_than_the_dispatch_timeout_is_not_sent_again(
     again = timer.run_once(later)
     assert (again.redispatched, again.dispatched) == (12, 12)
     assert all(client.get(j.id).dispatch_token != tokens[j.id] for j in jobs)
+
+
+def test_a_pass_sqs_refuses_entirely_is_no_success_until_a_send_succeeds(
+        client, timer_settings, transport, clock_now, caplog):
+    """Readiness tells the truth through an SQS outage: a pass whose every send was refused
+    does not count, nor do the passes after it that find nothing due (the refused jobs
+    back off); the jobs refused STUCK_AFTER_FAILURES times are reported in one line per
+    queue and pass, not one per job."""
+    caplog.set_level(logging.INFO, logger="tock.timer.dispatch")
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 10}), transport)
+    dispatcher = timer.dispatcher
+    try:
+        client.schedule_many([{"kind": "k", "queue": "nowhere"} for _ in range(3)])
+        now = clock_now
+        for _ in range(STUCK_AFTER_FAILURES):
+            assert dispatcher.run_once(now) == 0
+            now += timedelta(seconds=REFUSED_BACKOFF_CAP_SECONDS + 1)
+        assert dispatcher.last_success_age(time.monotonic()) is None
+        stuck = [r for r in caplog.records if getattr(r, "event", "") == "dispatch_stuck"]
+        assert len(stuck) == 1, "one line for the queue, not one per job"
+        assert (stuck[0].fields["queue"], stuck[0].fields["jobs"],
+                len(stuck[0].fields["job_ids"])) == ("nowhere", 3, 3)
+        dispatcher.run_once(now)  # the refused jobs back off: nothing due
+        assert dispatcher.last_success_age(time.monotonic()) is None, "still refusing"
+        client.schedule("k")
+        dispatcher.run_once(now + timedelta(seconds=1))
+        assert dispatcher.last_success_age(time.monotonic()) is not None, "a send got through"
+    finally:
+        timer.close()
+
+
+def test_a_consumer_that_cannot_receive_from_its_queue_is_not_ready(
+        consumer_settings, registry, transport):
+    """Its heartbeat is fine, but SQS will not hand it work: not ready once a receive has
+    not succeeded for the wait plus a call's timeout plus 5 s, and ready again once it
+    can receive."""
+    settings = consumer_settings.model_copy(update={
+        "queues": ["absent"], "receive_wait_seconds": 0, "sqs_call_timeout_seconds": 1})
+    consumer = Consumer(settings, registry, transport)
+    consumer.start()
+    try:
+        assert consumer.supervisor.ready()[0], "ready from its start-up announcement"
+        wait_for(lambda: not consumer.supervisor.ready()[0], timeout=30,
+                 message="not ready while its queue cannot be received from")
+        assert "claim-absent" in consumer.supervisor.ready()[1]
+        transport.create_queue("absent", visibility_timeout=consumer_settings
+                               .visibility_timeout_seconds)
+        wait_for(lambda: consumer.supervisor.ready()[0], timeout=30,
+                 message="ready again once it receives")
+    finally:
+        consumer.shutdown()
+
+
+class FinishesFirst:
+    """Between the visibility keeper's list of jobs and its call, the completer finishes
+    one of them: deletes its message and forgets it. Everything else is real."""
+
+    def __init__(self, inner: Any, tracker: Any, item: Any) -> None:
+        self.inner, self.tracker, self.item = inner, tracker, item
+
+    def change_visibility_batch(self, queue: str, receipts: list[str], timeout: int) -> Any:
+        self.inner.delete_batch(queue, [self.item.receipt])
+        self.tracker.forget(self.item)
+        return self.inner.change_visibility_batch(queue, receipts, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_refused_visibility_extension_of_a_job_just_finished_is_not_reported(
+        client, timer, registry, consumers, clock, caplog):
+    """SQS refuses the receipt of a message the completer deleted meanwhile: nothing is
+    wrong, and no `visibility_extend_failed` warning says otherwise (it did, in ordinary
+    runs); a refused receipt of a job still held is still reported."""
+    caplog.set_level(logging.INFO)
+    registry.add("work", lambda payload, ctx: None)
+    consumer = consumers(clock)
+    client.schedule_many([{"kind": "work"}, {"kind": "work"}])
+    dispatch(timer)
+    assert len(receive(consumer, 2)) == 2
+    pipe = consumer.pipe
+    done, held = pipe.tracker.items()
+    real = pipe.transport
+    pipe.transport = FinishesFirst(real, pipe.tracker, done)
+    try:
+        assert consumer.visibility.extend() == 0
+    finally:
+        pipe.transport = real
+    assert not [r for r in caplog.records if getattr(r, "event", "") ==
+                "visibility_extend_failed"]
+    real.delete_batch(held.queue, [held.receipt])  # gone, though the job is still held
+    assert consumer.visibility.extend() == 1
+    assert [r.fields["entries"] for r in caplog.records
+            if getattr(r, "event", "") == "visibility_extend_failed"] == [1]

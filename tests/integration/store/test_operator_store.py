@@ -357,3 +357,21 @@ def test_paused_schedule_of_names_the_paused_schedule_that_made_the_job(
     assert operator_store.paused_schedule_of(of_running) is None
     assert operator_store.paused_schedule_of(plain) is None
     assert operator_store.paused_schedule_of(plain + 1000) is None
+
+
+def test_a_stale_or_stopped_worker_shows_the_jobs_it_still_holds_not_its_last_report(
+        operator_store, db, now):
+    """A worker killed with 8 jobs in hand last reported 8; once the timer rescued them it
+    holds none, and `tock workers` and the dashboard say so instead of "8/8 busy"."""
+    for worker_id, heartbeat in (("killed", 60), ("alive", 1)):
+        insert_row(db, "tock_workers", id=worker_id, host="h", pid=7, queues=["default"],
+                   concurrency=8, in_flight=8, started_at=now - 3 * 60 * M,
+                   last_heartbeat=now - secs(heartbeat))
+    held = add_running(db, now, worker="killed")
+    add_running(db, now, worker="alive")
+    busy = {w.id: w.in_flight for w in operator_store.workers(stale_after_seconds=30, now=now)}
+    assert busy == {"alive": 8, "killed": 1}, "alive: its report; killed: what it holds"
+    db.execute("UPDATE tock_jobs SET state = 'retrying', lease_owner = NULL WHERE id = %s",
+               (held.job_id,))
+    busy = {w.id: w.in_flight for w in operator_store.workers(stale_after_seconds=30, now=now)}
+    assert busy == {"alive": 8, "killed": 0}
