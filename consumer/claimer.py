@@ -54,6 +54,12 @@ DROP_ERRORS: dict[str, type[TockError]] = {
     "rejected": InvalidMessage,
 }
 """The typed error behind each reason a message claims nothing."""
+REDELIVERIES = frozenset({"not_dispatched", "duplicate"})
+"""Reasons that are a second copy of the current dispatch's message, whose job has moved on
+(SQS delivers a standard queue's messages at least once, and a send retried after a
+timeout SQS had in fact taken sends one twice): logged at INFO, not WARNING. The others
+(malformed, an unknown job, another dispatch's token, refused) stay warnings; the
+`tock_messages_dropped_total` counter has every reason."""
 
 RETRY_LATER_SECONDS = 1
 """Visibility given to a deferred message: it comes back after this long."""
@@ -299,7 +305,8 @@ class Claimer(Loop):
             # Each reason is one of tock's typed errors; the message changed no job.
             error = DROP_ERRORS[reason](detail)
             metrics.MESSAGES_DROPPED.labels(reason).inc()
-            emit(log, "message_dropped", logging.WARNING, reason=reason,
+            level = logging.INFO if reason in REDELIVERIES else logging.WARNING
+            emit(log, "message_dropped", level, reason=reason,
                  error=f"{type(error).__name__}: {error}", message_id=msg.message_id,
                  queue=self.queue)
         self.pipe.delete(self.queue, [m.receipt for m, _, _ in drop])

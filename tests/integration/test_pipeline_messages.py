@@ -6,6 +6,8 @@ backoff and due-time logic is tested without waiting."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -136,3 +138,30 @@ def test_dispatched_job_nobody_claims_is_sent_again_with_a_new_token(
     consumer = consumers(Clock(later))
     run_all(consumer, receive(consumer, 1))
     assert client.get(job.id).state is JobState.SUCCEEDED
+
+
+def test_a_second_copy_of_a_finished_jobs_message_is_dropped_at_info(
+        client, timer, transport, registry, consumers, clock, caplog):
+    """SQS hands out a standard queue's messages at least once, and a send retried after a
+    timeout SQS had in fact taken sends one twice: a copy whose job has moved on is no
+    warning (a timer retrying sends through an SQS hiccup logged hundreds); another
+    dispatch's token still is."""
+    caplog.set_level(logging.INFO, logger="tock.consumer")
+    registry.add("work", lambda payload, ctx: None)
+    job = client.schedule("work")
+    dispatch(timer, clock.now)
+    consumer = consumers(clock)
+    run_all(consumer, receive(consumer, 1))
+    done = client.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.dispatch_token is not None
+    copy = JobMessage(job.id, done.dispatch_token, "work").encode()
+    forged = JobMessage(job.id, uuid.uuid4(), "work").encode()
+    transport.send_batch("default", [Outgoing("0", copy), Outgoing("1", forged)])
+    for _ in range(20):
+        run_all(consumer, receive(consumer, 2, rounds=1))
+        if queue_empty(transport):
+            break
+    levels = {r.fields["reason"]: r.levelname for r in caplog.records
+              if getattr(r, "event", "") == "message_dropped"}
+    assert levels == {"not_dispatched": "INFO", "stale_token": "WARNING"}
+    assert client.get(job.id, with_attempts=True).attempt == 1
