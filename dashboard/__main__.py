@@ -26,6 +26,17 @@ def _drop_color_message(record: logging.LogRecord) -> bool:
     return True
 
 
+def port_number(value: str) -> int:
+    """`--port`: a TCP port, 1-65535 (0 would listen on a port nobody is told of)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound as uvicorn binds one (which, on failure, logs a traceback's worth
     and exits 3, the code for "Postgres unavailable"); uvicorn listens on it."""
@@ -50,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                     "_SECRET_KEY, _ALLOWED_HOSTS, _MAX_BODY_BYTES, _METRICS_TOKEN, "
                     "_METRICS_PUBLIC).")
     parser.add_argument("--host", help="default TOCK_DASHBOARD_HOST or 127.0.0.1")
-    parser.add_argument("--port", type=int, help="default TOCK_DASHBOARD_PORT or 8080")
+    parser.add_argument("--port", type=port_number,
+                        help="default TOCK_DASHBOARD_PORT or 8080")
     args = parser.parse_args(argv)
     overrides: dict[str, object] = {}
     if args.host:

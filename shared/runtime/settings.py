@@ -289,7 +289,13 @@ class ConsumerSettings(CommonSettings):
                     return json.loads(text)
                 except ValueError:
                     raise ValueError(f"not a JSON list of queue names: {text!r}") from None
-            return [q.strip() for q in text.split(",") if q.strip()]
+            if not text:
+                return []
+            names = [q.strip() for q in text.split(",")]
+            if not all(names):  # as --queues: `a,,b` or `a,` is a typo, not two queues
+                raise ValueError(f"empty queue name in {value!r} (give queue names "
+                                 "separated by commas, e.g. default,reports)")
+            return names
         return value
 
     @field_validator("queues")

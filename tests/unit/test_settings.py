@@ -151,3 +151,17 @@ def test_bad_queue_names_name_the_queues_variable(monkeypatch):
         ConsumerSettings.load()
     assert "TOCK_QUEUES: queue names must match" in str(refused.value)
     assert "TOCK_* settings" not in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["a,,b", "a,", ",a"])
+def test_an_empty_queue_name_in_the_queues_variable_is_refused(monkeypatch, value):
+    # As --queues: a stray comma is a typo, not a queue fewer.
+    monkeypatch.setenv("TOCK_QUEUES", value)
+    with pytest.raises(ConfigError) as refused:
+        ConsumerSettings.load()
+    assert f"TOCK_QUEUES: empty queue name in {value!r}" in str(refused.value)
+
+
+def test_queue_names_in_the_queues_variable_may_have_blanks_around_them(monkeypatch):
+    monkeypatch.setenv("TOCK_QUEUES", " default , reports ")
+    assert ConsumerSettings.load().queues == ["default", "reports"]
