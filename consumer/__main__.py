@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
         print(f"tock consumer: no @task handlers registered by {modules}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        _check_kill_grace(settings)
+        _check_process_isolation(settings)
         # Bound before Postgres or SQS is touched: a taken port is a setting to fix.
         health = (HealthServer(settings.health_port, process="consumer")
                   if settings.health_port else None)
@@ -137,19 +137,23 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
             health.close()
 
 
-def _check_kill_grace(settings: ConsumerSettings) -> None:
-    """The kill grace against the lease, for kinds that ask for process isolation in a
-    consumer whose own setting is threads (loading the settings checked the other case),
-    before SQS or Postgres is touched: with TOCK_CREATE_QUEUES the queue would otherwise be
-    created by a consumer that then refuses to start. The executor checks it again."""
-    isolated = [t.kind for t in registry.process_isolated(settings.isolation)]
+def _check_process_isolation(settings: ConsumerSettings) -> None:
+    """For kinds that run in handler processes: the kill grace against the lease (for
+    those that ask for it in a consumer whose own setting is threads; loading the settings
+    checked the other case) and that each handler can be sent to a process. Before SQS or
+    Postgres is touched: with TOCK_CREATE_QUEUES the queue would otherwise be created by a
+    consumer that then refuses to start. The executor checks both again."""
+    isolated = registry.process_isolated(settings.isolation)
     if not isolated:
         return
     problem = settings.kill_grace_problem(
         "isolation=process" if settings.isolation == "process"
-        else f"process-isolated kind(s) {isolated}")
+        else f"process-isolated kind(s) {[t.kind for t in isolated]}")
     if problem:
         raise ConsumerSettings.refused(problem)
+    from consumer.executor import check_sendable  # the executor's modules, only if needed
+
+    check_sendable(isolated)
 
 
 def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | None) -> int:

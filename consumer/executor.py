@@ -44,6 +44,19 @@ TAKE_WAIT_SECONDS = 0.2
 UNKNOWN_LOG_SECONDS = 60.0
 
 
+def check_sendable(isolated: Sequence[Task]) -> None:
+    """`ConfigError` naming the first process-isolated handler that cannot be sent to a
+    handler process (pickled by name)."""
+    for task in isolated:
+        try:
+            pickle.dumps(task.handler)
+        except Exception as exc:  # a lambda, a nested function, a local class
+            raise ConfigError(
+                f"the handler of kind {task.kind!r} ({task.handler!r}) cannot be sent to "
+                f"a handler process ({type(exc).__name__}); process-isolated handlers "
+                "must be importable by name (module-level functions)") from None
+
+
 class Executor(Loop):
     """The handler threads. A pass runs one handler, however long it takes, so the pass
     has no time bound; stuck handlers are the lease keeper's business."""
@@ -87,14 +100,7 @@ class Executor(Loop):
             else f"process-isolated kind(s) {[t.kind for t in isolated]}")
         if problem:
             raise ConsumerSettings.refused(problem)
-        for task in isolated:
-            try:
-                pickle.dumps(task.handler)
-            except Exception as exc:  # a lambda, a nested function, a local class
-                raise ConfigError(
-                    f"the handler of kind {task.kind!r} ({task.handler!r}) cannot be sent to "
-                    f"a handler process ({type(exc).__name__}); process-isolated handlers "
-                    "must be importable by name (module-level functions)") from None
+        check_sendable(isolated)
         try:
             self._processes().start()
         except HandlerProcessFailed as exc:

@@ -177,3 +177,24 @@ def test_a_kill_grace_too_long_for_a_process_kind_stops_it_before_postgres(tmp_p
     assert "kill_grace_seconds (5.0) must be under lease_seconds (3.0) with " \
            "process-isolated kind(s) ['i.heavy']" in done.stderr
     assert "TOCK_KILL_GRACE_SECONDS" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_process_handler_that_cannot_be_sent_stops_it_before_postgres(tmp_path):
+    _module(tmp_path, "nested", """\
+        from consumer import task
+
+        def make():
+            def inner(payload, ctx):
+                pass
+            return inner
+
+        task("i.nested", isolation="process")(make())
+        """)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TOCK_DATABASE_URL": UNREACHABLE_DB,
+           "TOCK_CREATE_QUEUES": "1"}
+    done = subprocess.run([sys.executable, "-m", "consumer", "--tasks", "nested"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    # 2, not the database's 3: refused before Postgres is asked or a queue created.
+    assert done.returncode == 2, done.stderr
+    assert "the handler of kind 'i.nested'" in done.stderr
+    assert "module-level functions" in done.stderr and "Traceback" not in done.stderr
