@@ -70,8 +70,13 @@ def _set(args: argparse.Namespace) -> int:
     with connect.client(args) as client:
         limit = client.set_limit(args.scope, _key(args), max_running=args.max_running,
                                  rate=args.rate, per=args.per, burst=args.burst)
+        unknown = limit.scope != "tenant" and not client.known_kinds.knows(limit.key)
     audit.action("limit_set", scope=limit.scope, key=limit.key, max_running=limit.max_running,
                  rate_per_second=limit.rate_per_second, burst=limit.burst)
+    if unknown:  # set all the same: its consumers may not be deployed yet
+        print(f"tock: note: no consumer has announced a handler for kind {limit.key!r} in "
+              "the last 24 hours (a typo?); the limit is set and applies to that kind's "
+              "jobs", file=sys.stderr)
     if args.json:
         print_json(limit)
         return EXIT_OK

@@ -31,6 +31,7 @@ from consumer.attempt import finish
 from consumer.outcomes import Backoff, Raised
 from consumer.pipeline import Pipeline, Work
 from consumer.tasks import Handler, TaskContext
+from shared.core.text import describe
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 
@@ -79,6 +80,16 @@ class AsyncRunner(Loop):
         timer = self.loop.call_later(SLICE_SECONDS, self.loop.stop)
         try:
             self.loop.run_forever()
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # asyncio re-raises these two out of run_forever when a task or callback raises
+            # them. A job's own task cannot (`_guarded`), so this came from code a handler
+            # started on the loop (a stray task, a call_soon callback): the handler's fault,
+            # not the loop's. Signals reach only the main thread, so it is no real Ctrl-C.
+            # Report it and go on: crashing would take every async job down with it.
+            emit(log, "event_loop_error", logging.ERROR, worker=self.pipe.worker_id,
+                 error="a task or callback started by an async handler raised "
+                       f"{type(exc).__name__}; ignored (the loop goes on)",
+                 exception=describe(exc))
         finally:
             timer.cancel()
         over = time.monotonic() - began - SLICE_SECONDS

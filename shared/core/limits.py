@@ -16,6 +16,10 @@ SCOPES = ("kind", "tenant", "kind_key")
 MAX_RUNNING_LIMIT = 1_000_000
 MAX_RATE_PER_SECOND = 1_000_000.0
 MAX_PER_SECONDS = 86_400.0
+MIN_RATE_PER_SECOND = 1 / MAX_PER_SECONDS
+"""One a day: the slowest rate `per` can express with a rate of 1. Slower ones (1e-300/s)
+are refused: they only pause the kind, which max_running=0 says plainly, and `explain`
+would count the wait to their next token in hundreds of digits of days."""
 MAX_BURST = 1_000_000
 _SHAPES = {"per": "the rate's period", "burst": "the size of the rate's bucket of tokens"}
 
@@ -60,6 +64,10 @@ class LimitSpec:
             if amount <= 0:
                 raise InvalidInput(f"rate must be > 0, got {shown(rate)}")
             per_second = amount / seconds
+            if per_second < MIN_RATE_PER_SECOND:
+                raise InvalidInput(f"rate must be at least 1 per day (1 per 86400 s), got "
+                                   f"{per_second:g} per second; to hold the jobs back "
+                                   "altogether, set max_running 0")
             if per_second > MAX_RATE_PER_SECOND:
                 raise InvalidInput(f"rate must be at most {MAX_RATE_PER_SECOND:,.0f} per "
                                    f"second, got {per_second:g}")

@@ -36,6 +36,10 @@ class KnownKinds:
                 f"no consumer has a handler for kind {unknown[0]!r} (TOCK_REJECT_UNKNOWN_KINDS "
                 f"is on); known kinds: {', '.join(sorted(known)) or 'none yet'}")
 
+    def knows(self, kind: str) -> bool:
+        """Whether a consumer announced a handler for `kind` in the last 24 hours."""
+        return kind in self._known(refresh=kind not in self._known(refresh=False))
+
     def _known(self, *, refresh: bool) -> frozenset[str]:
         with self._lock:
             now = time.monotonic()

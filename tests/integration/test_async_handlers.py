@@ -239,3 +239,42 @@ def test_step_by_step_drivers_run_async_handlers_too(client, timer, registry, co
     else:  # the driver must not try to run the consumer's loop on the caller's thread
         _from_a_thread_running_a_loop(lambda: run_all(consumer, receive(consumer, 1)))
     assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+def test_a_stray_task_raising_systemexit_does_not_take_the_event_loop_down(
+        client, timer, registry, running, raised, caplog):
+    # asyncio re-raises SystemExit and KeyboardInterrupt from any task or callback out of
+    # run_forever. A handler's own task is guarded, but one it starts on the loop is not:
+    # that must not crash the loop (and stop the consumer, with every other async job on
+    # it left to expire as "stuck").
+    gate = threading.Event()
+
+    async def starts_a_stray_task(payload, ctx):
+        async def stray():
+            raise raised("from a task the handler started")
+
+        asyncio.get_running_loop().create_task(stray())
+        await asyncio.sleep(0.3)
+
+    async def waits(payload, ctx):
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+
+    registry.add("stray", starts_a_stray_task)
+    registry.add("waits", waits)
+    caplog.set_level(logging.ERROR, logger="tock.consumer")
+    consumer = running(concurrency=2)
+    other = client.schedule("waits", timeout=30)
+    job = client.schedule("stray", timeout=30)
+    dispatch(timer)
+    wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+             message="the handler whose stray task raised finishes")
+    gate.set()
+    wait_for(lambda: client.get(other.id).state is JobState.SUCCEEDED, timeout=30,
+             message="the other async job on the loop finishes too")
+    live, reason = consumer.supervisor.live()
+    assert live, reason
+    assert not consumer.stop_flag.is_set()
+    assert any(getattr(r, "event", None) == "event_loop_error"
+               and raised.__name__ in str(r.fields.get("error", "")) for r in caplog.records)

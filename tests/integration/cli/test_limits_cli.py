@@ -35,6 +35,9 @@ def test_bad_limits_are_refused_with_the_reason(tock):
             (["kind", "email", "--burst", "3"], "burst needs a rate"),
             (["kind", "email", "--rate", "0"], "rate must be > 0"),
             (["kind", "email", "--rate", "5", "--per", "0"], "per must be > 0 s"),
+            (["kind", "email", "--rate", "1e-300"], "rate must be at least 1 per day"),
+            (["kind", "email", "--rate", "0.5", "--per", "86400"],
+             "rate must be at least 1 per day"),
             (["kind", "bad kind!", "--max-running", "1"], "is not a valid kind"),
             (["kind", "--no-tenant", "--max-running", "1"], "--no-tenant goes with"),
             (["tenant", "--max-running", "1"], "give a KEY or --no-tenant"),
@@ -92,3 +95,16 @@ def test_the_waiting_count_is_right_aligned(tock, db):
     lines = tock("limits")[1].splitlines()
     end = len(lines[0])  # WAITING is the last column
     assert [line[end - 2:] for line in lines[1:]] == ["12", " 0"], lines
+
+
+def test_a_limit_on_a_kind_no_consumer_knows_is_set_with_a_note(tock, db):
+    # A typo'd kind would otherwise limit nothing, silently.
+    code, _, err = tock("limits", "set", "kind", "emial", "--max-running", "3")
+    assert code == 0
+    assert "no consumer has announced a handler for kind 'emial'" in err
+    db.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency, kinds) "
+               "VALUES ('w1', 'h', 1, '{default}', 1, '{email}')")
+    code, _, err = tock("limits", "set", "kind_key", "email", "--max-running", "1")
+    assert code == 0 and err == "", err
+    code, _, err = tock("limits", "set", "tenant", "acme", "--max-running", "1")
+    assert code == 0 and err == "", err
