@@ -37,6 +37,9 @@ log = logging.getLogger("tock.consumer")
 
 TICK_SECONDS = 0.2
 """How often deadlines are checked; heartbeats go out every heartbeat_seconds."""
+UNTRACKED_AFTER_LEASES = 2
+"""A running job of this worker's that it does not hold is let go once its claim is this
+many leases old (LeaseKeeper._release_untracked)."""
 
 
 class LeaseKeeper(Loop):
@@ -74,6 +77,7 @@ class LeaseKeeper(Loop):
         kept = pipe.store.heartbeat(pipe.announcement(), [i.lease for i in items],
                                     pipe.settings.lease_seconds, when)
         self.mark_ok()
+        self._release_untracked(when)
         # A job whose outcome is being written in the meantime is not lost: it is done.
         lost = [i for i in items if i.job_id not in kept and not i.completing]
         for item in lost:
@@ -83,6 +87,23 @@ class LeaseKeeper(Loop):
             emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
                  worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
         return len(kept), len(lost)
+
+    def _release_untracked(self, now: datetime) -> None:
+        """Let go of the jobs this worker owns in the database but does not hold (see
+        sql.RELEASE_UNTRACKED): its live lease would keep them running for ever. A claim
+        counts once it is UNTRACKED_AFTER_LEASES leases old, far past the moment between
+        its commit and its entry in the tracker."""
+        pipe = self.pipe
+        lease = pipe.settings.lease_seconds
+        released = pipe.store.release_untracked(
+            pipe.worker_id, [i.job_id for i in pipe.tracker.items()],
+            UNTRACKED_AFTER_LEASES * lease, lease, now)
+        for job_id, attempt in released:
+            emit(log, "untracked_job_released", logging.WARNING, job_id=job_id,
+                 attempt=attempt, worker=pipe.worker_id,
+                 detail="running on this worker in the database, but not held here (a "
+                        "claim's reply or an outcome was lost with a database connection); "
+                        "its lease is left to expire and the timer retries it")
 
     def check_timeouts(self) -> None:
         """Signal handlers past their deadline; stop heartbeating ones stuck far past it, so

@@ -218,6 +218,16 @@ class JobStore(Store):
             "id": lease.job_id, "attempt": lease.attempt, "token": lease.token,
             "worker": worker, "lease_seconds": lease_seconds, "now": now}) is not None
 
+    def release_untracked(self, worker: str, tracked: Sequence[int], older_than_seconds: float,
+                          lease_seconds: float, now: datetime | None = None
+                          ) -> list[tuple[int, int]]:
+        """Detach the running jobs `worker` owns in the database but does not hold (not in
+        `tracked`), claimed over `older_than_seconds` ago: each expires `lease_seconds`
+        from now and the timer rescues it. Returns their (job id, attempt)."""
+        return [(r[0], r[1]) for r in self._rows(sql.RELEASE_UNTRACKED, {
+            "worker": worker, "tracked": list(tracked), "older_than": older_than_seconds,
+            "lease_seconds": lease_seconds, "now": now})]
+
     def known_kinds(self, now: datetime | None = None) -> list[str]:
         """Kinds a consumer has announced handlers for in the last 24 hours."""
         return [r[0] for r in self._rows(sql.KNOWN_KINDS, {"now": now})]

@@ -256,6 +256,22 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'running')} AND j.lease_o
   AND j.attempt = m.attempt AND j.dispatch_token = m.token AND NOT j.lease_detached
 """
 
+# Running jobs a live worker owns in the database but does not hold: a claim that
+# committed while its reply was lost with the connection (the consumer saw an error and let
+# the message go), or an outcome a database crash took after the consumer moved on. The
+# worker's lease, renewed by every beat, would keep them from the rescuer for ever, and
+# nothing would finish them: they are detached to expire one lease from now, as a stuck
+# handler's job is. Only claims older than %(older_than)s count, so one the worker is still
+# registering is not taken for one. tock_jobs_owner_idx: this worker's running rows.
+RELEASE_UNTRACKED = f"""
+UPDATE tock_jobs j
+SET lease_detached = true, lease_expires_at = {NOW} + make_interval(secs => %(lease_seconds)s)
+WHERE j.state = 'running' AND j.lease_owner = %(worker)s AND NOT j.lease_detached
+  AND j.started_at < {NOW} - make_interval(secs => %(older_than)s)
+  AND NOT (j.id = ANY(%(tracked)s::bigint[]))
+RETURNING j.id, j.attempt
+"""
+
 # A handler stuck past its deadline: its job no longer hangs off the worker's lease, and
 # expires one lease from now unless its outcome is written first.
 DETACH_LEASE = f"""

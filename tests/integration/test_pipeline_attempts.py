@@ -13,6 +13,7 @@ from datetime import timedelta
 from shared.core.errors import Permanent
 from shared.core.reports import Worker
 from shared.core.states import AttemptOutcome, JobState
+from shared.store.rows import Claim
 from tests.integration.readings import metric, queue_empty
 from tests.integration.store.helpers import add_running
 from tests.support.drive import Clock, db_now, dispatch, receive, run_all
@@ -267,3 +268,44 @@ def test_a_worker_gets_a_whole_lease_to_renew_after_an_outage_or_a_timer_start(d
     assert rescuer.rescue_expired() == 1
     assert db.execute("SELECT state::text FROM tock_jobs_all WHERE id = %s",
                       (second,)).fetchone() == ("retrying",)
+
+
+def test_a_claim_its_worker_never_held_is_let_go_and_retried(
+        client, timer, registry, consumers, clock):
+    # The claim committed in Postgres, but its reply was lost with the connection: the job
+    # is running under this live worker's lease, which every beat renews, yet the worker
+    # never held it. Without the release it would stay running for ever.
+    ran = []
+    registry.add("work", lambda payload, ctx: ran.append(ctx.attempt))
+    job = client.schedule("work", max_attempts=3)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    token = client.get(job.id).dispatch_token
+    assert token is not None
+    claimed = consumer.pipe.store.claim_messages(
+        [Claim(job.id, token, 3, 60)], consumer.worker_id, 30, clock.now)
+    assert [c.id for c in claimed] == [job.id]
+    claimed_at = clock.now
+    for _ in range(3):  # a live worker, beating every 20 s for 60 s of a 30 s lease
+        clock.advance(20)
+        consumer.heartbeat_once()
+        assert timer.run_once(clock.now + timedelta(seconds=5)).rescued == 0
+    clock.advance(20)  # two leases after the claim: let go, for one more lease
+    consumer.heartbeat_once()
+    row = client.get(job.id)
+    assert row.state is JobState.RUNNING and row.lease_expires_at == clock.now + timedelta(
+        seconds=30)
+    assert timer.run_once(clock.now + timedelta(seconds=29)).rescued == 0
+    rescue_at = clock.now + timedelta(seconds=31)
+    assert timer.run_once(rescue_at).rescued == 1
+    assert client.get(job.id).state is JobState.RETRYING
+
+    clock_b = Clock(rescue_at + timedelta(seconds=5))
+    worker_b = consumers(clock_b)
+    assert dispatch(timer, clock_b.now) == 1
+    run_all(worker_b, receive(worker_b, 1))
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.SUCCEEDED and ran == [2]
+    assert [(a.attempt, a.outcome) for a in final.attempts] == [
+        (1, AttemptOutcome.LEASE_EXPIRED), (2, AttemptOutcome.SUCCEEDED)]
+    assert clock.now - claimed_at == timedelta(seconds=80)

@@ -348,3 +348,21 @@ def test_the_consumers_statements_go_through_the_primary_key_whatever_the_statis
         for other in ("tock_jobs_in_flight_idx", "tock_jobs_owner_idx", "tock_jobs_state_idx",
                       "tock_jobs_dispatched_idx", "Seq Scan on tock_jobs "):
             assert other not in plan, (statement, plan)
+
+
+def test_release_untracked_detaches_old_claims_the_worker_does_not_hold(job_store, db, now):
+    # The claim of `orphan` committed while its reply was lost: the worker never held it.
+    orphan = add_running(db, now, worker="w1", started_at=now - secs(61))
+    held = add_running(db, now, worker="w1", started_at=now - secs(61))
+    young = add_running(db, now, worker="w1", started_at=now - secs(59))
+    others = add_running(db, now, worker="w2", started_at=now - secs(61))
+    detached = add_running(db, now, worker="w1", started_at=now - secs(61))
+    assert job_store.detach_lease(detached, "w1", 5, now=now)
+    before = {x.job_id: job_row(db, x.job_id) for x in (held, young, others, detached)}
+    released = job_store.release_untracked("w1", [held.job_id], 60, 30, now=now)
+    assert released == [(orphan.job_id, orphan.attempt)]
+    row = job_row(db, orphan.job_id)
+    assert (row["state"], row["lease_detached"], row["lease_expires_at"]) == (
+        "running", True, now + secs(30))
+    assert {x.job_id: job_row(db, x.job_id) for x in (held, young, others, detached)} == before
+    assert job_store.release_untracked("w1", [held.job_id], 60, 30, now=now) == []
