@@ -88,7 +88,7 @@ class LeaseKeeper(Loop):
                  worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
         return len(kept), len(lost)
 
-    def _release_untracked(self, now: datetime) -> None:
+    def _release_untracked(self, now: datetime | None) -> None:
         """Let go of the jobs this worker owns in the database but does not hold (see
         sql.RELEASE_UNTRACKED): its live lease would keep them running for ever. A claim
         counts once it is UNTRACKED_AFTER_LEASES leases old, far past the moment between
