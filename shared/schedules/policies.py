@@ -93,7 +93,11 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: datetime, *,
     rng = rng or random.Random()
     offset = spread_offset(spec.name, spec.spread_seconds)
     grace = timedelta(seconds=spec.misfire_grace_seconds)
-    horizon = now + lookahead
+    # overlap='skip'/'buffer_one' ask whether the earlier run is still going *when the slot
+    # comes*: a slot decided `lookahead` early would be judged against a run that still had
+    # that long to finish (with every=1 s, the run of the slot before, barely started).
+    early = lookahead if spec.overlap is Overlap.ALLOW else timedelta(0)
+    horizon = now + early
     keep = {Misfire.ALL: spec.backfill_max, Misfire.LATEST: 1}.get(spec.misfire, 0)
 
     cursor = state.cursor
@@ -128,7 +132,7 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: datetime, *,
             previous = slot.at
         else:
             on_time.append(Fire(slot.at, fire_at + _jitter(spec, rng),
-                                "on_time" if now <= fire_at else "late"))
+                                "on_time" if now <= fire_at + lookahead - early else "late"))
 
     candidates = _misfire(spec, missed, on_time, audits, now=now, rng=rng)
     fires, buffered = _overlap(spec, state, candidates, audits, now=now, offset=offset)

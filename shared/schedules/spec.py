@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import cache
 from typing import Any
 from zoneinfo import ZoneInfoNotFoundError, available_timezones
 
@@ -206,13 +207,35 @@ def time_zone(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidSchedule(f"tz must be an IANA time zone name such as 'Europe/Berlin', "
                               f"got {shown(value)}")
-    try:
-        zone(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        hints = difflib.get_close_matches(value, sorted(available_timezones()), n=3)
+    if value in HOST_ZONES:
+        raise InvalidSchedule(
+            f"tz {value!r} is whatever zone the host is set to, which differs between the "
+            "machine that declares the schedule and each timer; name the zone, e.g. "
+            "'Europe/Berlin'")
+    # Only the zones of the IANA list: a file that merely loads (`right/Europe/Berlin`,
+    # the leap-second build, which zoneinfo reads with wrong offsets; `posix/...`) is not one.
+    known = value in _zone_names()
+    if known:
+        try:
+            zone(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            known = False
+    if not known:
+        bare = value.split("/", 1)[1] if value.startswith(("right/", "posix/")) else None
+        hints = ([bare] if bare in _zone_names() else
+                 difflib.get_close_matches(value, sorted(_zone_names()), n=3))
         hint = f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else ""
         raise InvalidSchedule(f"unknown time zone {value!r}{hint}") from None
     return value
+
+
+HOST_ZONES = frozenset({"localtime"})
+"""Names the tz database has that stand for the host's own setting, not a place."""
+
+
+@cache
+def _zone_names() -> frozenset[str]:
+    return frozenset(available_timezones())
 
 
 def interval_of(value: object) -> timedelta:

@@ -1,6 +1,7 @@
 """The client API against a real Postgres: upsert by name, update, pause/resume, delete,
 get/list, preview, history."""
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -60,6 +61,26 @@ def test_invalid_definition_writes_nothing(client, db):
     with pytest.raises(InvalidSchedule, match="unknown time zone"):
         client.recurring("x", "report", cron="0 2 * * *", tz="Europe/Nowhere")
     assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(("tz", "message"), [
+    # The leap-second build of the tz database loads, but zoneinfo reads it with the wrong
+    # offsets (02:00 in a Berlin December): a '0 9 * * *' would fire an hour early.
+    ("right/Europe/Berlin", "unknown time zone 'right/Europe/Berlin'; did you mean "
+                            "'Europe/Berlin'?"),
+    ("posix/Europe/Berlin", "unknown time zone 'posix/Europe/Berlin'; did you mean "
+                            "'Europe/Berlin'?"),
+    # The host's own setting: a different zone on the declaring machine and on each timer.
+    ("localtime", "tz 'localtime' is whatever zone the host is set to"),
+])
+def test_a_file_of_the_tz_database_that_is_not_a_zone_is_refused(client, db, tz, message):
+    with pytest.raises(InvalidSchedule, match=re.escape(message)):
+        client.recurring("x", "report", cron="0 9 * * *", tz=tz, now=T0)
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
+    client.recurring("x", "report", cron="0 9 * * *", tz="Europe/Berlin", now=T0)
+    with pytest.raises(InvalidSchedule, match=re.escape(message)):
+        client.update_schedule("x", tz=tz, now=T0)
+    assert client.get_schedule("x").tz == "Europe/Berlin"
 
 
 def test_pause_and_resume_audit_the_slots_that_passed(client):

@@ -125,6 +125,31 @@ def test_overlap_buffer_one_runs_the_newest_waiting_slot_when_the_run_ends(
     timer.close()
 
 
+def test_overlap_is_judged_when_the_slot_comes_not_a_lookahead_before(
+        client, db, transport, timer_settings):
+    """A 2 s schedule whose runs take 1.5 s never overlaps: a timer pass half a second before
+    the next slot (its lookahead of 1 s reaching that slot) must not skip or buffer it as
+    'an earlier run had not finished' when it will have, by the time the slot comes."""
+    for name, overlap in (("skip", "skip"), ("buffer", "buffer_one")):
+        client.recurring(name, "report", every=2, overlap=overlap, now=T0)
+    timer = make_timer(timer_settings, transport, lookahead=1.0)
+    first = T0 + 2 * S
+    assert timer.run_once(now=first).fired == 2
+    db.execute("UPDATE tock_jobs SET state = 'running' WHERE schedule_name IS NOT NULL")
+    timer.run_once(now=first + 1500 * MS)  # the next slot is within the lookahead
+    for name in ("skip", "buffer"):
+        finish(db, slot_key(name, first))  # the runs end before the next slot
+    assert timer.run_once(now=first + 2 * S).fired == 2
+    for name in ("skip", "buffer"):
+        keys = [k for k, _, _ in jobs(db, name)]
+        assert keys == [slot_key(name, first), slot_key(name, first + 2 * S)], name
+        assert client.schedule_history(name) == [], name
+    (run_at,) = db.execute("SELECT run_at FROM tock_jobs WHERE unique_key = %s",
+                           (slot_key("skip", first + 2 * S),)).fetchone()
+    assert run_at == first + 2 * S
+    timer.close()
+
+
 def test_a_job_made_before_a_crash_is_not_made_again(client, db, transport, timer_settings):
     """The state a crash between the two writes would leave, were they not one transaction:
     the slot's job exists, the cursor has not moved. One pass: still one job, cursor moves."""
