@@ -104,14 +104,21 @@ def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
     return found
 
 
+POOL_TIMEOUT_SECONDS = 3.0
+"""Longest a request waits for a database connection before answering 503."""
+
+
 def create_app(settings: DashboardSettings) -> FastAPI:
     """A ready-to-serve app; the database pool opens with the app's lifespan."""
-    # A page or scrape that cannot get a connection soon answers 503 rather than hanging.
+    # A page or scrape that cannot get a connection soon answers 503 rather than hanging:
+    # both pools (the client's serves a job's page, enqueue, retry, cancel, schedules and
+    # limits) wait at most POOL_TIMEOUT_SECONDS, not the client's default 30 s.
     database = Database(settings.database_url, max_size=settings.pool_max_size,
-                        name="tock-dashboard", timeout=3.0)
+                        name="tock-dashboard", timeout=POOL_TIMEOUT_SECONDS)
     store = OperatorStore(database)
     client = Client(ClientSettings(database_url=settings.database_url,
-                                   queue_prefix=settings.queue_prefix))
+                                   queue_prefix=settings.queue_prefix),
+                    pool_timeout=POOL_TIMEOUT_SECONDS)
     stats = StatsCache(store, ttl_seconds=settings.dashboard_stats_ttl_seconds,
                        stale_after_seconds=settings.dashboard_worker_stale_seconds,
                        finished_ttl_seconds=settings.dashboard_finished_ttl_seconds)

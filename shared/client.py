@@ -39,11 +39,14 @@ class Client(_JobClient, ScheduleApi):
     """Jobs and recurring schedules over one connection pool. Thread-safe.
 
     `Client()` reads `TOCK_*` settings; `Client(ClientSettings(database_url=...))` is
-    explicit. `now` pins the database's clock (tests)."""
+    explicit. `now` pins the database's clock (tests). `pool_timeout` is the longest a call
+    waits for a connection while the database is away (30 s rides out a restart; the
+    dashboard, which must answer 503 soon, passes less)."""
 
     def __init__(self, settings: ProducerConfig | None = None, *,
-                 now: datetime | None = None) -> None:
-        super().__init__(settings if settings is not None else ClientSettings.load(), now=now)
+                 now: datetime | None = None, pool_timeout: float = 30.0) -> None:
+        super().__init__(settings if settings is not None else ClientSettings.load(), now=now,
+                         pool_timeout=pool_timeout)
 
     def __enter__(self) -> Client:
         return self

@@ -109,23 +109,56 @@ async function api(path, options) {
     opts.headers["Content-Type"] = "application/json";
   }
   if (opts.method !== "GET" && me.csrf_token) opts.headers["X-CSRF-Token"] = me.csrf_token;
-  const res = await fetch(path, opts);
+  let res;
+  try { res = await fetch(path, opts); }
+  catch (e) { throw apiError("the dashboard does not answer (network error, or its server is down)", 0); }
   if (res.status === 401) { location.href = "/login"; throw new Error("not logged in"); }
   let data = null;
   try { data = await res.json(); } catch (e) { data = null; }
   if (!res.ok) {
     let detail = data && data.detail;
     if (Array.isArray(detail)) detail = detail.map(d => `${d.loc.slice(1).join(".")}: ${d.msg}`).join("; ");
-    throw new Error(detail || `HTTP ${res.status}`);
+    throw apiError(detail || `HTTP ${res.status}`, res.status);
   }
   lastOk = Date.now();
   return data;
 }
 
+// An error of the API with its HTTP status (0: no answer at all).
+function apiError(message, status) {
+  const e = new Error(message);
+  e.status = status;
+  return e;
+}
+
+// A line above the page saying why it cannot show (fresh) data; null clears it.
+function showProblem(text) {
+  const p = document.getElementById("problem");
+  p.hidden = !text;
+  p.textContent = text || "";
+}
+
 function poll(fn, ms) {
   stopPolling();
   const tick = async () => {
-    try { await fn(); } catch (e) { if (e.message !== "not logged in") showLive(false); }
+    try {
+      await fn();
+      showProblem(null);
+    } catch (e) {
+      if (e.message === "not logged in") return;
+      if (e.status >= 400 && e.status < 500) {
+        // The server answered: what was asked for is not there (a job past its retention,
+        // a deleted schedule) or not allowed. Say so; polling it again cannot help a 404.
+        lastOk = Date.now();
+        showLive(true);
+        showProblem(e.message);
+        if (e.status === 404) return;
+      } else {
+        showLive(false);
+        const since = lastOk ? `; showing what was read at ${clock(new Date(lastOk))}` : "";
+        showProblem(`Cannot refresh: ${e.message}${since}. Retrying…`);
+      }
+    }
     pollTimer = setTimeout(tick, ms);
   };
   tick();
@@ -136,9 +169,12 @@ function stopPolling() {
   pollTimer = null;
 }
 
+let healthy = true;  // the last poll's answer; the 5 s check alone must not undo a failure
+
 function showLive(ok) {
+  if (ok !== undefined) healthy = ok;
   const live = document.getElementById("live");
-  const fresh = ok !== false && Date.now() - lastOk < 10000;
+  const fresh = healthy && Date.now() - lastOk < 10000;
   live.className = fresh ? "live" : "live stale";
   live.textContent = fresh ? `live · ${clock(new Date())}` : "reconnecting…";
 }
@@ -242,7 +278,7 @@ function renderOverview() {
     charts.replaceChildren(
       el("div", {className: "panel"}, el("h2", {}, "Throughput: finished attempts / 10 s"),
          throughputChart(o.timeline),
-         legend(Object.entries(OUTCOME_COLORS).slice(0, 4).map(([k, c]) => [k, c]))),
+         legend(Object.entries(OUTCOME_COLORS))),
       el("div", {className: "panel"}, el("h2", {}, "Latency: due → started (succeeded jobs)"),
          latencyChart(o.timeline), legend([["p50", "#1f86d1"], ["p95", "#d98b1c"]])));
     queues.replaceChildren(el("h2", {}, "Queues"), o.queues.length ? el("table", {},
@@ -505,8 +541,9 @@ async function bulkAction(action, f) {
   }
 }
 
-function confirmDialog(title, text, allowed) {
+function confirmDialog(title, text, allowed, keepLabel = "Keep them") {
   const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-no").textContent = keepLabel;
   document.getElementById("confirm-title").textContent = title;
   document.getElementById("confirm-text").textContent = text;
   document.getElementById("confirm-yes").disabled = !allowed;
@@ -524,6 +561,11 @@ function renderJob(id) {
   const body = el("div");
   view(head, body);
   const act = async (verb) => {
+    if (verb === "cancel" && !await confirmDialog(`Cancel job #${id}?`,
+        "It will not run again unless retried (a running handler is asked to stop).", true,
+        "Keep it")) {
+      return;
+    }
     try {
       await api(`/api/jobs/${id}/${verb}`, {method: "POST"});
       toast(verb === "retry" ? `Job #${id} sent back to scheduled.` : `Job #${id} cancelled.`);
@@ -701,6 +743,7 @@ function renderSchedule(name) {
 // --- routing ------------------------------------------------------------------------------------------
 
 function route() {
+  showProblem(null);
   const hash = location.hash.slice(1) || "/";
   const [path, query] = hash.split("?");
   let section = "overview";

@@ -37,7 +37,8 @@ DATABASE_SETTING = "TOCK_DATABASE_URL or ClientSettings.database_url"
 class Client:
     """A connection pool and the producer operations over it. Thread-safe."""
 
-    def __init__(self, settings: ProducerConfig, *, now: datetime | None = None) -> None:
+    def __init__(self, settings: ProducerConfig, *, now: datetime | None = None,
+                 pool_timeout: float = 30.0) -> None:
         self.settings = settings
         self._now = now  # tests pin the database's idea of "now" through this
         # Autocommit connections: enqueue, get, cancel and retry are one statement each (or a
@@ -46,7 +47,8 @@ class Client:
         # (wrong URL, password or host; not running) fails the first call at once, saying
         # why and where to fix it, instead of after the pool's 30 s wait (Database).
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
-                                 name="tock-client", setting=DATABASE_SETTING)
+                                 name="tock-client", setting=DATABASE_SETTING,
+                                 timeout=pool_timeout)
         self._jobs = JobStore(self.database)
         self._flow = FlowStore(self.database)
         self.known_kinds = KnownKinds(self._jobs)

@@ -393,3 +393,65 @@ def test_pages_load_without_console_errors_and_serve_a_favicon(
         assert served.headers["content-type"].startswith("image/svg+xml"), icon
     page.wait_for_timeout(500)  # let the last page's requests settle
     assert problems == []
+
+
+def test_a_job_that_is_not_there_says_so_instead_of_reconnecting(
+        page: Page, live_server: LiveServer) -> None:
+    # A link to a job whose history day was dropped (or a mistyped id): the server answers
+    # 404, which is not an outage.
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs/987654")
+    expect(page.get_by_test_id("problem")).to_have_text("no job with id 987654")
+    page.wait_for_timeout(11_000)  # past the 10 s after which a silent page reads stale
+    expect(page.locator("#live")).to_contain_text("live ·")
+    # Going elsewhere clears the note.
+    page.click("text=Jobs")
+    expect(page.get_by_test_id("problem")).to_be_hidden()
+
+
+def test_an_outage_is_named_on_the_page_and_clears_by_itself(
+        page: Page, live_server: LiveServer) -> None:
+    login(page, live_server, OPERATOR)
+    expect(page.get_by_test_id("count-scheduled")).to_be_visible()
+    # Every outcome the throughput chart draws has its colour in the legend.
+    expect(page.locator(".legend").first).to_contain_text("lease_expired")
+    detail = "database unavailable: couldn't get a connection after 3.00 sec"
+    page.route("**/api/stats/overview",
+               lambda route: route.fulfill(status=503, json={"detail": detail}))
+    expect(page.get_by_test_id("problem")).to_contain_text(f"Cannot refresh: {detail}")
+    expect(page.locator("#live")).to_have_text("reconnecting…")
+    # It stays so while the calls fail: the page's 5 s freshness check (whose last success
+    # is still less than 10 s old) does not turn it back to "live".
+    for _ in range(24):
+        page.wait_for_timeout(250)
+        assert page.locator("#live").inner_text() == "reconnecting…"
+    page.unroute("**/api/stats/overview")
+    expect(page.get_by_test_id("problem")).to_be_hidden(timeout=10_000)
+    expect(page.locator("#live")).to_contain_text("live ·")
+
+
+def test_a_long_unbroken_error_wraps_instead_of_widening_the_page(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    job = client.schedule("flaky")
+    make_dead(db, job.id, "ValueError: " + "x" * 3000)
+    page.set_viewport_size({"width": 1200, "height": 900})
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.get_by_test_id("attempts")).to_contain_text("ValueError")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1200
+
+
+def test_cancelling_one_job_asks_first(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    job = client.schedule("email", delay=3600)
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.get_by_test_id("job-state")).to_have_text("scheduled")
+    page.get_by_test_id("cancel-button").click()
+    expect(page.locator("#confirm-title")).to_have_text(f"Cancel job #{job.id}?")
+    page.locator("#confirm-no").click()
+    page.wait_for_timeout(500)
+    assert client.get(job.id).state.value == "scheduled"
+    page.get_by_test_id("cancel-button").click()
+    page.locator("#confirm-yes").click()
+    expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
