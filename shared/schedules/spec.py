@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 from zoneinfo import ZoneInfoNotFoundError, available_timezones
 
@@ -134,6 +134,13 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         raise InvalidSchedule(
             f"spread + jitter ({spread_s + jitter_s:g} s) must be shorter than the interval "
             f"({period:g} s), or runs would pass each other")
+    if timing.cron is not None and spread_s + jitter_s > 0:
+        shortest = _shortest_cron_gap(timing.cron)
+        if spread_s + jitter_s >= shortest:
+            raise InvalidSchedule(
+                f"spread + jitter ({spread_s + jitter_s:g} s) must be shorter than the "
+                f"shortest gap between two fire times of cron {timing.cron!r} "
+                f"({shortest:g} s), or runs would pass each other")
     backfill = backfill_max
     if isinstance(backfill, bool) or not isinstance(backfill, int) or not (
             1 <= backfill <= MAX_BACKFILL):
@@ -179,6 +186,29 @@ def cron_expression(value: object) -> str:
     except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
         raise InvalidSchedule(f"cron {value!r} is malformed: {exc}") from None
     return expr
+
+
+CRON_GAP_SAMPLE = 500
+"""How many consecutive fire times `_shortest_cron_gap` looks at: every pattern of a
+5- or 6-field cron repeats within a few hundred of them (a month of a daily cron's, an
+hour of a minutely's), the calendar's rare ones (29 February) aside."""
+
+
+@lru_cache(maxsize=1024)  # 500 schedules of one cron and a spread: one walk, not 500
+def _shortest_cron_gap(expr: str) -> float:
+    """The shortest time, in seconds, between two consecutive fire times of `expr` (in
+    wall time), over CRON_GAP_SAMPLE of them from 2000-01-01."""
+    fires = croniter(expr, datetime(2000, 1, 1), second_at_beginning=len(expr.split()) == 6)  # noqa: DTZ001
+    shortest = float("inf")
+    try:
+        previous = fires.get_next(datetime)
+        for _ in range(CRON_GAP_SAMPLE):
+            current = fires.get_next(datetime)
+            shortest = min(shortest, (current - previous).total_seconds())
+            previous = current
+    except CroniterBadDateError:  # past the calendar croniter walks
+        pass
+    return shortest
 
 
 def _shortcut_refused(value: str, expr: str) -> str:

@@ -40,6 +40,10 @@ def spec(**kw):
     ({"every": 10, "tz": "Etc/UTC"}, "tz= applies to cron"),
     ({"every": 10, "tz": ""}, "tz must be an IANA time zone name"),
     ({"every": 10, "spread": 10}, "shorter than the interval"),
+    ({"cron": "* * * * *", "spread": 86400}, "shortest gap between two fire times of cron "
+                                             "'* * * * *' (60 s)"),
+    ({"cron": "0 9,10 * * *", "spread": 3000, "jitter": 600}, "(3600 s)"),
+    ({"cron": "*/15 * * * * *", "jitter": 15}, "(15 s)"),
     ({"every": 10, "start": datetime(2026, 1, 1)}, "timezone-aware"),
     ({"cron": "0 * * * *", "start": NOW}, "no anchor"),
     ({"every": 10, "misfire": "skipp"}, "did you mean 'skip'"),
@@ -60,10 +64,11 @@ def test_invalid_definitions_say_what_is_wrong(kwargs, message):
 
 
 def test_valid_definitions():
-    s = spec(cron="*/15 * * * * *", tz="America/New_York", spread=30, jitter=5)
+    s = spec(cron="*/15 * * * * *", tz="America/New_York", spread=10, jitter=4.9)
     assert s.timing.cron == "*/15 * * * * *"
     assert s.timing.tz == "America/New_York"
-    leap = spec(cron="0 0 29 2 *")  # rare, but it fires
+    leap = spec(cron="0 0 29 2 *", spread=3600)  # rare, but it fires
+    assert spec(cron="0 2 * * *", spread=600, jitter=5).spread_seconds == 600
     assert leap.timing.cron == "0 0 29 2 *"
     every = spec(every=timedelta(minutes=5), start=NOW)
     assert every.timing.every == timedelta(minutes=5)
