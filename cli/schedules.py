@@ -59,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
                 return _out(args, data, _show(sched, runs, events))
             if args.action == "preview":
                 fires = client.preview_schedule(args.name, args.n)
-                return _out(args, fires, _table_of_fires(fires))
+                text = _table_of_fires(fires)
+                if client.get_schedule(args.name).paused:
+                    text += ("\npaused: the fire times it would have; none fires until "
+                             f"`tock schedules resume {args.name}`")
+                return _out(args, fires, text)
             if args.action == "pause":
                 sched = client.pause_schedule(args.name)
                 audit.action("schedule_paused", schedule=sched.name)
@@ -127,9 +131,14 @@ def _table_of_schedules(items: list[Any]) -> str:
     if not items:
         return "no schedules"
     rows = [(s.name, s.kind, s.describe(), "paused" if s.paused else "active",
-             _time(s.next_fire_at), f"misfire={s.misfire.value} overlap={s.overlap.value}")
+             _next_fire(s), f"misfire={s.misfire.value} overlap={s.overlap.value}")
             for s in items]
     return _table(("NAME", "KIND", "WHEN", "STATE", "NEXT FIRE (UTC)", "POLICIES"), rows)
+
+
+def _next_fire(sched: Any) -> str:
+    """A paused schedule fires nothing: its stored next fire time is not one."""
+    return "- (paused)" if sched.paused else _time(sched.next_fire_at)
 
 
 def _table_of_fires(fires: list[Any]) -> str:
@@ -143,7 +152,7 @@ def _show(sched: Any, runs: list[Any], events: list[Any]) -> str:
         ("name", sched.name), ("kind", sched.kind), ("queue", sched.queue),
         ("payload", json.dumps(sched.payload)), ("when", sched.describe()),
         ("state", "paused" if sched.paused else "active"),
-        ("next slot", _time(sched.next_slot)), ("next fire", _time(sched.next_fire_at)),
+        ("next slot", _time(sched.next_slot)), ("next fire", _next_fire(sched)),
         ("misfire", f"{sched.misfire.value} (grace {sched.misfire_grace_seconds:g} s, "
                     f"backfill max {sched.backfill_max}, gap {sched.backfill_gap_seconds:g} s)"),
         ("overlap", sched.overlap.value),

@@ -523,6 +523,12 @@ async function bulkAction(action, f) {
   const filter = {state: f.state, kind: f.kind || null, queue: f.queue || null,
                   tenant: f.tenant || null, key: f.key || null,
                   created_after: f.created_after || null, created_before: f.created_before || null};
+  // The API wants "all": true for every job; from the page, a filter is the way to say which.
+  if (!f.state.length && !Object.entries(filter).some(([k, v]) => k !== "state" && v)) {
+    toast("Choose at least one filter (a state, kind, queue, tenant, key or creation time) " +
+          "and press Filter first.", true);
+    return;
+  }
   try {
     const plan = await api(`/api/jobs/bulk/${action}`, {method: "POST",
                                                          body: {filter, dry_run: true}});

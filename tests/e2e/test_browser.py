@@ -128,6 +128,19 @@ def test_bulk_retry_shows_its_dry_run_count_first(
     expect(page.get_by_test_id(f"job-row-{dead[0]}")).to_have_count(0)
 
 
+def test_a_bulk_action_without_a_filter_asks_for_one(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    job = client.schedule("flaky").id
+    make_dead(db, job)
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs")
+    expect(page.get_by_test_id(f"job-row-{job}")).to_be_visible()
+    page.get_by_test_id("bulk-retry").click()
+    expect(page.locator("#toast")).to_contain_text("Choose at least one filter")
+    expect(page.locator("#confirm")).not_to_be_visible()
+    assert client.get(job).state.value == "dead"
+
+
 def test_viewer_sees_but_cannot_retry(
         page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
     job = client.schedule("flaky")

@@ -50,6 +50,14 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
     assert run(capsys, "pause", "pulse")[:2] == (0, "paused pulse\n")
     code, out, _ = run(capsys, "--json", "show", "pulse")
     assert json.loads(out)["schedule"]["paused"] is True
+    # Paused, it fires nothing: no stale next fire time, and a preview says so.
+    code, out, _ = run(capsys, "list")
+    assert out.splitlines()[2].split()[-4:-2] == ["-", "(paused)"], out
+    code, out, _ = run(capsys, "show", "pulse")
+    assert "next fire:     - (paused)" in out, out
+    code, out, _ = run(capsys, "preview", "pulse", "-n", "2")
+    assert out.splitlines()[-1] == ("paused: the fire times it would have; none fires until "
+                                    "`tock schedules resume pulse`"), out
     code, out, _ = run(capsys, "resume", "pulse")
     assert code == 0 and out.startswith("resumed pulse; next fire")
     assert run(capsys, "delete", "pulse")[:2] == (0, "deleted pulse\n")
