@@ -3,7 +3,9 @@
 clock, and consumers driven one step at a time (`consumers`) or started for real
 (`running`); and of the store and history tests: a pinned `now` taken from the database
 clock, and a second connection (`other`) that holds locks in an open transaction; and of
-the upgrade tests: a database at the module's `BEFORE` migration (`old_url`)."""
+the upgrade tests: a database at the module's `BEFORE` migration (`old_url`); and of the
+outage tests: a Postgres server of the test's own (`server`), to stop and start for real
+(the session's is shared by other tests)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,20 @@ import pytest
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
+from devstack.postgres import PostgresServer, start_postgres
 from shared.store.migrate import migrate
 from tests.support.drive import Clock, db_now, make_consumer
 from timer_service.service import Timer
+
+
+@pytest.fixture
+def server() -> Iterator[PostgresServer]:
+    """A migrated Postgres server of the test's own, durable: an immediate stop must not
+    lose the migrations."""
+    pg = start_postgres(durable=True)
+    migrate(pg.url())
+    yield pg
+    pg.destroy()
 
 
 @pytest.fixture

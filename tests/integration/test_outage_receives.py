@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
-from devstack.postgres import PostgresServer, start_postgres
 from shared.client import Client
 from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
-from shared.store.migrate import migrate
 from shared.transport.sqs import SqsTransport
 from tests.support.wait import wait_for
 from timer_service.service import Timer
@@ -30,13 +26,6 @@ DEAD_LETTER_AFTER = 2
 outage of a few of them takes the messages past this."""
 OUTAGE_SECONDS = 10.0
 
-
-@pytest.fixture
-def server() -> Iterator[PostgresServer]:
-    pg = start_postgres(durable=True)
-    migrate(pg.url())
-    yield pg
-    pg.destroy()
 
 
 def test_no_message_reaches_the_dead_letter_queue_through_an_outage(server, sqs_server):

@@ -17,27 +17,18 @@ import pytest
 
 from consumer.service import Consumer
 from consumer.tasks import Registry
-from devstack.postgres import PostgresServer, start_postgres
+from devstack.postgres import PostgresServer
 from shared.client import Client
 from shared.core.errors import Retryable
 from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
 from shared.store.database import Database
-from shared.store.migrate import migrate
 from shared.store.statistics_store import StatisticsStore
 from shared.transport.sqs import SqsTransport
 from tests.faults.proxy import TcpProxy
 from tests.support.wait import wait_for
 from timer_service.service import Timer
 from timer_service.statistics import Statistics
-
-
-@pytest.fixture
-def server() -> Iterator[PostgresServer]:
-    pg = start_postgres(durable=True)  # an immediate stop must not lose the migrations
-    migrate(pg.url())
-    yield pg
-    pg.destroy()
 
 
 def _outage(server: PostgresServer, seconds: float, mode: str = "immediate"

@@ -6,25 +6,13 @@ stopped for real (the session's is shared by other tests)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
-import pytest
 from fastapi.testclient import TestClient
 
 from dashboard.app import POOL_TIMEOUT_SECONDS, create_app
 from dashboard.settings import DashboardSettings
-from devstack.postgres import PostgresServer, start_postgres
-from shared.store.migrate import migrate
 from tests.support.dashboard import OPERATOR, TEST_HOSTS
 from tests.support.wait import wait_for
-
-
-@pytest.fixture
-def server() -> Iterator[PostgresServer]:
-    pg = start_postgres(durable=True)  # an immediate stop must not lose the migrations
-    migrate(pg.url())
-    yield pg
-    pg.destroy()
 
 
 def _timed(client: TestClient, method: str, path: str) -> tuple[int, float]:
