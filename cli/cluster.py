@@ -7,7 +7,7 @@ import argparse
 
 from cli import connect
 from cli.arguments import Sub, add_common, positive_seconds
-from cli.output import approx, print_json, print_table
+from cli.output import age, approx, print_json, print_table
 from shared.core.filters import FINISHED_STATES
 from shared.core.states import JobState
 
@@ -43,7 +43,7 @@ def _stats(args: argparse.Namespace) -> int:
     print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
         [q.queue, q.kind, *(approx(n, q.estimated)
                             for n in (q.due, q.dispatched, q.running, q.future)),
-         round(q.oldest_due_age_seconds, 1)] for q in queues])
+         age(q.oldest_due_age_seconds, q.due)] for q in queues])
     return EXIT_OK
 
 

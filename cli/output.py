@@ -55,6 +55,11 @@ def approx(n: int, estimated: bool) -> int:
     return Count(n, f"~{n}") if estimated else n
 
 
+def age(seconds: float, due: int) -> float:
+    """An oldest-due age as a table cell: "-" when nothing is due (not 0.0, an age)."""
+    return round(seconds, 1) if due else Count(0, "-")
+
+
 def cell(value: Any) -> str:
     if value is None:
         return "-"

@@ -9,7 +9,7 @@ import argparse
 
 from cli import audit, connect
 from cli.arguments import Sub, add_common
-from cli.output import approx, print_json, print_table
+from cli.output import age, approx, print_json, print_table
 from shared.core.errors import InvalidInput
 
 EXIT_OK, EXIT_REFUSED = 0, 1
@@ -48,7 +48,7 @@ def _list(args: argparse.Namespace) -> int:
     sampled = any(t.estimated for t in found)
     print_table(["tenant", "weight", "due", "in sqs", "running", "later", "oldest due s"], [
         [t.tenant or NO_TENANT_LABEL, t.weight, approx(t.due, sampled), t.dispatched,
-         t.running, approx(t.future, sampled), round(t.oldest_due_age_seconds, 1)]
+         t.running, approx(t.future, sampled), age(t.oldest_due_age_seconds, t.due)]
         for t in found])
     if sampled:
         print("(~: sampled, since more than 10,000 jobs wait)")

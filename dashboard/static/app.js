@@ -33,9 +33,19 @@ function el(tag, attrs, ...children) {
   }
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(visible(String(child))));
   }
   return node;
+}
+
+// Bidirectional-text controls (U+202A-202E, U+2066-2069, U+200E/200F) in a payload, tenant or
+// error would reorder what is shown around them, so that a value reads as another: they are
+// shown as their escapes instead.
+const BIDI_CONTROLS = /[\u202A-\u202E\u2066-\u2069\u200E\u200F]/g;
+
+function visible(text) {
+  return text.replace(BIDI_CONTROLS,
+    c => `\\u${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}`);
 }
 
 function badge(state, testid) {

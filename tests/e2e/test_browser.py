@@ -463,8 +463,21 @@ def test_cancelling_one_job_asks_first(
     page.get_by_test_id("cancel-button").click()
     expect(page.locator("#confirm-title")).to_have_text(f"Cancel job #{job.id}?")
     page.locator("#confirm-no").click()
-    page.wait_for_timeout(500)
+    expect(page.locator("#confirm")).not_to_be_visible()
+    expect(page.get_by_test_id("job-state")).to_have_text("scheduled")
     assert client.get(job.id).state.value == "scheduled"
     page.get_by_test_id("cancel-button").click()
     page.locator("#confirm-yes").click()
     expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
+
+
+def test_bidirectional_text_controls_are_shown_not_obeyed(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    # U+202E reverses what follows it: "pay <U+202E>0001 EUR" would read "pay RUE 1000".
+    job = client.schedule("email", {"note": "pay \u202e0001 EUR"}, delay=3600,
+                          tenant="acme\u2066x")
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.locator("pre")).to_contain_text("pay \\u202E0001 EUR")
+    expect(page.locator("dl.fields")).to_contain_text("acme\\u2066x")
+    assert "\u202e" not in page.locator("main").inner_text()

@@ -58,8 +58,10 @@ def test_counts_are_right_aligned(tock, db):
     lines = tock("tenants")[1].splitlines()
     assert [line.split()[:3] for line in lines[1:]] == [["acme", "1", "12"],
                                                          ["idle", "3", "0"]]
-    for header in ("WEIGHT", "DUE", "IN SQS", "RUNNING", "LATER"):
+    for header in ("WEIGHT", "DUE", "IN SQS", "RUNNING", "LATER", "OLDEST DUE S"):
         assert _right_aligned(lines, header), (header, lines)
+    # Nothing due: no age, not an age of 0.0 s.
+    assert lines[1].split()[-1] != "-" and lines[2].split()[-1] == "-", lines
 
 
 def test_options_before_the_action_are_not_dropped(tock):
