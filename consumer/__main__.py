@@ -168,11 +168,14 @@ def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | 
     except ConfigError as exc:  # the AWS region or endpoint
         print(f"tock consumer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    report_missing_queues(consumer.pipe.transport, settings.queues)
     consumer.stop_flag.install_signal_handlers()
     if health is not None:
         health.live, health.ready = consumer.supervisor.live, consumer.supervisor.ready
         health.start()
+    # After the probes answer (live, not ready): with SQS away this check waits out about
+    # three call timeouts per queue, and a start-up probe that got no answer meanwhile
+    # would have the platform restart the consumer for an outage, over and over.
+    report_missing_queues(consumer.pipe.transport, settings.queues)
     try:
         return consumer.run_forever()
     except ConfigError as exc:  # a handler process could not start

@@ -258,3 +258,35 @@ def test_dead_letter_alarm_notifies_the_topic_given_and_nobody_by_default():
     alarm = RES["DeadLetterAlarm"]["Properties"]
     assert alarm["AlarmActions"] == {
         "Fn::If": ["AlarmNotifies", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]}
+
+
+@pytest.mark.parametrize("definition", sorted(CONTAINERS))
+def test_read_only_containers_get_a_writable_tmp(definition):
+    # A read-only root with no /tmp leaves Python's tempfile nowhere to write: the
+    # consumer's handler-process pool (--isolation process) cannot start its fork server.
+    # The Kubernetes pods mount an emptyDir there; here a task volume does it.
+    container = _container(definition)
+    assert container["ReadonlyRootFilesystem"] is True
+    volumes = {v["Name"]: v for v in RES[definition]["Properties"].get("Volumes", [])}
+    mounts = {m["ContainerPath"]: m for m in container.get("MountPoints", [])}
+    assert "/tmp" in mounts, definition
+    assert mounts["/tmp"].get("ReadOnly", False) is False
+    volume = volumes[mounts["/tmp"]["SourceVolume"]]
+    # Task storage, not a host path (Fargate has none) or a shared file system.
+    assert set(volume) == {"Name"}, volume
+
+
+def test_migrate_task_can_run_a_new_image_before_the_services_roll():
+    # run-task cannot override a task definition's image, so a release needs the migrate
+    # task definition on the new image while the services still run the old one.
+    image = _container("MigrateTaskDefinition")["Image"]
+    assert image == {"Fn::If": ["MigrateImageGiven", {"Ref": "MigrateImageUri"},
+                                {"Ref": "ImageUri"}]}
+    assert PARAMS["MigrateImageUri"]["Default"] == ""
+    assert ROOT_T["Conditions"]["MigrateImageGiven"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "MigrateImageUri"}, ""]}]}
+    for definition in CONTAINERS:
+        if definition != "MigrateTaskDefinition":
+            assert _container(definition)["Image"] == {"Ref": "ImageUri"}, definition
+    readme = (TOCK_TEMPLATE.parents[2] / "README.md").read_text()
+    assert "--parameter-overrides MigrateImageUri=" in readme

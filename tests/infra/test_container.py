@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -176,6 +179,75 @@ def test_dashboard_container_is_healthy_through_the_fallback_port(database_url):
         {"TOCK_HEALTH_PORT": str(free_port()), "TOCK_DASHBOARD_PORT": dashboard_port},
         exit_codes=(0, -signal.SIGTERM))
     assert "Application shutdown complete" in output
+
+
+@pytest.fixture
+def hung_sqs() -> Iterator[str]:
+    """An SQS endpoint that accepts connections and never answers (a hung SQS, or a proxy
+    in front of one): every call waits out its read timeout, three times."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(timeout=5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_consumer_answers_its_probes_while_sqs_hangs_at_start(database_url, hung_sqs,
+                                                              tmp_path):
+    # The start-up queue check waits out about three SQS call timeouts per queue. A
+    # start-up probe (Kubernetes) or HEALTHCHECK start period (ECS) that got no answer
+    # meanwhile would restart the consumer for an SQS outage, again and again: the probes
+    # must answer first, live and not ready.
+    health_port = str(free_port())
+    log = tmp_path / "consumer.log"
+    env = {**_entrypoint_env(), "TOCK_DATABASE_URL": database_url,
+           "TOCK_LOG_FORMAT": "human", "TOCK_HEALTH_PORT": health_port,
+           "TOCK_HEALTH_HOST": "127.0.0.1", "TOCK_QUEUES": "default,reports",
+           "TOCK_SQS_CALL_TIMEOUT_SECONDS": "2", "AWS_ENDPOINT_URL_SQS": hung_sqs,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(["sh", str(ENTRYPOINT), "consumer", "--tasks", "demo.tasks"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{health_port}"
+        wait_for(lambda: proc.poll() is not None or _status(base + "/healthz") == 200,
+                 timeout=30, message="/healthz answers")
+        assert proc.poll() is None, log.read_text()
+        # Still checking the queues (each check takes over 6 s here), yet live...
+        assert "sqs_unavailable" not in log.read_text()
+        # ...and not ready.
+        assert _status(base + "/readyz") == 503
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
 
 
 class _Health(BaseHTTPRequestHandler):

@@ -4,6 +4,7 @@ probes on the right ports, secrets by reference, timing settings that agree."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
@@ -163,12 +164,16 @@ def test_pods_are_hardened(name):
         assert set(container["resources"][kind]) == {"cpu", "memory"}
 
 
-@pytest.mark.parametrize(("name", "port"), [("tock-timer", 9000), ("tock-consumer", 9000),
-                                            ("tock-dashboard", 8080)])
-def test_probes_hit_the_health_endpoints_on_the_served_port(name, port):
+@pytest.mark.parametrize(("name", "port", "ready"), [
+    ("tock-timer", 9000, "/readyz"), ("tock-consumer", 9000, "/readyz"),
+    # The dashboard's /readyz fails on every replica at once while Postgres is away: as
+    # readiness it would empty the Service, and the Ingress would answer for it.
+    ("tock-dashboard", 8080, "/healthz"),
+])
+def test_probes_hit_the_health_endpoints_on_the_served_port(name, port, ready):
     container = _container(WORKLOADS[name])
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", ready)):
         get = container[probe]["httpGet"]
         assert get["path"] == path
         assert named[get["port"]] == port
@@ -283,3 +288,65 @@ def test_configmap_comment_lists_every_secret_key_the_manifests_use():
             ref = var.get("valueFrom", {}).get("secretKeyRef")
             if ref:
                 assert ref["name"] in header and ref["key"] in header, ref
+
+
+def test_disruption_budgets_let_a_drain_evict_pods_that_are_not_ready():
+    # In an SQS or Postgres outage every replica is not ready; with the default policy
+    # (IfHealthyBudget) a node drain would wait for the outage to end.
+    for _, pdb in DOCS:
+        if pdb["kind"] == "PodDisruptionBudget":
+            assert pdb["spec"].get("unhealthyPodEvictionPolicy") == "AlwaysAllow", \
+                pdb["metadata"]["name"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In", expr  # the only operator the manifests use
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def _egress_allowed(workload: dict[str, Any], address: str, port: int) -> bool:
+    """Whether the NetworkPolicies let the workload's pods open TCP `port` to an IP
+    `address` (ipBlock peers only: what pods outside the cluster are reached by)."""
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    for _, policy in DOCS:
+        if policy["kind"] != "NetworkPolicy" or "Egress" not in policy["spec"]["policyTypes"]:
+            continue
+        if not _selects(policy["spec"]["podSelector"], labels):
+            continue
+        for rule in policy["spec"].get("egress", []):
+            ports = [(p.get("protocol", "TCP"), p["port"]) for p in rule.get("ports", [])]
+            if ports and ("TCP", port) not in ports:
+                continue
+            for peer in rule.get("to", []):
+                block = peer.get("ipBlock")
+                if block and ipaddress.ip_address(address) in ipaddress.ip_network(
+                        block["cidr"]):
+                    return True
+    return False
+
+
+POD_IDENTITY_AGENT = ("169.254.170.23", "fd00:ec2::23")
+
+
+@pytest.mark.parametrize("name", ["tock-timer", "tock-consumer"])
+def test_sqs_callers_may_reach_sqs_and_their_credentials(name):
+    # EKS Pod Identity (serviceaccounts.yaml): the SDK fetches the role's credentials
+    # from the agent on the node, over plain HTTP on a link-local address.
+    workload = WORKLOADS[name]
+    assert _egress_allowed(workload, "52.46.128.10", 443), "SQS over HTTPS"
+    for agent in POD_IDENTITY_AGENT:
+        assert _egress_allowed(workload, agent, 80), agent
+    assert _egress_allowed(workload, "10.1.2.3", 5432), "Postgres"
+
+
+@pytest.mark.parametrize("name", ["tock-dashboard", "tock-migrate"])
+def test_processes_without_an_aws_role_reach_postgres_only(name):
+    workload = WORKLOADS[name]
+    assert _egress_allowed(workload, "10.1.2.3", 5432), "Postgres"
+    assert not _egress_allowed(workload, "52.46.128.10", 443)
+    assert not _egress_allowed(workload, POD_IDENTITY_AGENT[0], 80)
