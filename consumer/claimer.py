@@ -128,6 +128,11 @@ class Claimer(Loop):
         try:
             wait = pipe.settings.receive_wait_seconds if wait_seconds is None else wait_seconds
             messages = self._receive(reserved, wait)
+            if messages and self.stopping:
+                # Shutting down: this process may be past its grace already (a receive
+                # that hung). Hand the messages back at once rather than start them.
+                self._retry_later(messages, 0)
+                return 0
             if messages:
                 try:
                     claimed = self.claim(messages)

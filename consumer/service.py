@@ -140,11 +140,16 @@ class Consumer:
         emit(log, "consumer_stopping", worker=self.worker_id, in_flight=len(pipe.tracker),
              grace_seconds=self.settings.shutdown_grace_seconds)
         self.stop_flag.set()
+        # The grace runs from SIGTERM: a receive that hangs (SQS away: up to three call
+        # timeouts) is not waited for past it, or the platform's SIGKILL (ECS StopTimeout,
+        # terminationGracePeriodSeconds) would come before the release. A receive that
+        # returns after this claims nothing (Claimer._pass).
+        deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         for claimer in self.claimers.values():
             claimer.stop()
         for claimer in self.claimers.values():
-            claimer.join()
-        if not pipe.slots.wait_idle(self.settings.shutdown_grace_seconds):
+            claimer.join(max(deadline - time.monotonic(), 0.0))
+        if not pipe.slots.wait_idle(max(deadline - time.monotonic(), 0.0)):
             self._release_unfinished()
         pipe.tracker.wait_settled(SETTLE_SECONDS)
         self.executor.stop()

@@ -230,3 +230,33 @@ def test_a_refused_visibility_extension_of_a_job_just_finished_is_not_reported(
     assert consumer.visibility.extend() == 1
     assert [r.fields["entries"] for r in caplog.records
             if getattr(r, "event", "") == "visibility_extend_failed"] == [1]
+
+
+def test_shutdown_keeps_to_its_grace_while_a_receive_hangs(
+        consumer_settings, registry, transport, queue_prefix, sqs_server, monkeypatch):
+    # SQS stops answering (a partition: connections open, no reply). A receive then waits
+    # out up to three call timeouts; the shutdown must not wait for it, or the platform's
+    # SIGKILL (ECS StopTimeout, terminationGracePeriodSeconds) comes before the release.
+    from tests.faults.proxy import TcpProxy
+
+    upstream = int(sqs_server.endpoint.rsplit(":", 1)[1].rstrip("/"))
+    proxy = TcpProxy(upstream).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", f"http://127.0.0.1:{proxy.port}")
+    hanging = SqsTransport(queue_prefix, call_timeout_seconds=10)
+    settings = consumer_settings.model_copy(update={
+        "shutdown_grace_seconds": 1.0, "receive_wait_seconds": 1,
+        "sqs_call_timeout_seconds": 10})
+    consumer = Consumer(settings, registry, hanging)
+    try:
+        consumer.start()
+        wait_for(lambda: proxy.stats.accepted > 0, message="a receive through the proxy")
+        proxy.partition("hang")
+        wait_for(lambda: proxy.stats.held >= 1, message="a receive hanging")
+        started = time.monotonic()
+        consumer.shutdown()
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    # The hung receive alone would hold it 3 x (10 + 20) s; the grace is 1 s, and the
+    # other loops settle at once (no job was running).
+    assert took < 10, f"shutdown took {took:.1f} s"
