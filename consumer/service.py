@@ -109,9 +109,9 @@ class Consumer:
         try:
             self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
                                       self.pipe.clock())
-            self.lease_keeper.mark_ok()  # ready from the start
-            for claimer in self.claimers.values():
-                claimer.mark_ok()
+            self.lease_keeper.mark_ok()  # the announcement was a heartbeat
+            # The receivers are not marked: each is ready once a receive from its queue has
+            # gone through (its first pass, within the long poll), not while SQS is away.
         except Retryable as exc:
             # The database went away since the start-up probe: the heartbeat loop announces
             # this worker once it is back (until then nothing can be claimed, and the

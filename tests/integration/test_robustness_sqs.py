@@ -169,22 +169,24 @@ def test_a_pass_sqs_refuses_entirely_is_no_success_until_a_send_succeeds(
 
 def test_a_consumer_that_cannot_receive_from_its_queue_is_not_ready(
         consumer_settings, registry, transport):
-    """Its heartbeat is fine, but SQS will not hand it work: not ready once a receive has
-    not succeeded for the wait plus a call's timeout plus 5 s, and ready again once it
-    can receive."""
+    """Its heartbeat is fine, but SQS will not hand it work: not ready, from the start,
+    while no receive from its queue has gone through (and once one has not for the wait
+    plus a call's timeout plus 5 s), and ready once it can receive."""
     settings = consumer_settings.model_copy(update={
         "queues": ["absent"], "receive_wait_seconds": 0, "sqs_call_timeout_seconds": 1})
     consumer = Consumer(settings, registry, transport)
     consumer.start()
     try:
-        assert consumer.supervisor.ready()[0], "ready from its start-up announcement"
-        wait_for(lambda: not consumer.supervisor.ready()[0], timeout=30,
-                 message="not ready while its queue cannot be received from")
-        assert "claim-absent" in consumer.supervisor.ready()[1]
+        ready, why = consumer.supervisor.ready()
+        assert not ready and "no successful claim-absent pass yet" in why, why
         transport.create_queue("absent", visibility_timeout=consumer_settings
                                .visibility_timeout_seconds)
         wait_for(lambda: consumer.supervisor.ready()[0], timeout=30,
-                 message="ready again once it receives")
+                 message="ready once it receives")
+        transport.client.delete_queue(QueueUrl=transport.url("absent"))
+        wait_for(lambda: not consumer.supervisor.ready()[0], timeout=30,
+                 message="not ready again once its queue is gone")
+        assert "claim-absent" in consumer.supervisor.ready()[1]
     finally:
         consumer.shutdown()
 
