@@ -18,8 +18,11 @@ layers sees a raw psycopg or botocore exception.
     └── DatabaseError                  a statement failed; the subclass says what to do
         ├── Retryable                  transient: the same work may succeed if run again
         │   ├── DatabaseUnavailable    connection lost or refused, server shutting down
+        │   │   └── ConnectionLost     lost while a statement was in flight: it may have
+        │   │                          committed (a write's outcome is unknown)
         │   └── LockTimeout            lock_timeout expired waiting for a row lock
         ├── DataRejected               Postgres refused a value (out of range, NUL, bad text)
+        ├── DatabaseClosed             the pool (a Client) was closed and then used
         └── DatabaseBug                the statement itself is wrong: a bug in tock
 
 Loops survive `Retryable` (they back off and go on) and `TransportError`; a `DataRejected`
@@ -106,12 +109,22 @@ class DatabaseUnavailable(Retryable):
     """Postgres could not be reached, or the connection was lost."""
 
 
+class ConnectionLost(DatabaseUnavailable):
+    """The connection was lost after a statement was sent (a crash, a cut network): the
+    statement may or may not have been committed. Unlike a connection that could not be
+    had, this does not mean that nothing was written."""
+
+
 class LockTimeout(Retryable):
     """A row lock was not granted within the statement's lock_timeout."""
 
 
 class DataRejected(DatabaseError):
     """Postgres refused a value: out of range, invalid text, a NUL byte, a constraint."""
+
+
+class DatabaseClosed(DatabaseError):
+    """The pool (a `Client`) was closed and then used: not transient, make a new one."""
 
 
 class DatabaseBug(DatabaseError):

@@ -190,7 +190,10 @@ def aware(name: str, value: object) -> datetime:
 def finite_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise wrong(name, "a number", value)
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range (about 1.8e308)
+        raise InvalidInput(f"{name} must be finite, got {shown(value)}") from None
     if not math.isfinite(number):
         raise InvalidInput(f"{name} must be finite, got {shown(value)}")
     return number

@@ -17,7 +17,14 @@ from typing import Any
 
 from shared.core import validation
 from shared.core.config import ProducerConfig
-from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound, Retryable
+from shared.core.errors import (
+    ConnectionLost,
+    DatabaseUnavailable,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    Retryable,
+)
 from shared.core.jobs import Job
 from shared.core.limits import LimitSpec, limit_target
 from shared.core.reports import LimitInfo
@@ -103,9 +110,34 @@ class Client:
         if self.settings.reject_unknown_kinds:
             self.known_kinds.check(j.kind for j in new)
         store = self._store(connection)
-        inserted = store.insert_jobs(new, self._now)
+        try:
+            inserted = store.insert_jobs(new, self._now)
+        except ConnectionLost as exc:
+            # The insert was sent and the connection lost before its answer: it may have
+            # committed. With a key on every job, sending it again is safe (a job the lost
+            # attempt made holds its key and is read back below, with created=False), and
+            # waits for the database as any call does. Without one it could make a job twice.
+            if connection is not None or not all(j.unique_key for j in new):
+                raise ConnectionLost(
+                    f"{exc}; the connection was lost after the job(s) were sent, so they may "
+                    "have been written: calling again could enqueue them twice (give each job "
+                    "a key= to make a repeat safe)", exc.sqlstate) from exc
+            try:
+                inserted = store.insert_jobs(new, self._now)
+            except DatabaseUnavailable as again:
+                raise ConnectionLost(
+                    f"{again}; the first attempt was cut off after the job(s) were sent, so "
+                    "they may have been written: calling again with the same keys is safe",
+                    again.sqlstate) from again
         by_key = {j.unique_key: j for j in inserted if j.unique_key}
-        self._existing(store, new, by_key)
+        try:
+            self._existing(store, new, by_key)
+        except DatabaseUnavailable as exc:
+            if connection is not None:
+                raise
+            raise ConnectionLost(  # the insert did commit: not "nothing was written"
+                f"{exc}; the new job(s) were written but those whose key was taken could not "
+                "be read: calling again with the same keys is safe", exc.sqlstate) from exc
         keyless = iter(j for j in inserted if not j.unique_key)
         out, seen = [], set()
         for j in new:

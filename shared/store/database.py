@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import threading
 import time
@@ -17,7 +18,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from shared.core.errors import DatabaseUnavailable, InvalidInput
+from shared.core.errors import ConnectionLost, DatabaseClosed, DatabaseUnavailable, InvalidInput
 from shared.store.errors import translated
 
 Connection = psycopg.Connection[Any]
@@ -36,6 +37,9 @@ LINK_OPTIONS: dict[str, Any] = {
 }
 """libpq connection options of every tock connection."""
 
+_INHERITED: list[ConnectionPool[Any]] = []
+"""Pools a forked child inherited from its parent: kept referenced, never closed, because
+their connections are the parent's sessions (closing one would end it for the parent)."""
 
 
 class Database:
@@ -84,10 +88,23 @@ class Database:
                    str(conninfo_to_dict(url).get("options") or "")]
         kwargs["options"] = " ".join(o for o in options if o)
         self._kwargs = kwargs
+        self._check = check
+        self._reconnect_timeout = reconnect_timeout
+        self._closed = False
+        self._fresh_pool()
+        self.unavailable_at: float | None = None
+        """When (time.monotonic()) a statement last found the database unavailable: the
+        timer's rescuer gives workers a lease to renew after that (timer_service/rescuer.py)."""
+
+    def _fresh_pool(self) -> None:
+        """A new, unopened pool and the state that goes with it (at creation, and in a
+        forked child, which must not use its parent's connections)."""
+        self._pid = os.getpid()
         self.pool = ConnectionPool(
-            url, min_size=1, max_size=max_size, open=False, name=name,
-            check=ConnectionPool.check_connection if check else None,
-            kwargs=kwargs, timeout=timeout, reconnect_timeout=reconnect_timeout,
+            self.url, min_size=1, max_size=self.max_size, open=False, name=self.name,
+            check=ConnectionPool.check_connection if self._check else None,
+            kwargs=self._kwargs, timeout=self.timeout,
+            reconnect_timeout=self._reconnect_timeout,
         )
         self._opened = False
         self._lock = threading.Lock()
@@ -95,9 +112,16 @@ class Database:
         self._asking = threading.Lock()
         self._answer: tuple[float, str | None] = (-math.inf, None)  # when asked, why unusable
         self._down = False
-        self.unavailable_at: float | None = None
-        """When (time.monotonic()) a statement last found the database unavailable: the
-        timer's rescuer gives workers a lease to renew after that (timer_service/rescuer.py)."""
+
+    def _forked(self) -> bool:
+        """In a child forked after the pool was made: leave the parent's connections (and
+        its pool, whose threads did not survive the fork) alone and start afresh. Two
+        processes sharing one connection would read each other's replies."""
+        if self._pid == os.getpid():
+            return False
+        _INHERITED.append(self.pool)
+        self._fresh_pool()
+        return True
 
     @classmethod
     def for_service(cls, url: str, *, name: str, max_size: int,
@@ -111,6 +135,12 @@ class Database:
         """Start the pool (idempotent); connections are made in the background. A pool that
         fails fast (`setting`) first connects once, and raises `DatabaseUnavailable` saying
         why if it cannot: the pool is not started then, and the next call tries again."""
+        self._forked()
+        # A producer's pool (`setting`) says it was closed; the services' loops may still be
+        # winding down as their pools close, and treat the pool's error as an outage.
+        if self._closed and self.setting is not None:
+            raise DatabaseClosed(f"the {self.name} pool was closed (close() was called): "
+                                 "make a new one to use the database again")
         if self._opened:
             return
         if self.setting is not None:
@@ -121,6 +151,10 @@ class Database:
                 self._opened = True
 
     def close(self) -> None:
+        """Close the pool for good: later calls raise `DatabaseClosed`. In a forked child,
+        the parent's connections are left alone."""
+        self._forked()
+        self._closed = True
         self.pool.close()
 
     @contextmanager
@@ -138,15 +172,22 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A pooled connection for single autocommit statements (one round trip each)."""
+        """A pooled connection for single autocommit statements (one round trip each). A
+        connection lost once it was handed out raises `ConnectionLost`: a statement sent on
+        it may have committed (each one commits by itself)."""
         self._ready()
+        handed_out = False
         try:
             with translated(), self.pool.connection() as conn:
+                handed_out = True
                 yield conn
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
-            raise self._explained(exc) from exc.__cause__
+            error = self._explained(exc)
+            if handed_out and not isinstance(error, ConnectionLost):
+                error = ConnectionLost(str(error), error.sqlstate)
+            raise error from exc.__cause__
 
     def _ready(self) -> None:
         """Open the pool; while a pool that fails fast knows the database is down, raise at

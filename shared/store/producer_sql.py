@@ -8,17 +8,27 @@ from shared.store.columns import ATTEMPT_COLUMNS, JOB_COLUMNS, NOW
 from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
 
 INSERT_JOBS = f"""
-INSERT INTO tock_jobs (kind, queue, payload, priority, run_at, max_attempts, timeout_seconds,
-                       unique_key, tenant, concurrency_key)
-SELECT t.kind, t.queue, t.payload::jsonb, t.priority,
+INSERT INTO tock_jobs (id, kind, queue, payload, priority, run_at, max_attempts,
+                       timeout_seconds, unique_key, tenant, concurrency_key)
+OVERRIDING SYSTEM VALUE
+SELECT t.id, t.kind, t.queue, t.payload::jsonb, t.priority,
        coalesce(t.at, {NOW} + make_interval(secs => t.delay)),
        t.max_attempts, t.timeout_seconds, t.unique_key, t.tenant, t.concurrency_key
-FROM unnest(%(kind)s::text[], %(queue)s::text[], %(payload)s::text[], %(priority)s::smallint[],
-            %(at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int[],
-            %(timeout_seconds)s::float8[], %(unique_key)s::text[], %(tenant)s::text[],
-            %(concurrency_key)s::text[])
-     AS t(kind, queue, payload, priority, at, delay, max_attempts, timeout_seconds,
-          unique_key, tenant, concurrency_key)
+-- Ids in input order (the due order breaks ties by id, so a batch keeps its order) ...
+FROM (SELECT nextval(pg_get_serial_sequence('tock_jobs', 'id')) AS id, u.*
+      FROM unnest(%(kind)s::text[], %(queue)s::text[], %(payload)s::text[],
+                  %(priority)s::smallint[], %(at)s::timestamptz[], %(delay)s::float8[],
+                  %(max_attempts)s::int[], %(timeout_seconds)s::float8[],
+                  %(unique_key)s::text[], %(tenant)s::text[], %(concurrency_key)s::text[])
+           WITH ORDINALITY
+           AS u(kind, queue, payload, priority, at, delay, max_attempts, timeout_seconds,
+                unique_key, tenant, concurrency_key, ord)
+      ORDER BY u.ord) t
+-- ... but rows inserted in key order: each key is locked (tock_keys, the unique index) as
+-- its row goes in, so two batches sharing keys in different orders would each hold a key
+-- the other waits for, and one would fail with a deadlock. Jobs without a key come last,
+-- in input order, which the client relies on to match them to its input.
+ORDER BY t.unique_key, t.ord
 -- A key already taken inserts nothing (even by a row another transaction is inserting right
 -- now: we wait for it), and the caller reads the existing job. The authority is tock_keys
 -- (the trigger tock_jobs_claim_key, migration 0007), which holds the key of a finished job

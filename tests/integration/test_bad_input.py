@@ -174,3 +174,20 @@ def test_recurring_stores_exactly_or_refuses(client, db, name, kind, payload, ev
     assert stored.name == name and stored.kind == kind
     assert _same(payload, stored.payload)
     json.dumps(stored.payload)  # round trips as JSON
+
+
+@pytest.mark.parametrize(("call", "name"), [
+    (lambda c: c.schedule("email", delay=10 ** 400), "delay"),
+    (lambda c: c.schedule("email", timeout=10 ** 400), "timeout"),
+    (lambda c: c.schedule_many([{"kind": "email"}, {"kind": "email", "delay": -(10 ** 309)}]),
+     "job #1: delay"),
+    (lambda c: c.recurring("r", "email", every=10 ** 400), "every"),
+    (lambda c: c.recurring("r", "email", every=60, misfire_grace=10 ** 400), "misfire_grace"),
+], ids=["delay", "timeout", "schedule_many delay", "every", "misfire_grace"])
+def test_an_integer_past_floats_range_is_refused_naming_the_argument(client, db, call, name):
+    """float() of such an int raises OverflowError: it must not escape as that."""
+    with pytest.raises(InvalidInput) as info:
+        call(client)
+    assert str(info.value).startswith(f"{name} must be finite, got an integer of about"), \
+        info.value
+    assert _count(db) == 0

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from shared.client import Client
-from shared.core.errors import DatabaseUnavailable
+from shared.core.errors import ConnectionLost, DatabaseUnavailable
 from shared.runtime.settings import ClientSettings
 from shared.store.database import DOWN_RECHECK_SECONDS, Database
 from shared.store.schedule_store import ScheduleStore
@@ -150,3 +150,84 @@ def test_a_short_outage_of_a_working_pool_is_ridden_out(relay, database_url):
         assert store.db_now(None) is not None  # waited, reconnected, answered
     finally:
         db.close()
+
+
+class LosingRelay(Relay):
+    """A Relay that can lose the server's answer to an INSERT: the statement reaches the
+    server and commits, its reply never comes back, and then every connection is cut (a
+    crash or a network cut at that instant)."""
+
+    swallow = False
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:  # type: ignore[override]
+        from_server = source.getpeername()[1] == self.target_port
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if not (self.swallow and from_server and b"INSERT 0 " in data):
+                    sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def lose_the_next_insert_reply(self, then_cut_after: float, *, back: bool = True) -> None:
+        self.swallow = True
+
+        def cut() -> None:
+            self.swallow = False
+            self.close()
+            if back:
+                self.open()
+
+        threading.Timer(then_cut_after, cut).start()
+
+
+@pytest.fixture
+def losing_relay(database_url: str) -> Iterator[LosingRelay]:
+    port = int(database_url.split("@127.0.0.1:", 1)[1].split("/", 1)[0])
+    r = LosingRelay(port)
+    yield r
+    r.close()
+
+
+def test_an_insert_whose_reply_was_lost_is_not_said_to_be_unwritten(losing_relay, database_url,
+                                                                    db):
+    url = database_url.replace(f":{losing_relay.target_port}/", f":{losing_relay.port}/")
+    with Client(ClientSettings(database_url=url)) as client:
+        client.schedule("warm")
+        losing_relay.lose_the_next_insert_reply(then_cut_after=0.5)
+        with pytest.raises(ConnectionLost, match="may have been written") as info:
+            client.schedule("lost", {"n": 1})
+        assert "key=" in str(info.value)
+        # It was in fact written: the error must not claim otherwise.
+        assert db.execute("SELECT count(*) FROM tock_jobs WHERE kind = 'lost'").fetchone()[0] == 1
+        assert client.schedule("after").created  # the client heals by itself
+
+
+def test_a_keyed_insert_whose_reply_was_lost_returns_the_job(losing_relay, database_url, db):
+    url = database_url.replace(f":{losing_relay.target_port}/", f":{losing_relay.port}/")
+    with Client(ClientSettings(database_url=url)) as client:
+        client.schedule("warm")
+        losing_relay.lose_the_next_insert_reply(then_cut_after=0.5)
+        job = client.schedule("lost", {"n": 1}, key="once")
+        assert job.kind == "lost" and job.payload == {"n": 1}
+        losing_relay.lose_the_next_insert_reply(then_cut_after=0.5)
+        jobs = client.schedule_many([{"kind": "lost", "key": "a"}, {"kind": "lost", "key": "b"}])
+        assert [j.unique_key for j in jobs] == ["a", "b"]
+    rows = db.execute("SELECT unique_key, count(*) FROM tock_jobs WHERE kind = 'lost' "
+                      "GROUP BY unique_key ORDER BY 1").fetchall()
+    assert rows == [("a", 1), ("b", 1), ("once", 1)]
+
+
+def test_a_keyed_insert_cut_off_while_the_database_stays_away_says_it_may_be_written(
+        losing_relay, database_url, db):
+    url = database_url.replace(f":{losing_relay.target_port}/", f":{losing_relay.port}/")
+    with Client(ClientSettings(database_url=url), pool_timeout=1.0) as client:
+        client.schedule("warm")
+        losing_relay.lose_the_next_insert_reply(then_cut_after=0.5, back=False)
+        with pytest.raises(ConnectionLost, match="may have been written: calling again with "
+                                                 "the same keys is safe"):
+            client.schedule("lost", key="once")
+        losing_relay.open()
+        time.sleep(DOWN_RECHECK_SECONDS)
+        again = client.schedule("lost", key="once")
+        assert not again.created  # the cut-off attempt had written it
+    assert db.execute("SELECT count(*) FROM tock_jobs WHERE kind = 'lost'").fetchone()[0] == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,6 +28,7 @@ from tests.integration.store.helpers import (
     run_blocked,
     side_of,
 )
+from tests.support.wait import wait_for
 from timer_service.scheduler import Scheduler
 
 M = timedelta(minutes=1)
@@ -181,3 +183,45 @@ def test_a_key_whose_day_expired_is_free_again_before_its_keys_are_pruned(
     (table,) = store.expired_tables()
     store.prune_expired(table, 100)
     assert keys(db) == {"old": fresh.id}, "the pruner frees only the expired job's key"
+
+
+def test_batches_sharing_keys_in_opposite_orders_do_not_deadlock(client, db, other, now):
+    """Keys are locked as their rows go in. Batch 1 [a, c, b] holds a and waits for c (held
+    by an open transaction); batch 2 [b, a] takes b and waits for a. When c is let go,
+    batch 1 would wait for b: a deadlock, unless both take their keys in one order."""
+    JobStore.on(other).insert_jobs([NewJob("held", "default", "{}", unique_key="c")], now=now)
+    results: dict[str, Any] = {}
+
+    def batch(name: str, keys: list[str]) -> None:
+        try:
+            results[name] = client.schedule_many([{"kind": name, "key": k} for k in keys])
+        except Exception as exc:  # reported below
+            results[name] = exc
+
+    def waiting() -> int:
+        return db.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                          "'Lock' AND application_name = 'tock-client'").fetchone()[0]
+
+    first = threading.Thread(target=batch, args=("one", ["a", "c", "b"]))
+    first.start()
+    wait_for(lambda: waiting() == 1, timeout=10, interval=0.005, message="batch 1 waits")
+    second = threading.Thread(target=batch, args=("two", ["b", "a"]))
+    second.start()
+    wait_for(lambda: waiting() == 2, timeout=10, interval=0.005, message="batch 2 waits")
+    other.rollback()  # c is free: batch 1 goes on
+    first.join(15)
+    second.join(15)
+    assert not isinstance(results["one"], Exception), results["one"]
+    assert not isinstance(results["two"], Exception), results["two"]
+    one, two = ({j.unique_key: j for j in results[n]} for n in ("one", "two"))
+    for key in ("a", "b"):
+        assert one[key].id == two[key].id and one[key].created != two[key].created
+        assert len(_jobs_with_key(db, key)) == 1
+    assert one["c"].created
+
+
+def test_a_batch_keeps_its_input_order_in_ids_with_keys_and_without(client):
+    jobs = client.schedule_many([{"kind": "k", "key": "z"}, {"kind": "k"},
+                                 {"kind": "k", "key": "a"}, {"kind": "k"}])
+    assert [j.unique_key for j in jobs] == ["z", None, "a", None]
+    assert [j.id for j in jobs] == sorted(j.id for j in jobs)
