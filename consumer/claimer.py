@@ -18,8 +18,10 @@ dispatch that rolls back makes the job due again with a new token.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -41,7 +43,8 @@ from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 from shared.store.rows import Claim, ClaimedJob, Lease
-from shared.transport.base import MAX_BATCH, Received
+from shared.transport.base import MAX_BATCH, MAX_WAIT_SECONDS, Received
+from shared.transport.sqs import ATTEMPTS
 
 log = logging.getLogger("tock.consumer")
 
@@ -86,9 +89,15 @@ class Claimer(Loop):
         self.queue = queue
         self.name = f"claim-{queue}"
         settings = pipe.settings
-        # A pass is one long poll plus a claim that may wait for a dispatch commit.
-        self.pass_bound_seconds = (settings.receive_wait_seconds
-                                   + 3 * settings.sqs_call_timeout_seconds + 60)
+        # A pass is one long poll plus a claim that may wait for a dispatch commit, then the
+        # deletes of what claimed nothing. Into an SQS that does not answer, the long poll
+        # takes ATTEMPTS x its read timeout (call timeout + MAX_WAIT_SECONDS, whatever the
+        # wait asked) and any other call ATTEMPTS x the call timeout: a partition must not
+        # fail liveness (the bound was wait + 3 x call timeout + 60: 92 s by default, while
+        # a hung receive took 4 x 30 s).
+        self.pass_bound_seconds = (
+            ATTEMPTS * (settings.sqs_call_timeout_seconds + MAX_WAIT_SECONDS)
+            + ATTEMPTS * settings.sqs_call_timeout_seconds + 60)
         # Not ready while its queue cannot be received from (SQS away, the queue missing):
         # a pass is one long poll, which ends within the wait and a call's timeout.
         self.ready_within_seconds = (settings.receive_wait_seconds
@@ -125,6 +134,7 @@ class Claimer(Loop):
         if not reserved:
             return 0
         claimed: list[Work] = []
+        tidy: list[Callable[[], None]] = []
         try:
             wait = pipe.settings.receive_wait_seconds if wait_seconds is None else wait_seconds
             messages = self._receive(reserved, wait)
@@ -135,7 +145,7 @@ class Claimer(Loop):
                 return 0
             if messages:
                 try:
-                    claimed = self.claim(messages)
+                    claimed = self._claim(messages, tidy)
                 except Retryable:
                     # The database is away: receive no more until it answers, and let these
                     # messages come back once the other receivers' long polls have ended
@@ -148,6 +158,13 @@ class Claimer(Loop):
             pipe.slots.release(reserved - len(claimed))
         for entry in claimed:
             pipe.work.put(entry)
+        # Only now the SQS calls for the messages that claimed nothing (deletes, deferrals):
+        # each may hang up to its call timeout (times botocore's attempts) when SQS is cut
+        # off, and the jobs just claimed must not wait for them, untracked meanwhile (no
+        # visibility extension, their deadline running, and after two leases let go by the
+        # heartbeat as claims this worker never held: run twice).
+        for step in tidy:
+            step()
         return len(claimed)
 
     def _receive(self, room: int, wait: int) -> list[Received]:
@@ -172,6 +189,16 @@ class Claimer(Loop):
 
     def claim(self, messages: list[Received]) -> list[Work]:
         """Claim what the messages point at; drop (delete) the rest."""
+        tidy: list[Callable[[], None]] = []
+        work = self._claim(messages, tidy)
+        for step in tidy:
+            step()
+        return work
+
+    def _claim(self, messages: list[Received], tidy: list[Callable[[], None]]) -> list[Work]:
+        """Claim what the messages point at and start tracking the claimed jobs; the SQS
+        calls for the rest (drop, defer) are appended to `tidy`, for the caller to make
+        once the claimed jobs are handed to the executor."""
         # Keyed by (job, token): a stale message and the current one for the same job may
         # arrive in one batch, and only the database knows which one is current.
         wanted: dict[tuple[int, UUID], tuple[Received, JobMessage]] = {}
@@ -203,15 +230,17 @@ class Claimer(Loop):
                 except LockTimeout:
                     # The dispatch is still open (a slow send): let SQS bring these back in a
                     # moment rather than hold this receiver.
-                    self._defer(missed)
+                    tidy.append(functools.partial(self._defer, missed))
                     for _, p in missed:
                         wanted.pop((p.job_id, p.token))
             got = {(r.id, r.token) for r in rows}
             unmatched = [v for k, v in wanted.items() if k not in got]
             if unmatched:
                 drop += self._explain_unclaimed(unmatched)
-        self._drop(drop)
-        return [self._start(row, wanted[(row.id, row.token)][0]) for row in rows]
+        work = [self._start(row, wanted[(row.id, row.token)][0]) for row in rows]
+        if drop:
+            tidy.append(functools.partial(self._drop, drop))
+        return work
 
     def _start(self, row: ClaimedJob, msg: Received) -> Work:
         pipe = self.pipe

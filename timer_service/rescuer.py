@@ -12,8 +12,9 @@ are rescued only once it has had a whole lease of its own since then to renew an
 a restart of Postgres longer than a lease does not fail every running job.
 
 A dispatched job nobody claimed for `dispatch_timeout_seconds` is sent again only on
-evidence that its message is gone: its SQS queue holds fewer messages than it should (one
-per dispatched job, one in flight per running job). A long backlog therefore resends
+evidence that its message is gone: its SQS queue holds fewer messages than it has
+dispatched jobs (a running job's message is not counted on: it may have been deleted as a
+redelivered copy). A long backlog therefore resends
 nothing, however old; a purged or recreated queue, or messages moved to the dead-letter
 queue, resend as many of the oldest stuck jobs as messages are missing.
 """
@@ -136,8 +137,15 @@ class Rescuer(Loop):
         return total
 
     def _missing_messages(self, queue: str) -> int:
-        """How many messages `queue` lacks; 0 when SQS cannot tell (no evidence, no resend)."""
-        dispatched, running = self.store.queue_expected(queue)
+        """How many messages `queue` lacks; 0 when SQS cannot tell (no evidence, no resend).
+
+        Only the dispatched jobs are counted on: a running job's message may be gone
+        already, deleted as a redelivery (its visibility lapsed, during an SQS partition
+        say, and another receiver dropped the copy), so counting one in flight per running
+        job took those for lost messages of waiting jobs and re-sent waiting jobs whose
+        messages were still queued. Messages of running jobs still held only make the
+        count low: the rest of a real loss is found once those jobs finish."""
+        dispatched, _running = self.store.queue_expected(queue)
         try:
             held = self.transport.depth(queue)
         except QueueMissing:
@@ -145,7 +153,7 @@ class Rescuer(Loop):
         except TransportError as exc:
             emit(log, "queue_depth_unknown", logging.WARNING, queue=queue, error=str(exc))
             return 0
-        return max(dispatched - max(held - running, 0), 0)
+        return max(dispatched - held, 0)
 
 
 def _lost(lease: ExpiredLease) -> str:

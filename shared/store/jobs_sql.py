@@ -74,8 +74,9 @@ WHERE state = 'dispatched' AND dispatched_at < {NOW} - make_interval(secs => %(t
 GROUP BY queue
 """
 
-# What should be in one SQS queue: one message per dispatched job (not yet claimed) and one
-# in flight per running job. Fewer messages than that means messages were lost.
+# What one SQS queue should hold: a message per dispatched job (not yet claimed), and for a
+# running job one in flight unless a redelivered copy was deleted meanwhile. The rescuer
+# counts on the dispatched ones only: fewer messages than those means messages were lost.
 QUEUE_EXPECTED = """
 SELECT count(*) FILTER (WHERE state = 'dispatched'), count(*) FILTER (WHERE state = 'running')
 FROM tock_jobs WHERE state IN ('dispatched', 'running') AND queue = %(queue)s

@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tock.sqs")
 
+ATTEMPTS = 3
+"""Tries of one SQS call, the first included (botocore's `total_max_attempts`; its
+`max_attempts` counts retries only, so `max_attempts: 3` was 4 tries). A call into an SQS
+that does not answer therefore returns within ATTEMPTS x its read timeout, plus backoff."""
+
 REPORT_MISSING_EVERY_SECONDS = 30.0
 """A queue that stays missing is reported at most this often (per queue and process)."""
 
@@ -149,7 +154,7 @@ class SqsTransport:
         self.create_missing = create_missing
         self.visibility_timeout = visibility_timeout
         self.dead_letter_after = dead_letter_after
-        retries: Any = {"mode": "standard", "max_attempts": 3}
+        retries: Any = {"mode": "standard", "total_max_attempts": ATTEMPTS}
         # Every call but the long poll has its own short read timeout, so a hung SQS call
         # returns within call_timeout_seconds; the long poll holds its connection up to
         # 20 s, so its client allows that on top.

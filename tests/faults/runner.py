@@ -197,7 +197,7 @@ def _dead_letters(sqs: Any, prefix: str) -> list[str]:
 def _redispatch_notes(cluster: Cluster, since: float) -> list[str]:
     """Jobs the timers sent again because nobody claimed them within the dispatch timeout
     (events `redispatch_*` in the timer logs, after the fault began): their recovery waited
-    for TOCK_DISPATCH_TIMEOUT_SECONDS, which is 5 s here and 300 s by default."""
+    for TOCK_DISPATCH_TIMEOUT_SECONDS, which is 5 s here and 60 s by default."""
     jobs = 0
     events: Counter[str] = Counter()
     for record in cluster.records:
@@ -218,4 +218,4 @@ def _redispatch_notes(cluster: Cluster, since: float) -> list[str]:
         return []
     timeout = PROCESS_SETTINGS["DISPATCH_TIMEOUT_SECONDS"]
     return [f"{jobs} jobs were re-dispatched after the dispatch timeout ({dict(events)}): "
-            f"their recovery waited TOCK_DISPATCH_TIMEOUT_SECONDS={timeout} (300 by default)"]
+            f"their recovery waited TOCK_DISPATCH_TIMEOUT_SECONDS={timeout} (60 by default)"]

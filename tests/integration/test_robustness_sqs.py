@@ -7,14 +7,17 @@ seam (a call that hangs)."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
+from consumer.claimer import Claimer
 from consumer.service import Consumer
 from shared.core.states import AttemptOutcome, JobState
-from shared.transport.sqs import SqsTransport
+from shared.transport.base import MAX_WAIT_SECONDS
+from shared.transport.sqs import ATTEMPTS, SqsTransport
 from tests.support.drive import dispatch, receive
 from tests.support.wait import wait_for
 from timer_service.dispatcher import REFUSED_BACKOFF_CAP_SECONDS, STUCK_AFTER_FAILURES
@@ -262,3 +265,143 @@ def test_shutdown_keeps_to_its_grace_while_a_receive_hangs(
     # The hung receive alone would hold it 3 x (10 + 20) s; the grace is 1 s, and the
     # other loops settle at once (no job was running).
     assert took < 10, f"shutdown took {took:.1f} s"
+
+
+POISON = "not a tock message"
+
+
+class HangingDropDelete:
+    """SQS hands out the poison message and the job's message in one receive, then is cut
+    off: the DeleteMessageBatch of the poison message hangs until released (as a call into
+    a partition does, up to its timeouts). Everything else is real."""
+
+    def __init__(self, inner: SqsTransport) -> None:
+        self.inner = inner
+        self.poison: set[str] = set()
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+        self._one_receiver = threading.Lock()
+
+    def receive(self, queue: str, max_messages: int, wait_seconds: int,
+                visibility_timeout: int) -> Any:
+        got: list[Any] = []
+        with self._one_receiver:  # both messages to one receiver thread
+            deadline = time.monotonic() + 10
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += self.inner.receive(queue, max_messages - len(got), 1,
+                                          visibility_timeout)
+        self.poison |= {m.receipt for m in got if m.body == POISON}
+        return got
+
+    def delete_batch(self, queue: str, receipts: list[str]) -> Any:
+        if self.poison & set(receipts):
+            self.hanging.set()
+            self.release.wait(60)
+        return self.inner.delete_batch(queue, receipts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_claimed_jobs_do_not_wait_for_sqs_deleting_the_messages_that_claimed_nothing(
+        client, db, timer, transport, registry, running, caplog):
+    """A receive brings a job's message and one that claims nothing (poison, a stale copy);
+    SQS is cut off before the second is deleted. The claimed job is tracked and runs at
+    once: it used to wait, untracked, for the delete, and a delete hung past two leases
+    got it let go by the heartbeat (`untracked_job_released`) and rescued by the timer
+    while this worker was about to run it: run twice."""
+    caplog.set_level(logging.INFO)
+    ran = threading.Event()
+    attempts: list[int] = []
+    registry.add("work", lambda p, c: (attempts.append(c.attempt), ran.set()))
+    transport.client.send_message(QueueUrl=transport.url("default"), MessageBody=POISON)
+    job = client.schedule("work")
+    dispatch(timer)
+    hanging = HangingDropDelete(transport)
+    running(hanging, lease_seconds=2, heartbeat_seconds=0.5, visibility_timeout_seconds=30)
+    assert hanging.hanging.wait(30), "the poison message's delete hangs"
+    try:
+        assert ran.wait(10), "the claimed job runs while SQS hangs on the other delete"
+        held_until = time.monotonic() + 3 * 2  # three leases, with timer passes (rescues)
+        while time.monotonic() < held_until:
+            timer.run_once()
+            time.sleep(0.2)
+    finally:
+        hanging.release.set()
+    wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+             message="the job succeeded")
+    assert [a.outcome for a in client.get(job.id, with_attempts=True).attempts] == [
+        AttemptOutcome.SUCCEEDED]
+    assert attempts == [1], "one run"
+    assert not [r for r in caplog.records if getattr(r, "event", "") in (
+        "untracked_job_released", "lease_expired", "result_discarded")]
+
+
+def test_an_sqs_that_does_not_answer_gets_three_tries_and_a_receive_stays_within_the_bound(
+        monkeypatch, consumer_settings, registry):
+    """An endpoint that accepts connections and never answers (SQS cut off): each call is
+    tried ATTEMPTS times, as TOCK_SQS_CALL_TIMEOUT_SECONDS' description says (botocore's
+    `max_attempts: 3` made it 4), and the receivers' pass bound covers a long poll that
+    hangs through all of them, so a partition does not fail liveness (it did past 92 s by
+    default, where a hung receive took 4 x 30 s)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    try:
+        hung = SqsTransport("silent-", call_timeout_seconds=0.5)
+        try:
+            hung.depth("default")
+        except Exception as exc:
+            assert "timeout" in str(exc).lower()
+        else:
+            raise AssertionError("a silent endpoint answered")
+        assert len(accepted) == ATTEMPTS == 3, "one connection per try"
+    finally:
+        silent.close()
+        for conn in accepted:
+            conn.close()
+    poll = hung._poll.meta.config
+    assert poll.read_timeout == 0.5 + MAX_WAIT_SECONDS
+    settings = consumer_settings.model_copy(update={"sqs_call_timeout_seconds": 10})
+    consumer = Consumer(settings, registry, SqsTransport(settings.queue_prefix))
+    try:
+        claimer = consumer.claimers["default"]
+        assert isinstance(claimer, Claimer)
+        hung_receive = ATTEMPTS * (settings.sqs_call_timeout_seconds + MAX_WAIT_SECONDS) + 7
+        assert claimer.pass_bound_seconds > hung_receive
+    finally:
+        consumer.close()
+
+
+def test_a_running_jobs_message_deleted_as_a_redelivery_resends_no_waiting_job(
+        client, timer, transport, registry, consumers, clock, clock_now):
+    """A running job's message can be gone while it runs: its visibility lapsed (an SQS
+    partition), another receiver got the copy and deleted it (`not_dispatched`). The
+    lost-message check counted one message in flight per running job, took the gap for a
+    lost message of a waiting job and re-sent it, though its message was still queued
+    (the job then lost its place: its first message was dropped as stale)."""
+    registry.add("work", lambda p, c: None)
+    running_job = client.schedule("work")
+    dispatch(timer, clock_now)
+    consumer = consumers(clock)
+    assert len(receive(consumer, 1)) == 1
+    (item,) = consumer.in_flight()
+    assert item.job_id == running_job.id
+    transport.delete_batch("default", [item.receipt])  # the redelivered copy's drop
+    waiting = client.schedule_many([{"kind": "work"}, {"kind": "work"}])
+    dispatch(timer, clock_now)
+    tokens = {j.id: client.get(j.id).dispatch_token for j in waiting}
+    later = clock_now + timedelta(minutes=10)
+    assert timer.rescuer.redispatch_stuck(later) == 0
+    assert {j.id: client.get(j.id).dispatch_token for j in waiting} == tokens, "none resent"
