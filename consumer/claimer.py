@@ -57,12 +57,14 @@ DROP_ERRORS: dict[str, type[TockError]] = {
     "rejected": InvalidMessage,
 }
 """The typed error behind each reason a message claims nothing."""
-REDELIVERIES = frozenset({"not_dispatched", "duplicate"})
-"""Reasons that are a second copy of the current dispatch's message, whose job has moved on
-(SQS delivers a standard queue's messages at least once, and a send retried after a
-timeout SQS had in fact taken sends one twice): logged at INFO, not WARNING. The others
-(malformed, an unknown job, another dispatch's token, refused) stay warnings; the
-`tock_messages_dropped_total` counter has every reason."""
+REDELIVERIES = frozenset({"not_dispatched", "duplicate", "stale_token"})
+"""Reasons that are a copy of a message whose job has moved on, logged at INFO, not
+WARNING: a second copy of the current dispatch's message (SQS delivers a standard queue's
+messages at least once, and a send retried after a timeout SQS had in fact taken sends one
+twice), or the message of an earlier dispatch (a send that timed out, though SQS took it:
+the dispatch rolled back and the job went out again with a new token; after an SQS
+partition, hundreds). The others (malformed, an unknown job, refused: not tock's messages)
+stay warnings; the `tock_messages_dropped_total` counter has every reason."""
 
 RETRY_LATER_SECONDS = 1
 """Visibility given to a deferred message: it comes back after this long."""

@@ -144,8 +144,9 @@ def test_a_second_copy_of_a_finished_jobs_message_is_dropped_at_info(
         client, timer, transport, registry, consumers, clock, caplog):
     """SQS hands out a standard queue's messages at least once, and a send retried after a
     timeout SQS had in fact taken sends one twice: a copy whose job has moved on is no
-    warning (a timer retrying sends through an SQS hiccup logged hundreds); another
-    dispatch's token still is."""
+    warning (a timer retrying sends through an SQS hiccup logged hundreds), nor is the
+    message of an earlier dispatch (a send that timed out though SQS took it: after an SQS
+    partition, hundreds). What is not tock's message (unknown job) still is."""
     caplog.set_level(logging.INFO, logger="tock.consumer")
     registry.add("work", lambda payload, ctx: None)
     job = client.schedule("work")
@@ -155,13 +156,15 @@ def test_a_second_copy_of_a_finished_jobs_message_is_dropped_at_info(
     done = client.get(job.id)
     assert done.state is JobState.SUCCEEDED and done.dispatch_token is not None
     copy = JobMessage(job.id, done.dispatch_token, "work").encode()
-    forged = JobMessage(job.id, uuid.uuid4(), "work").encode()
-    transport.send_batch("default", [Outgoing("0", copy), Outgoing("1", forged)])
+    earlier = JobMessage(job.id, uuid.uuid4(), "work").encode()
+    foreign = JobMessage(job.id + 1000, uuid.uuid4(), "work").encode()
+    transport.send_batch("default", [Outgoing("0", copy), Outgoing("1", earlier),
+                                     Outgoing("2", foreign)])
     for _ in range(20):
-        run_all(consumer, receive(consumer, 2, rounds=1))
+        run_all(consumer, receive(consumer, 3, rounds=1))
         if queue_empty(transport):
             break
     levels = {r.fields["reason"]: r.levelname for r in caplog.records
               if getattr(r, "event", "") == "message_dropped"}
-    assert levels == {"not_dispatched": "INFO", "stale_token": "WARNING"}
+    assert levels == {"not_dispatched": "INFO", "stale_token": "INFO", "unknown_job": "WARNING"}
     assert client.get(job.id, with_attempts=True).attempt == 1
