@@ -148,13 +148,20 @@ function showProblem(text) {
   p.textContent = text || "";
 }
 
+let pollGeneration = 0;  // which page's loop is current: a tick of another one stops
+
 function poll(fn, ms) {
   stopPolling();
+  const generation = ++pollGeneration;
   const tick = async () => {
     try {
       await fn();
+      // A tick still in flight when the page changed must neither clear the new page's
+      // problem line nor start its old loop again.
+      if (generation !== pollGeneration) return;
       showProblem(null);
     } catch (e) {
+      if (generation !== pollGeneration) return;
       if (e.message === "not logged in") return;
       if (e.status >= 400 && e.status < 500) {
         // The server answered: what was asked for is not there (a job past its retention,

@@ -404,7 +404,7 @@ def test_pages_load_without_console_errors_and_serve_a_favicon(
         served = page.request.get(icon)
         assert served.status == 200, icon
         assert served.headers["content-type"].startswith("image/svg+xml"), icon
-    page.wait_for_timeout(500)  # let the last page's requests settle
+    page.wait_for_load_state("networkidle")  # the last page's requests have settled
     assert problems == []
 
 
@@ -412,11 +412,13 @@ def test_a_job_that_is_not_there_says_so_instead_of_reconnecting(
         page: Page, live_server: LiveServer) -> None:
     # A link to a job whose history day was dropped (or a mistyped id): the server answers
     # 404, which is not an outage.
+    page.clock.install()  # the page's timers, moved on below rather than waited for
     login(page, live_server, OPERATOR)
     page.goto(f"{live_server.url}/#/jobs/987654")
     expect(page.get_by_test_id("problem")).to_have_text("no job with id 987654")
-    page.wait_for_timeout(11_000)  # past the 10 s after which a silent page reads stale
+    page.clock.run_for(11_000)  # past the 10 s after which a silent page reads stale
     expect(page.locator("#live")).to_contain_text("live ·")
+    expect(page.get_by_test_id("problem")).to_have_text("no job with id 987654")
     # Going elsewhere clears the note.
     page.click("text=Jobs")
     expect(page.get_by_test_id("problem")).to_be_hidden()
@@ -482,3 +484,26 @@ def test_bidirectional_text_controls_are_shown_not_obeyed(
     expect(page.locator("pre")).to_contain_text("pay \\u202E0001 EUR")
     expect(page.locator("dl.fields")).to_contain_text("acme\\u2066x")
     assert "\u202e" not in page.locator("main").inner_text()
+
+
+def test_a_poll_in_flight_when_the_page_changes_leaves_the_new_page_alone(
+        page: Page, live_server: LiveServer) -> None:
+    # The overview's refresh is still waiting for its answer when the operator opens a job
+    # that is not there: the late answer must neither clear the job page's note nor start
+    # the overview's refreshes again.
+    login(page, live_server, OPERATOR)
+    expect(page.get_by_test_id("count-scheduled")).to_be_visible()
+    held: list[Any] = []
+    page.route("**/api/stats/overview", held.append)
+    with page.expect_request("**/api/stats/overview"):
+        pass  # the next refresh is asked for, and held
+    page.goto(f"{live_server.url}/#/jobs/987654")
+    expect(page.get_by_test_id("problem")).to_have_text("no job with id 987654")
+    assert len(held) == 1, held
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/api/stats/overview" in r.url else None)
+    with page.expect_response("**/api/stats/overview"):
+        held[0].continue_()
+    expect(page.get_by_test_id("problem")).to_have_text("no job with id 987654")
+    page.wait_for_load_state("networkidle")  # an old loop would have asked again by now
+    assert asked == [], asked
