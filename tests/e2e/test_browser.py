@@ -494,7 +494,8 @@ def test_a_poll_in_flight_when_the_page_changes_leaves_the_new_page_alone(
     login(page, live_server, OPERATOR)
     expect(page.get_by_test_id("count-scheduled")).to_be_visible()
     held: list[Any] = []
-    page.route("**/api/stats/overview", held.append)
+    # A lambda, not held.append: Playwright would pass a builtin (route, request).
+    page.route("**/api/stats/overview", lambda route: held.append(route))  # noqa: PLW0108
     with page.expect_request("**/api/stats/overview"):
         pass  # the next refresh is asked for, and held
     page.goto(f"{live_server.url}/#/jobs/987654")
