@@ -33,6 +33,10 @@ class InFlight:
     """Given back at shutdown: only the release is written, not the handler's late result."""
     completing: bool = False
     """Its outcome is being written: a heartbeat that misses it now is no lost lease."""
+    message_gone: bool = False
+    """SQS says its message no longer exists (a redelivered copy, received after the
+    visibility lapsed, was deleted by the receiver that found the job running): no more
+    visibility extensions. The database lease alone holds the job, as it always does."""
     stop_reason: str | None = None
     """Why the handler was told to stop (deadline, lost lease, shutdown); None if it was not."""
     _on_stop: Callable[[str], None] | None = field(default=None, init=False, repr=False)

@@ -31,7 +31,7 @@ from shared.core.errors import QueueMissing, Retryable, TransportError
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
-from shared.transport.base import MAX_BATCH
+from shared.transport.base import MAX_BATCH, EntryFailure
 
 log = logging.getLogger("tock.consumer")
 
@@ -175,7 +175,8 @@ class VisibilityKeeper(Loop):
         pipe = self.pipe
         by_queue: dict[str, list[InFlight]] = defaultdict(list)
         for item in pipe.tracker.heartbeating():
-            by_queue[item.queue].append(item)
+            if not item.message_gone:
+                by_queue[item.queue].append(item)
         refused = 0
         for q, items in by_queue.items():
             receipts = [item.receipt for item in items]
@@ -194,6 +195,11 @@ class VisibilityKeeper(Loop):
                 # SQS refuses that receipt, and nothing is wrong.
                 chunk = items[i:i + MAX_BATCH]
                 failures = [f for f in failures if _still_held(pipe, chunk, f.entry_id)]
+                gone = [f for f in failures if _message_gone(f)
+                        and f.entry_id.isdigit() and int(f.entry_id) < len(chunk)]
+                if gone:
+                    failures = [f for f in failures if f not in gone]
+                    _stop_extending(pipe, q, [chunk[int(f.entry_id)] for f in gone])
                 if failures:
                     refused += len(failures)
                     metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc(len(failures))
@@ -202,6 +208,27 @@ class VisibilityKeeper(Loop):
                          entries=len(failures), code=failures[0].code,
                          error=failures[0].message)
         return refused
+
+
+GONE_CODES = frozenset({"ReceiptHandleIsInvalid", "MessageNotInflight"})
+"""Codes of a refused extension whose message is no more (besides the "does not exist"
+text of SQS's InvalidParameterValue)."""
+
+
+def _message_gone(failure: EntryFailure) -> bool:
+    """Whether SQS refused an extension because the message no longer exists."""
+    return failure.code in GONE_CODES or "does not exist" in failure.message
+
+
+def _stop_extending(pipe: Pipeline, queue: str, items: list[InFlight]) -> None:
+    """Extend these messages no more: asking again every heartbeat would fail the same way
+    (a WARNING each time, for a job that runs on under its database lease)."""
+    for item in items:
+        item.message_gone = True
+    emit(log, "visibility_extend_stopped", logging.INFO, queue=queue,
+         job_ids=[i.job_id for i in items],
+         detail="SQS says the message no longer exists (a redelivered copy was deleted); "
+                "the job runs on under its database lease")
 
 
 def _still_held(pipe: Pipeline, chunk: list[InFlight], entry_id: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from consumer.claimer import Claimer
 from consumer.service import Consumer
 from shared.core.states import AttemptOutcome, JobState
-from shared.transport.base import MAX_WAIT_SECONDS
+from shared.transport.base import MAX_WAIT_SECONDS, EntryFailure
 from shared.transport.sqs import ATTEMPTS, SqsTransport
 from tests.support.drive import dispatch, receive
 from tests.support.wait import wait_for
@@ -214,7 +214,9 @@ def test_a_refused_visibility_extension_of_a_job_just_finished_is_not_reported(
         client, timer, registry, consumers, clock, caplog):
     """SQS refuses the receipt of a message the completer deleted meanwhile: nothing is
     wrong, and no `visibility_extend_failed` warning says otherwise (it did, in ordinary
-    runs); a refused receipt of a job still held is still reported."""
+    runs). A job still held whose message is gone (a redelivered copy deleted by another
+    receiver) is said once at INFO and not extended again (it warned every heartbeat); any
+    other refusal of a held job's extension is still a warning."""
     caplog.set_level(logging.INFO)
     registry.add("work", lambda payload, ctx: None)
     consumer = consumers(clock)
@@ -232,9 +234,33 @@ def test_a_refused_visibility_extension_of_a_job_just_finished_is_not_reported(
     assert not [r for r in caplog.records if getattr(r, "event", "") ==
                 "visibility_extend_failed"]
     real.delete_batch(held.queue, [held.receipt])  # gone, though the job is still held
-    assert consumer.visibility.extend() == 1
-    assert [r.fields["entries"] for r in caplog.records
-            if getattr(r, "event", "") == "visibility_extend_failed"] == [1]
+    assert consumer.visibility.extend() == 0
+    assert consumer.visibility.extend() == 0  # not asked again
+    stopped = [r for r in caplog.records if getattr(r, "event", "") ==
+               "visibility_extend_stopped"]
+    assert [(r.levelname, r.fields["job_ids"]) for r in stopped] == [("INFO", [held.job_id])]
+    assert held.message_gone and pipe.tracker.holds(held)
+    held.message_gone = False
+    pipe.transport = Refuses(real)
+    try:
+        assert consumer.visibility.extend() == 1
+    finally:
+        pipe.transport = real
+    assert [r.fields["code"] for r in caplog.records
+            if getattr(r, "event", "") == "visibility_extend_failed"] == ["InternalError"]
+
+
+class Refuses:
+    """Every visibility extension refused for a reason other than a gone message."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def change_visibility_batch(self, queue: str, receipts: list[str], timeout: int) -> Any:
+        return [EntryFailure(str(i), "InternalError", "try again") for i in range(len(receipts))]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def test_shutdown_keeps_to_its_grace_while_a_receive_hangs(
