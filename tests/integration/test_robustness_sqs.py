@@ -18,6 +18,7 @@ from consumer.service import Consumer
 from shared.core.states import AttemptOutcome, JobState
 from shared.transport.base import MAX_WAIT_SECONDS, EntryFailure
 from shared.transport.sqs import ATTEMPTS, SqsTransport
+from tests.faults.waiting import hold_fault
 from tests.support.drive import dispatch, receive
 from tests.support.wait import wait_for
 from timer_service.dispatcher import REFUSED_BACKOFF_CAP_SECONDS, STUCK_AFTER_FAILURES
@@ -348,10 +349,12 @@ def test_claimed_jobs_do_not_wait_for_sqs_deleting_the_messages_that_claimed_not
     assert hanging.hanging.wait(30), "the poison message's delete hangs"
     try:
         assert ran.wait(10), "the claimed job runs while SQS hangs on the other delete"
-        held_until = time.monotonic() + 3 * 2  # three leases, with timer passes (rescues)
-        while time.monotonic() < held_until:
+        # The fault's window, not a wait for the system: the delete hangs for three leases
+        # (2 s each) while a timer pass runs every 0.2 s, any of which would rescue the job
+        # were it let go. The property is that none does.
+        for _ in range(30):
             timer.run_once()
-            time.sleep(0.2)
+            hold_fault(0.2, "between two timer passes while the delete hangs")
     finally:
         hanging.release.set()
     wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
