@@ -38,10 +38,12 @@ def _label(limit: LimitInfo) -> str:
 def _running(limit: LimitInfo) -> str:
     if limit.max_running is None:
         return "-"
+    # Handlers still running for jobs that left their worker hold slots too.
+    lingering = f" ({limit.lingering} lingering)" if limit.lingering else ""
     if limit.scope == "kind_key":
         return (f"{limit.in_flight} ({limit.keys_at_limit} keys full)/"
-                f"{limit.max_running} per key")
-    return f"{limit.in_flight}/{limit.max_running}"
+                f"{limit.max_running} per key{lingering}")
+    return f"{limit.in_flight}/{limit.max_running}{lingering}"
 
 
 def _row(limit: LimitInfo) -> list[object]:

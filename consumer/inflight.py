@@ -84,6 +84,12 @@ class InFlight:
             return self._stuck
 
     @property
+    def stuck(self) -> bool:
+        """Marked stuck (mark_stuck) and not returned since."""
+        with self._lock:
+            return self._stuck and not self._returned
+
+    @property
     def handler_done(self) -> bool:
         with self._lock:
             return self._returned

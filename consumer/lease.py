@@ -14,8 +14,9 @@ killed); after a lost lease its result will be discarded by the completer's fenc
 
 A handler still running a lease past its deadline is *stuck*: only a handler thread or an
 async task can be (a handler process is killed first). Its job is detached so that it is
-recovered elsewhere; the handler keeps its slot until it returns, counted meanwhile by
-the `tock_stuck_handlers` gauge.
+recovered elsewhere; the handler keeps its slot here and its concurrency-limit slot in the
+database (a lingering row, written by the next beat) until it returns, counted meanwhile
+by the `tock_stuck_handlers` gauge.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ class LeaseKeeper(Loop):
         row; returns (kept, lost)."""
         pipe = self.pipe
         items = pipe.tracker.heartbeating()
+        running = [i.job_id for i in pipe.tracker.items() if not i.handler_done]
         when = now if now is not None else pipe.clock()
         kept = pipe.store.heartbeat(pipe.announcement(), [i.lease for i in items],
-                                    pipe.settings.lease_seconds, when)
+                                    pipe.settings.lease_seconds, when, running=running)
         self.mark_ok()
         self._release_untracked(when)
         # A job whose outcome is being written in the meantime is not lost: it is done.
@@ -86,7 +88,19 @@ class LeaseKeeper(Loop):
             metrics.LEASES_LOST.inc()
             emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
                  worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
+        self._record_lingering()
         return len(kept), len(lost)
+
+    def _record_lingering(self) -> None:
+        """Handlers still running here for jobs this worker lost or let go keep their
+        concurrency slots (lingering_sql) until a beat finds them returned. A cancel has
+        written its own row already; this covers a stuck handler's job, detached to be
+        recovered elsewhere, and a lease taken over."""
+        pipe = self.pipe
+        lingering = [(i.lease, "stuck" if i.stuck else "lease_lost")
+                     for i in pipe.tracker.items()
+                     if not i.handler_done and (i.lease_lost or (i.detached and i.stuck))]
+        pipe.store.record_lingering(pipe.worker_id, lingering)
 
     def _release_untracked(self, now: datetime | None) -> None:
         """Let go of the jobs this worker owns in the database but does not hold (see

@@ -305,10 +305,14 @@ class LimitOut(BaseModel):
     key: str | None = Field(description="the kind or tenant; null: jobs without a tenant")
     max_running: int | None = Field(description="jobs dispatched or running at once "
                                                 "(kind_key: per key)")
-    in_flight: int | None = Field(description="jobs holding a slot now (kind_key: of all "
+    in_flight: int | None = Field(description="slots held now: jobs dispatched or running, "
+                                              "and lingering handlers (kind_key: of all "
                                               "its keys)")
     keys_at_limit: int | None = Field(default=None,
                                       description="kind_key: keys with max_running in flight")
+    lingering: int = Field(default=0, description="of in_flight, handlers still running for "
+                                                  "jobs that left their worker (cancelled, "
+                                                  "or stuck past their deadline)")
     rate_per_second: float | None
     burst: int | None
     tokens: float | None
@@ -324,7 +328,8 @@ class LimitOut(BaseModel):
                    in_flight=limit.in_flight, rate_per_second=limit.rate_per_second,
                    burst=limit.burst, tokens=limit.tokens,
                    seconds_to_next_token=limit.seconds_to_next_token, waiting=limit.waiting,
-                   waiting_more=limit.waiting_more, keys_at_limit=limit.keys_at_limit)
+                   waiting_more=limit.waiting_more, keys_at_limit=limit.keys_at_limit,
+                   lingering=limit.lingering)
 
 
 class OverviewOut(BaseModel):

@@ -198,7 +198,12 @@ def _limit_gauges(limits: list[LimitInfo]) -> Iterator[GaugeMetricFamily]:
                                 "Concurrency limit: jobs dispatched or running at once",
                                 labels=labels)
     in_flight = GaugeMetricFamily("tock_limit_in_flight",
-                                  "Jobs holding a slot of the limit (dispatched or running)",
+                                  "Slots of the limit held: jobs dispatched or running, and "
+                                  "lingering handlers",
+                                  labels=labels)
+    lingering = GaugeMetricFamily("tock_limit_lingering",
+                                  "Slots of the limit held by handlers still running for jobs "
+                                  "that left their worker (cancelled, or stuck)",
                                   labels=labels)
     rate = GaugeMetricFamily("tock_limit_rate_per_second", "Rate limit: dispatches per second",
                              labels=labels)
@@ -217,11 +222,12 @@ def _limit_gauges(limits: list[LimitInfo]) -> Iterator[GaugeMetricFamily]:
         if limit.max_running is not None:
             maximum.add_metric(key, limit.max_running)
             in_flight.add_metric(key, limit.in_flight or 0)
+            lingering.add_metric(key, limit.lingering)
         if limit.rate_per_second is not None:
             rate.add_metric(key, limit.rate_per_second)
             tokens.add_metric(key, limit.tokens or 0.0)
         waiting.add_metric(key, limit.waiting)
-    yield from (maximum, in_flight, rate, tokens, waiting, keys_full)
+    yield from (maximum, in_flight, lingering, rate, tokens, waiting, keys_full)
 
 
 def state_totals(counts: dict[tuple[str, str], int]) -> dict[str, int]:

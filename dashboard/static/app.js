@@ -368,8 +368,10 @@ function limitName(l) { return l.key === null ? "(no tenant)" : l.key; }
 
 function limitRunning(l) {
   if (l.max_running === null) return "–";
-  if (l.scope === "kind_key") return `${l.in_flight} (${l.keys_at_limit} keys full) / ${l.max_running} per key`;
-  return `${l.in_flight} / ${l.max_running}`;
+  // Handlers still running for jobs that left their worker hold slots too.
+  const lingering = l.lingering ? ` (${l.lingering} lingering)` : "";
+  if (l.scope === "kind_key") return `${l.in_flight} (${l.keys_at_limit} keys full) / ${l.max_running} per key${lingering}`;
+  return `${l.in_flight} / ${l.max_running}${lingering}`;
 }
 
 function limitTable(list) {

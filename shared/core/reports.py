@@ -106,7 +106,7 @@ class LimitInfo:
     burst: int | None
     """Tokens the bucket holds at most."""
     in_flight: int | None
-    """Jobs holding a slot now (dispatched or running)."""
+    """Slots held now: jobs dispatched or running, and lingering handlers."""
     tokens: float | None
     """Tokens in the bucket now."""
     waiting: int
@@ -117,6 +117,10 @@ class LimitInfo:
     """A kind_key limit as one key sees it (`explain`): in_flight and waiting are its own."""
     waiting_more: bool = False
     """More than `waiting` jobs wait: the count stops at a bound (UNFINISHED_EXACT_UP_TO)."""
+    lingering: int = 0
+    """Of `in_flight`, handlers still running for jobs that left their worker (cancelled,
+    or stuck past their deadline and recovered elsewhere): their slots are held until
+    they return."""
 
     @property
     def waiting_shown(self) -> str:

@@ -219,6 +219,12 @@ def _held(job: Job, ctx: Context, limit: LimitInfo, details: list[str]) -> Expla
                    f"slot of {name} ({limit.in_flight}/{limit.max_running} running).")
         step = ("A timer dispatches it when a job of that limit finishes (an expired lease "
                 "frees its slot too); `tock limits` shows the limits.")
+        if limit.lingering:
+            details.append(
+                f"{limit.lingering} of those slot(s) are held by handlers still running "
+                "for jobs that left their worker (cancelled, or stuck past their deadline "
+                "and recovered elsewhere): each is freed when its handler returns, or when "
+                "its worker stops.")
     else:
         rate = limit.rate_per_second or 0.0
         wait = limit.seconds_to_next_token or 0.0

@@ -15,11 +15,13 @@ exactly one of them. Jobs without a tenant are the tenant ''.
 from shared.core.validation import MAX_PRIORITY, MIN_PRIORITY
 from shared.store.counts_sql import PAIRS
 from shared.store.jobs_sql import NOW
+from shared.store.lingering_sql import lingering_count, live_lingering
 
 _DUE = "j.state IN ('scheduled', 'retrying')"
 TENANT_KEY = "coalesce(j.tenant, '')"
 IN_FLIGHT = "j.state IN ('dispatched', 'running')"
-"""A job holds a concurrency slot from its dispatch until its outcome (or its rescue)."""
+"""A job holds a concurrency slot from its dispatch until its outcome (or its rescue); a
+handler still running after its job left the worker holds one too (lingering_sql)."""
 
 # Probes are LATERAL ... ORDER BY run_at DESC LIMIT 1, not EXISTS: the planner may turn
 # an EXISTS into a hash semi-join that reads every due row of the level (it did at 5M
@@ -150,7 +152,9 @@ WITH RECURSIVE keys(ck) AS (
 SELECT w.ck, w.due,
        CASE WHEN w.due THEN (SELECT count(*) FROM tock_jobs j
                              WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL
-                               AND j.kind = %(kind)s AND j.concurrency_key = w.ck) END
+                               AND j.kind = %(kind)s AND j.concurrency_key = w.ck)
+                            + {lingering_count("h.kind = %(kind)s AND h.concurrency_key = w.ck")}
+       END
 FROM walked w
 """
 
@@ -173,8 +177,9 @@ CLAIM_KEYS = _dispatch(f"""
 # until the claim commits after the send, so the count it read stays true meanwhile.
 # A limit whose lock another timer holds has no room for this pass. The transaction must
 # be READ COMMITTED (the default), so that the count sees the last holder's commit.
-_KIND_IN_FLIGHT = f"""(SELECT count(*) FROM tock_jobs j
-                       WHERE {IN_FLIGHT} AND j.kind = l.key)"""
+_KIND_IN_FLIGHT = f"""((SELECT count(*) FROM tock_jobs j
+                        WHERE {IN_FLIGHT} AND j.kind = l.key)
+                       + {lingering_count("h.kind = l.key")})"""
 # The kinds with jobs in flight, as `k`: a loose scan of tock_jobs_in_flight_idx, one
 # probe per kind.
 _IN_FLIGHT_KINDS = f"""
@@ -187,20 +192,27 @@ WITH RECURSIVE k(kind) AS (
 )"""
 # Tenants' in-flight counts: the kinds with jobs in flight, then one range per (kind,
 # tenant), so the cost follows the slots held, not the table.
-_TENANT_IN_FLIGHT = f"""({_IN_FLIGHT_KINDS}
+_TENANT_IN_FLIGHT = f"""(({_IN_FLIGHT_KINDS}
     SELECT coalesce(sum((SELECT count(*) FROM tock_jobs j
                          WHERE {IN_FLIGHT} AND j.kind = k.kind AND {TENANT_KEY} = l.key)),
                     0)::bigint
-    FROM k WHERE k.kind IS NOT NULL)"""
+    FROM k WHERE k.kind IS NOT NULL) + {lingering_count("h.tenant = l.key")})"""
 
 # A kind_key limit's slots are counted per key (KEY_ROOMS); here, all its keys' together.
-_KEYED_IN_FLIGHT = f"""(SELECT count(*) FROM tock_jobs j
-                        WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL
-                          AND j.kind = l.key)"""
+_KEYED_IN_FLIGHT = f"""((SELECT count(*) FROM tock_jobs j
+                         WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL
+                           AND j.kind = l.key)
+                        + {lingering_count("h.kind = l.key AND h.concurrency_key IS NOT NULL")})"""
 
 _IN_FLIGHT_OF = f"""CASE WHEN l.scope = 'kind' THEN {_KIND_IN_FLIGHT}
                          WHEN l.scope = 'kind_key' THEN {_KEYED_IN_FLIGHT}
                          ELSE {_TENANT_IN_FLIGHT} END"""
+
+# Of those, the lingering handlers (lingering_sql): for `explain` and the limits' listings.
+_LINGERING_OF = f"""CASE WHEN l.scope = 'kind' THEN {lingering_count("h.kind = l.key")}
+    WHEN l.scope = 'kind_key'
+    THEN {lingering_count("h.kind = l.key AND h.concurrency_key IS NOT NULL")}
+    ELSE {lingering_count("h.tenant = l.key")} END"""
 
 _TOKENS_NOW = f"""CASE WHEN l.rate IS NULL THEN NULL
     ELSE least(l.burst::float8, l.tokens + l.rate
@@ -277,10 +289,17 @@ SELECT l.scope, l.key, l.max_running, l.rate, l.burst,
             ELSE {_TENANT_WAITING} END,
        CASE WHEN l.scope = 'kind_key'
             THEN (SELECT count(*) FROM (
-                      SELECT 1 FROM tock_jobs j
-                      WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL AND j.kind = l.key
-                      GROUP BY j.concurrency_key HAVING count(*) >= l.max_running) full_keys)
-       END
+                      SELECT 1 FROM (
+                          SELECT j.concurrency_key AS ck FROM tock_jobs j
+                          WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL
+                            AND j.kind = l.key
+                          UNION ALL
+                          SELECT h.concurrency_key FROM {live_lingering("h")}
+                            AND h.kind = l.key AND h.concurrency_key IS NOT NULL
+                      ) used
+                      GROUP BY used.ck HAVING count(*) >= l.max_running) full_keys)
+       END,
+       CASE WHEN l.max_running IS NULL THEN NULL ELSE {_LINGERING_OF} END
 FROM tock_limits l
 WHERE %(scope)s::text IS NULL OR (l.scope = %(scope)s AND l.key = %(key)s)
 ORDER BY l.scope, l.key
@@ -295,8 +314,10 @@ KEY_LIMIT = f"""
 SELECT l.max_running,
        (SELECT count(*) FROM tock_jobs j
         WHERE {IN_FLIGHT} AND j.concurrency_key IS NOT NULL AND j.kind = l.key
-          AND j.concurrency_key = %(ck)s),
-       {_KEY_WAITING}
+          AND j.concurrency_key = %(ck)s)
+       + {lingering_count("h.kind = l.key AND h.concurrency_key = %(ck)s")},
+       {_KEY_WAITING},
+       {lingering_count("h.kind = l.key AND h.concurrency_key = %(ck)s")}
 FROM tock_limits l
 WHERE l.scope = 'kind_key' AND l.key = %(kind)s
 """

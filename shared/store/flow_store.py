@@ -120,7 +120,8 @@ class FlowStore(Store):
         rows = self._rows(sql.LIMITS, {"scope": scope, "key": key, "now": now,
                                        "bound": waiting_up_to})
         return [LimitInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6],
-                          min(r[7], waiting_up_to), r[8], waiting_more=r[7] > waiting_up_to)
+                          min(r[7], waiting_up_to), r[8], waiting_more=r[7] > waiting_up_to,
+                          lingering=r[9] or 0)
                 for r in rows]
 
     def key_limit(self, kind: str, concurrency_key: str, now: datetime | None = None, *,
@@ -132,7 +133,7 @@ class FlowStore(Store):
             return None
         return LimitInfo("kind_key", kind, row[0], None, None, row[1], None,
                          min(row[2], waiting_up_to), concurrency_key=concurrency_key,
-                         waiting_more=row[2] > waiting_up_to)
+                         waiting_more=row[2] > waiting_up_to, lingering=row[3])
 
     def set_tenant_weight(self, tenant: str, weight: int) -> None:
         """A tenant's share of each batch relative to the others (default 1)."""

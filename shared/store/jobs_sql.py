@@ -15,6 +15,7 @@ Conventions:
 
 from shared.store.columns import JOB_COLUMNS, NOW, state_is, unindented
 from shared.store.history_sql import FINISHED, final_row, movable, to_history
+from shared.store.lingering_sql import FORGET_RETURNED
 
 __all__ = ["JOB_COLUMNS", "NOW"]  # the statement modules' shared names, also from here
 
@@ -238,7 +239,9 @@ SELECT id, state, dispatch_token FROM tock_history_jobs WHERE id = ANY(%(ids)s)
 
 # A worker's heartbeat: one row, however many jobs it runs. It refreshes the worker's
 # lease (which every job it holds hangs off) and reports which of the leases it believes
-# it holds it still holds; the rest were lost (cancelled, or expired and taken over).
+# it holds it still holds; the rest were lost (cancelled, or expired and taken over). Of its
+# lingering handlers (lingering_sql), those no longer %(running)s have returned: their slots
+# are free again.
 WORKER_BEAT = f"""
 WITH beat AS (
     INSERT INTO tock_workers (id, host, pid, queues, kinds, concurrency, in_flight, started_at,
@@ -248,7 +251,7 @@ WITH beat AS (
     ON CONFLICT (id) DO UPDATE
     SET in_flight = EXCLUDED.in_flight, last_heartbeat = EXCLUDED.last_heartbeat,
         lease_expires_at = EXCLUDED.lease_expires_at, kinds = EXCLUDED.kinds, stopped_at = NULL
-)
+), {FORGET_RETURNED}
 SELECT j.id
 FROM tock_jobs j
 JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(id, attempt, token)
@@ -292,8 +295,9 @@ ORDER BY k
 """
 
 # A worker that stops gives up its lease: anything it still holds (a stuck handler) is
-# rescued at its own expiry.
+# rescued at its own expiry, and its handlers (its threads) end with it.
 STOP_WORKER = f"""
+WITH gone AS (DELETE FROM tock_lingering WHERE worker = %(id)s)
 UPDATE tock_workers SET stopped_at = {NOW}, in_flight = 0, lease_expires_at = {NOW}
 WHERE id = %(id)s
 """

@@ -20,6 +20,7 @@ from shared.core.filters import JobFilter
 from shared.core.states import JobState
 from shared.store.columns import JOB_COLUMNS, NOW, state_is
 from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
+from shared.store.lingering_sql import cancelled_running
 
 DB_NOW = "SELECT now()"
 
@@ -102,8 +103,8 @@ WITH picked AS (
     DELETE FROM tock_jobs j USING picked
     WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])
       AND {movable}
-    RETURNING {final_row}
-), {to_history}
+    RETURNING {final_row}, j.state::text AS prev_state
+), {to_history}, {lingering}
 SELECT id FROM upd UNION ALL SELECT id FROM gone
 """
 
@@ -144,7 +145,8 @@ def bulk_batch(action: str, clause: pgsql.Composable, *, bounded: bool) -> pgsql
         return pgsql.SQL(_BULK_CANCEL).format(
             where=clause, upper=upper, now=pgsql.SQL(NOW), movable=pgsql.SQL(movable("j")),
             final_row=pgsql.SQL(final_row("j", _CANCELLED)),
-            to_history=pgsql.SQL(to_history("gone")))
+            to_history=pgsql.SQL(to_history("gone")),
+            lingering=pgsql.SQL(cancelled_running("gone")))
     return pgsql.SQL(_BULK_RETRY).format(
         where=clause, upper=upper, now=pgsql.SQL(NOW),
         back=pgsql.SQL(back_to_hot("gone", "id")), from_history=pgsql.SQL(from_history("gone")))

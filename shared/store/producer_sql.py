@@ -6,6 +6,7 @@ covers both tables in one statement: a job moving meanwhile is seen on exactly o
 
 from shared.store.columns import ATTEMPT_COLUMNS, JOB_COLUMNS, NOW
 from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
+from shared.store.lingering_sql import cancelled_running
 
 INSERT_JOBS = f"""
 INSERT INTO tock_jobs (id, kind, queue, payload, priority, run_at, max_attempts,
@@ -72,6 +73,7 @@ SELECT {ATTEMPT_COLUMNS} FROM (
 
 # An unfinished job is cancelled by moving it to the history (unless it is older than
 # migration 0007 and its key has no row yet: then in place, and the retention loop moves it).
+# A running job's handler keeps its concurrency slot until it returns (lingering_sql).
 _UNFINISHED = "('scheduled', 'retrying', 'dispatched', 'running')"
 _CANCELLED = {"state": "'cancelled'::tock_job_state", "finished_at": NOW, "updated_at": NOW}
 
@@ -84,8 +86,8 @@ WITH upd AS (
 ), gone AS (
     DELETE FROM tock_jobs j
     WHERE j.id = %(id)s AND j.state IN {_UNFINISHED} AND {movable("j")}
-    RETURNING {final_row("j", _CANCELLED)}
-), {to_history("gone")}
+    RETURNING {final_row("j", _CANCELLED)}, j.state::text AS prev_state
+), {to_history("gone")}, {cancelled_running("gone")}
 SELECT {JOB_COLUMNS} FROM upd UNION ALL SELECT {JOB_COLUMNS} FROM gone
 """
 

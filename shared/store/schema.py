@@ -259,6 +259,20 @@ limits = Table(  # 0008
     CheckConstraint("(rate IS NULL) = (burst IS NULL)"),
 )
 
+lingering = Table(  # 0012: handlers still running for jobs their worker let go
+    "tock_lingering", metadata,
+    Column("worker", Text, ForeignKey("tock_workers.id", ondelete="CASCADE"), nullable=False),
+    Column("job_id", BigInteger, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("concurrency_key", Text),
+    Column("reason", Text, nullable=False),
+    Column("since", TS, nullable=False, server_default=text("now()")),
+    PrimaryKeyConstraint("worker", "job_id"),
+    CheckConstraint("reason IN ('cancelled', 'stuck', 'lease_lost')"),
+)
+
 migrations = Table(
     "tock_migrations", metadata,
     Column("name", Text, primary_key=True),
@@ -266,5 +280,5 @@ migrations = Table(
 )
 
 __all__ = ["PARTITIONED", "PARTITIONS_AHEAD_DAYS", "VIEWS", "attempts", "history_attempts",
-           "history_jobs", "jobs", "keys", "limits", "metadata", "migrations", "schedule_audit",
-           "schedules", "tenant_weights", "workers"]
+           "history_jobs", "jobs", "keys", "limits", "lingering", "metadata", "migrations",
+           "schedule_audit", "schedules", "tenant_weights", "workers"]

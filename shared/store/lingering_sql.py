@@ -1,0 +1,63 @@
+"""Handlers still running for jobs their worker no longer holds (tock_lingering, 0012).
+
+A thread cannot be killed: a cancelled job's handler stops when it notices `ctx.cancelled`,
+and a handler that ignores its deadline runs on while its job is recovered elsewhere. The
+job row has moved on, but the handler still occupies the worker, so it keeps its
+concurrency slot: limits count these rows beside the jobs in flight, for as long as the
+worker's lease is alive. The cancel writes its row itself (no moment with the slot free);
+the worker's heartbeat writes the rest and deletes those whose handler has returned.
+"""
+
+from shared.store.columns import NOW
+
+
+def live_lingering(alias: str) -> str:
+    """FROM ... WHERE ... of the lingering handlers that hold a slot now (rows `alias`):
+    their worker's lease is alive, and their job is not still running under the same
+    worker and attempt (a detached job before its rescue: counted as in flight already)."""
+    return f"""tock_lingering {alias}
+    JOIN tock_workers {alias}_w ON {alias}_w.id = {alias}.worker
+                             AND {alias}_w.lease_expires_at > {NOW}
+    WHERE NOT EXISTS (SELECT 1 FROM tock_jobs {alias}_j
+                      WHERE {alias}_j.id = {alias}.job_id AND {alias}_j.state::text = 'running'
+                        AND {alias}_j.lease_owner = {alias}.worker
+                        AND {alias}_j.attempt = {alias}.attempt)"""
+
+
+def lingering_count(match: str) -> str:
+    """How many lingering handlers hold a slot now whose row `h` matches `match`."""
+    return f"(SELECT count(*) FROM {live_lingering('h')} AND {match})"
+
+
+def cancelled_running(gone: str) -> str:
+    """A CTE writing a lingering row for each job of CTE `gone` (a cancel's rows, with
+    `prev_state`) that was running: its handler is told at its worker's next heartbeat,
+    and holds its slot until it returns."""
+    return f"""lingering AS (
+    INSERT INTO tock_lingering (worker, job_id, attempt, kind, tenant, concurrency_key,
+                                reason)
+    SELECT g.lease_owner, g.id, g.attempt, g.kind, coalesce(g.tenant, ''), g.concurrency_key,
+           'cancelled'
+    FROM {gone} g JOIN tock_workers w ON w.id = g.lease_owner
+    WHERE g.prev_state = 'running'
+    ON CONFLICT (worker, job_id) DO NOTHING
+)"""
+
+
+# The heartbeat's side (a CTE of WORKER_BEAT): rows of handlers no longer running here go.
+FORGET_RETURNED = """forget AS (
+    DELETE FROM tock_lingering
+    WHERE worker = %(id)s AND NOT (job_id = ANY(%(running)s::bigint[]))
+)"""
+
+# Handlers this worker still runs for jobs it lost or let go, with the job's kind, tenant and
+# key from wherever the job is now (hot table or history).
+RECORD = """
+INSERT INTO tock_lingering (worker, job_id, attempt, kind, tenant, concurrency_key, reason)
+SELECT %(worker)s, m.id, m.attempt, j.kind, coalesce(j.tenant, ''), j.concurrency_key, m.reason
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(reasons)s::text[])
+     AS m(id, attempt, reason)
+CROSS JOIN LATERAL (SELECT a.kind, a.tenant, a.concurrency_key FROM tock_jobs_all a
+                    WHERE a.id = m.id LIMIT 1) j
+ON CONFLICT (worker, job_id) DO NOTHING
+"""
