@@ -89,6 +89,12 @@ class Rescuer(Loop):
                                         since_back=since_back)
             if back_at is not None:
                 self._back_at = back_at  # this pass reached the database
+            freed = tx.forget_dead_lingering(now, since_back=since_back)
+            if freed:
+                emit(log, "lingering_freed", logging.INFO, slots=len(freed),
+                     workers=sorted({w for w, _ in freed}),
+                     detail="the workers of these handlers are gone, and their threads "
+                            "with them: their concurrency slots are free")
             if not expired:
                 return 0
             rescues = []

@@ -153,6 +153,13 @@ class JobStore(Store):
                 sql.SELECT_EXPIRED_DETACHED, {**params, "limit": limit - len(leases)})]
         return leases
 
+    def forget_dead_lingering(self, now: datetime | None = None, *,
+                              since_back: float | None = None) -> list[tuple[str, int]]:
+        """Free the slots of lingering handlers whose worker is dead (its lease expired;
+        with `since_back`, as `expired_leases` judges it): (worker, job id) of each."""
+        return [(r[0], r[1]) for r in self._rows(lingering_sql.FORGET_DEAD, {
+            "now": now, "since_back": since_back})]
+
     def rescue_expired(self, rescues: Sequence[Rescue], now: datetime | None = None
                        ) -> set[int]:
         """Move expired jobs on (retrying, or dead: to the history) and record the lost

@@ -3,9 +3,10 @@
 A thread cannot be killed: a cancelled job's handler stops when it notices `ctx.cancelled`,
 and a handler that ignores its deadline runs on while its job is recovered elsewhere. The
 job row has moved on, but the handler still occupies the worker, so it keeps its
-concurrency slot: limits count these rows beside the jobs in flight, for as long as the
-worker's lease is alive. The cancel writes its row itself (no moment with the slot free);
-the worker's heartbeat writes the rest and deletes those whose handler has returned.
+concurrency slot: limits count these rows beside the jobs in flight. The cancel writes its
+row itself (no moment with the slot free); the worker's heartbeat writes the rest and
+deletes those whose handler has returned; a stopping worker deletes its own, and a timer
+those of a worker it finds dead (its threads died with it).
 """
 
 from shared.store.columns import NOW
@@ -13,11 +14,11 @@ from shared.store.columns import NOW
 
 def live_lingering(alias: str) -> str:
     """FROM ... WHERE ... of the lingering handlers that hold a slot now (rows `alias`):
-    their worker's lease is alive, and their job is not still running under the same
-    worker and attempt (a detached job before its rescue: counted as in flight already)."""
+    all but those whose job is still running under the same worker and attempt (a detached
+    job before its rescue: counted as in flight already). A dead worker's rows go when a
+    timer finds it dead (FORGET_DEAD), as its jobs are rescued: until then its handlers
+    may be running."""
     return f"""tock_lingering {alias}
-    JOIN tock_workers {alias}_w ON {alias}_w.id = {alias}.worker
-                             AND {alias}_w.lease_expires_at > {NOW}
     WHERE NOT EXISTS (SELECT 1 FROM tock_jobs {alias}_j
                       WHERE {alias}_j.id = {alias}.job_id AND {alias}_j.state::text = 'running'
                         AND {alias}_j.lease_owner = {alias}.worker
@@ -60,4 +61,16 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(reasons)s::text[])
 CROSS JOIN LATERAL (SELECT a.kind, a.tenant, a.concurrency_key FROM tock_jobs_all a
                     WHERE a.id = m.id LIMIT 1) j
 ON CONFLICT (worker, job_id) DO NOTHING
+"""
+
+# The rescuer's side: rows of workers whose lease expired, judged as SELECT_EXPIRED_LEASES
+# judges them (after an outage, only once the worker has had a whole lease to renew).
+FORGET_DEAD = f"""
+DELETE FROM tock_lingering h USING tock_workers w
+WHERE w.id = h.worker AND (w.lease_expires_at IS NULL OR (
+    w.lease_expires_at < {NOW}
+    AND (%(since_back)s::float8 IS NULL
+         OR make_interval(secs => %(since_back)s::float8)
+            > w.lease_expires_at - w.last_heartbeat)))
+RETURNING h.worker, h.job_id
 """

@@ -116,3 +116,26 @@ def test_a_backlog_waits_in_postgres_while_no_consumer_lives_and_drains_after(
     attempts = db.execute("SELECT count(*), count(DISTINCT job_id) FROM tock_attempts_all "
                           "WHERE outcome = 'succeeded'").fetchone()
     assert attempts == (1500, 1500), "each job succeeded exactly once"
+
+
+def test_a_killed_consumers_lingering_handler_frees_its_slot_once_the_timer_finds_it_dead(
+        procs, client, db):
+    """A cancelled job whose handler runs on holds its tenant's one slot; kill -9 its
+    consumer and the timer frees the slot as it would rescue the consumer's jobs (its lease,
+    3 s, expired), so the tenant's next job runs on a new consumer."""
+    client.set_limit("tenant", "t", max_running=1)
+    procs.timer("timer")
+    procs.consumer("victim")
+    hung = client.schedule("hang_first", tenant="t", timeout=60)
+    procs.wait_for(lambda: _runs(db, hung.id), timeout=60, message="the handler started")
+    client.cancel(hung.id)
+    waiting = client.schedule("record", tenant="t")
+    procs.wait_for(lambda: db.execute("SELECT count(*) FROM tock_lingering").fetchone()[0],
+                   timeout=30, message="the cancelled handler's slot held")
+    assert client.get(waiting.id).state is JobState.SCHEDULED, "no slot while it runs"
+    procs.kill("victim")
+    procs.consumer("survivor")
+    procs.wait_for(lambda: client.get(waiting.id).state is JobState.SUCCEEDED, timeout=60,
+                   message="the slot freed once the victim was found dead")
+    assert "lingering_freed" in procs.logs()
+    assert [r[1] for r in _runs(db, hung.id)] == [1], "the cancelled job never ran again"

@@ -1,8 +1,8 @@
 """Lingering handlers (shared.store.lingering_sql): a handler still running for a job its
 worker no longer holds keeps the job's concurrency slot. The cancel of a running job writes
 the row itself; the worker's heartbeat writes the others (`record_lingering`) and deletes
-those whose handler has returned; only live workers' rows count, and a stopping worker's
-go with it. Real Postgres; time pinned through `now=`."""
+those whose handler has returned; a stopping worker's go with it, and a dead worker's
+when a timer finds it dead. Real Postgres; time pinned through `now=`."""
 
 from __future__ import annotations
 
@@ -78,17 +78,29 @@ def test_a_scheduled_or_dispatched_job_cancelled_leaves_no_lingering_row(
     assert count(db, "tock_lingering") == 0
 
 
-def test_only_live_workers_lingering_handlers_count_and_a_stop_removes_them(
+def test_a_dead_workers_lingering_handlers_are_freed_as_its_jobs_would_be_rescued(
         job_store, flow, db, now):
     _beat(job_store, now)
     lease = add_running(db, now, kind="k")
     flow.set_limit("kind", "k", max_running=1, rate_per_second=None, burst=None)
     job_store.cancel_job(lease.job_id, now=now)
-    assert _use(_limits(flow, now + secs(29))["kind", "k"]) == (1, 1)
+    assert job_store.forget_dead_lingering(now + secs(29)) == [], "its lease holds"
+    assert job_store.forget_dead_lingering(now + secs(31), since_back=10) == [], \
+        "back from an outage 10 s ago: the worker has not had a whole lease to renew"
+    assert _use(_limits(flow, now + secs(31))["kind", "k"]) == (1, 1), "counted until then"
+    assert job_store.forget_dead_lingering(now + secs(31), since_back=31) == [
+        ("w1", lease.job_id)]
     assert _use(_limits(flow, now + secs(31))["kind", "k"]) == (0, 0), \
-        "its worker's lease expired: the worker is gone, and its threads with it"
+        "its worker is gone, and its threads with it"
+
+
+def test_a_stopping_worker_takes_its_lingering_rows_with_it(job_store, db, now):
+    _beat(job_store, now)
+    _beat(job_store, now, worker="w2")
+    for worker in ("w1", "w2"):
+        job_store.cancel_job(add_running(db, now, worker=worker).job_id, now=now)
     job_store.stop_worker("w1", now=now)
-    assert count(db, "tock_lingering") == 0
+    assert db.execute("SELECT worker FROM tock_lingering").fetchall() == [("w2",)]
 
 
 def test_a_stuck_handler_counts_once_while_detached_and_after_its_job_is_rescued(
