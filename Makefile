@@ -75,4 +75,4 @@ bench-full: install
 	$(BIN)/python -m bench --profile full
 
 clean:
-	rm -rf $(VENV) $(LS_VENV) $(CHECKOV_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(LS_VENV) $(CHECKOV_VENV) .bench-peers-venv .mypy_cache .ruff_cache .pytest_cache

@@ -48,6 +48,9 @@ class Profile:
     """The sustained run (table health, memory over a long run)."""
     soak_rate: float
     """Its rate in jobs/s (capped at half the run's best end to end)."""
+    peer_jobs: int = 0
+    """No-op jobs a peer scheduler (Procrastinate) drains at each in-memory concurrency, on
+    the same Postgres server; 0 skips the peers (tiny: no download in the test suite)."""
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.consumer_counts) or not self.consumer_counts:
@@ -72,7 +75,7 @@ QUICK = Profile(
     fair_backlog=1_000_000, fair_window=20_000,
     history_rows=1_000_000,
     fair_sqs_backlog=10_000, fair_sqs_window=None, fair_sqs_compare=False,
-    soak_seconds=60.0, soak_rate=200.0,
+    soak_seconds=60.0, soak_rate=200.0, peer_jobs=6_000,
 )
 
 FULL = Profile(
@@ -87,7 +90,7 @@ FULL = Profile(
     fair_backlog=1_000_000, fair_window=50_000,
     history_rows=10_000_000,
     fair_sqs_backlog=20_000, fair_sqs_window=None, fair_sqs_compare=True,
-    soak_seconds=600.0, soak_rate=200.0,
+    soak_seconds=600.0, soak_rate=200.0, peer_jobs=20_000,
 )
 
 TINY = Profile(

@@ -12,6 +12,7 @@ GROUP_TITLES = {
     "raw-postgres": "Raw Postgres ceilings", "raw-sqs": "Raw SQS ceilings",
     "enqueue": "Enqueue", "dispatch": "Dispatch", "end-to-end": "End to end",
     "cpu": "CPU per job (the in-memory runs)",
+    "peers": "Peers on the same Postgres (no SQS on either side)",
     "latency": "Latency", "burst": "Burst", "scale": "Scale",
     "fairness": "Fair share (tenant B's 100 jobs behind tenant A's backlog)",
     "memory": "Memory",

@@ -17,6 +17,7 @@ from bench import (
     fairness,
     hotspots,
     latency,
+    peers,
     pipeline,
     plots,
     raw_postgres,
@@ -34,8 +35,9 @@ from bench.services import environment, running_services
 
 PHASES = ("services", "raw Postgres ceilings", "raw SQS ceilings", "enqueue",
           "dispatch", "end to end", "database work (memory transport)",
-          "latency + burst", "sustained load", "fairness through SQS", "scale", "fairness",
-          "profile", "raw ceilings again", "report")
+          "peers on the same Postgres", "latency + burst", "sustained load",
+          "fairness through SQS", "scale", "fairness", "profile", "raw ceilings again",
+          "report")
 
 
 def run(profile: Profile, out: Path) -> Path:
@@ -71,6 +73,7 @@ def run(profile: Profile, out: Path) -> Path:
                 ("dispatch", lambda: pipeline.dispatch(ctx)),
                 ("end to end", lambda: best.__setitem__(0, pipeline.end_to_end(ctx))),
                 ("database work (memory transport)", lambda: pipeline.database_work(ctx)),
+                ("peers on the same Postgres", lambda: peers.procrastinate(ctx)),
                 ("latency + burst", lambda: latency.latency_and_burst(ctx, best[0])),
                 ("sustained load", lambda: soak.soak(ctx, best[0])),
                 ("fairness through SQS", lambda: fair_sqs.fair_through_sqs(ctx, best[0])),

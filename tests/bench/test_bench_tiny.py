@@ -51,7 +51,7 @@ def test_tiny_profile_runs_end_to_end(tmp_path: Path) -> None:
         [sys.executable, "-m", "bench", "--profile", "tiny", "--out", str(out)],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "(15/15) report done" in proc.stderr  # progress was shown
+    assert "(16/16) report done" in proc.stderr  # progress was shown
 
     data = json.loads((out / "results.json").read_text())
     assert validate(data) == []
