@@ -106,17 +106,34 @@ class Tracker:
 
     def __init__(self) -> None:
         self._items: dict[int, InFlight] = {}
+        self._unheld: list[InFlight] = []
+        """Items no longer held whose handler still ran: replaced by a later claim of the
+        same job (a stuck handler's job retried on this worker), or forgotten once given
+        back at shutdown. Their handlers still run here (`handlers`)."""
         self._cond = threading.Condition()
 
     def add(self, item: InFlight) -> None:
         with self._cond:
+            old = self._items.get(item.job_id)
+            if old is not None and old is not item and not old.handler_done:
+                self._unheld.append(old)
             self._items[item.job_id] = item
+
+    def handlers(self) -> list[InFlight]:
+        """Every claim whose handler has not returned: those held, and those no longer
+        held (their handlers hold their concurrency slots too)."""
+        with self._cond:
+            self._unheld = [i for i in self._unheld if not i.handler_done]
+            return [*self._unheld,
+                    *(i for i in self._items.values() if not i.handler_done)]
 
     def forget(self, item: InFlight) -> None:
         """Stop tracking a job, once, whichever path gets here first."""
         with self._cond:
             if self._items.get(item.job_id) is item:
                 del self._items[item.job_id]
+                if item.released and not item.handler_done:
+                    self._unheld.append(item)
                 self._cond.notify_all()
 
     def holds(self, item: InFlight) -> bool:

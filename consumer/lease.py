@@ -74,7 +74,7 @@ class LeaseKeeper(Loop):
         row; returns (kept, lost)."""
         pipe = self.pipe
         items = pipe.tracker.heartbeating()
-        running = [i.job_id for i in pipe.tracker.items() if not i.handler_done]
+        running = [i.lease for i in pipe.tracker.handlers()]
         when = now if now is not None else pipe.clock()
         kept = pipe.store.heartbeat(pipe.announcement(), [i.lease for i in items],
                                     pipe.settings.lease_seconds, when, running=running)
@@ -98,8 +98,7 @@ class LeaseKeeper(Loop):
         recovered elsewhere, and a lease taken over."""
         pipe = self.pipe
         lingering = [(i.lease, "stuck" if i.stuck else "lease_lost")
-                     for i in pipe.tracker.items()
-                     if not i.handler_done and (i.lease_lost or (i.detached and i.stuck))]
+                     for i in pipe.tracker.handlers() if i.lease_lost or (i.detached and i.stuck)]
         pipe.store.record_lingering(pipe.worker_id, lingering)
 
     def _release_untracked(self, now: datetime | None) -> None:

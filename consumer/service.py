@@ -184,6 +184,13 @@ class Consumer:
             item.abandoned = True
             item.stop("released at shutdown")
         if release:
+            # Their handlers may run on until this process exits, while the released jobs
+            # are due again at once: they keep their concurrency slots until this worker
+            # stops (STOP_WORKER), written before the release is.
+            with contextlib.suppress(Retryable):
+                self.pipe.store.record_lingering(
+                    self.worker_id, [(i.lease, "released") for i in release
+                                     if not i.handler_done])
             emit(log, "jobs_released", logging.WARNING, jobs=len(release),
                  job_ids=[i.job_id for i in release], worker=self.worker_id)
             for item in release:

@@ -205,10 +205,10 @@ class JobStore(Store):
                 for r in self._rows(sql.EXPLAIN_UNCLAIMED, {"ids": list(job_ids)})}
 
     def heartbeat(self, worker: Worker, leases: Sequence[Lease], lease_seconds: float,
-                  now: datetime | None = None, *, running: Sequence[int] = ()) -> set[int]:
+                  now: datetime | None = None, *, running: Sequence[Lease] = ()) -> set[int]:
         """The worker's heartbeat, one statement: refresh its row and its lease (which
         every job it holds hangs off), forget its lingering handlers not in `running` (the
-        jobs whose handlers are still running here: the others have returned), and return
+        claims whose handlers are still running here: the others have returned), and return
         which of `leases` it still holds (the rest are lost: cancelled, expired and taken
         over, or detached)."""
         return {r[0] for r in self._rows(sql.WORKER_BEAT, {
@@ -216,18 +216,19 @@ class JobStore(Store):
             "kinds": worker.kinds, "concurrency": worker.concurrency,
             "in_flight": worker.in_flight, "lease_seconds": lease_seconds,
             "ids": [x.job_id for x in leases], "attempts": [x.attempt for x in leases],
-            "tokens": [x.token for x in leases], "running": list(running), "now": now})}
+            "tokens": [x.token for x in leases], "running": [x.token for x in running],
+            "now": now})}
 
     def record_lingering(self, worker: str,
                          handlers: Sequence[tuple[Lease, str]]) -> None:
         """Handlers `worker` still runs for jobs it lost or let go, each with why
-        ('cancelled', 'stuck', 'lease_lost'): they keep their concurrency slots until a
+        ('cancelled', 'stuck', 'lease_lost', 'released'): they keep their concurrency slots until a
         heartbeat finds them returned (lingering_sql)."""
         if handlers:
             self._run(lingering_sql.RECORD, {
                 "worker": worker, "ids": [h[0].job_id for h in handlers],
                 "attempts": [h[0].attempt for h in handlers],
-                "reasons": [h[1] for h in handlers]})
+                "tokens": [h[0].token for h in handlers], "reasons": [h[1] for h in handlers]})
 
     def detach_lease(self, lease: Lease, worker: str, lease_seconds: float,
                      now: datetime | None = None) -> bool:

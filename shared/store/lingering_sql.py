@@ -14,15 +14,17 @@ from shared.store.columns import NOW
 
 def live_lingering(alias: str) -> str:
     """FROM ... WHERE ... of the lingering handlers that hold a slot now (rows `alias`):
-    all but those whose job is still running under the same worker and attempt (a detached
-    job before its rescue: counted as in flight already). A dead worker's rows go when a
-    timer finds it dead (FORGET_DEAD), as its jobs are rescued: until then its handlers
-    may be running."""
+    all but those whose job is still running under the same worker and claim (a detached
+    job before its rescue: counted as in flight already). The claim is its dispatch token:
+    the job's next claim on the same worker may have the same attempt (a retried job counts
+    from 1 again), and runs beside the old handler. A dead worker's rows go when a timer
+    finds it dead (FORGET_DEAD), as its jobs are rescued: until then its handlers may be
+    running."""
     return f"""tock_lingering {alias}
     WHERE NOT EXISTS (SELECT 1 FROM tock_jobs {alias}_j
                       WHERE {alias}_j.id = {alias}.job_id AND {alias}_j.state::text = 'running'
                         AND {alias}_j.lease_owner = {alias}.worker
-                        AND {alias}_j.attempt = {alias}.attempt)"""
+                        AND {alias}_j.dispatch_token = {alias}.token)"""
 
 
 def lingering_count(match: str) -> str:
@@ -35,32 +37,35 @@ def cancelled_running(gone: str) -> str:
     `prev_state`) that was running: its handler is told at its worker's next heartbeat,
     and holds its slot until it returns."""
     return f"""lingering AS (
-    INSERT INTO tock_lingering (worker, job_id, attempt, kind, tenant, concurrency_key,
+    INSERT INTO tock_lingering (worker, job_id, attempt, token, kind, tenant, concurrency_key,
                                 reason)
-    SELECT g.lease_owner, g.id, g.attempt, g.kind, coalesce(g.tenant, ''), g.concurrency_key,
-           'cancelled'
+    SELECT g.lease_owner, g.id, g.attempt, g.dispatch_token, g.kind, coalesce(g.tenant, ''),
+           g.concurrency_key, 'cancelled'
     FROM {gone} g JOIN tock_workers w ON w.id = g.lease_owner
     WHERE g.prev_state = 'running'
-    ON CONFLICT (worker, job_id) DO NOTHING
+    ON CONFLICT (worker, token) DO NOTHING
 )"""
 
 
-# The heartbeat's side (a CTE of WORKER_BEAT): rows of handlers no longer running here go.
+# The heartbeat's side (a CTE of WORKER_BEAT): rows of handlers no longer running here go
+# (%(running)s: the dispatch tokens of the claims whose handlers still run).
 FORGET_RETURNED = """forget AS (
     DELETE FROM tock_lingering
-    WHERE worker = %(id)s AND NOT (job_id = ANY(%(running)s::bigint[]))
+    WHERE worker = %(id)s AND NOT (token = ANY(%(running)s::uuid[]))
 )"""
 
 # Handlers this worker still runs for jobs it lost or let go, with the job's kind, tenant and
 # key from wherever the job is now (hot table or history).
 RECORD = """
-INSERT INTO tock_lingering (worker, job_id, attempt, kind, tenant, concurrency_key, reason)
-SELECT %(worker)s, m.id, m.attempt, j.kind, coalesce(j.tenant, ''), j.concurrency_key, m.reason
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(reasons)s::text[])
-     AS m(id, attempt, reason)
+INSERT INTO tock_lingering (worker, job_id, attempt, token, kind, tenant, concurrency_key,
+                            reason)
+SELECT %(worker)s, m.id, m.attempt, m.token, j.kind, coalesce(j.tenant, ''), j.concurrency_key,
+       m.reason
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(tokens)s::uuid[], %(reasons)s::text[])
+     AS m(id, attempt, token, reason)
 CROSS JOIN LATERAL (SELECT a.kind, a.tenant, a.concurrency_key FROM tock_jobs_all a
                     WHERE a.id = m.id LIMIT 1) j
-ON CONFLICT (worker, job_id) DO NOTHING
+ON CONFLICT (worker, token) DO NOTHING
 """
 
 # The rescuer's side: rows of workers whose lease expired, judged as SELECT_EXPIRED_LEASES

@@ -264,13 +264,14 @@ lingering = Table(  # 0012: handlers still running for jobs their worker let go
     Column("worker", Text, ForeignKey("tock_workers.id", ondelete="CASCADE"), nullable=False),
     Column("job_id", BigInteger, nullable=False),
     Column("attempt", Integer, nullable=False),
+    Column("token", UUID, nullable=False),
     Column("kind", Text, nullable=False),
     Column("tenant", Text, nullable=False),
     Column("concurrency_key", Text),
     Column("reason", Text, nullable=False),
     Column("since", TS, nullable=False, server_default=text("now()")),
-    PrimaryKeyConstraint("worker", "job_id"),
-    CheckConstraint("reason IN ('cancelled', 'stuck', 'lease_lost')"),
+    PrimaryKeyConstraint("worker", "token"),
+    CheckConstraint("reason IN ('cancelled', 'stuck', 'lease_lost', 'released')"),
 )
 
 migrations = Table(

@@ -32,7 +32,7 @@ def test_0012_counts_the_handler_of_a_job_cancelled_right_after_the_upgrade(old_
     try:
         jobs, flow = JobStore(db), FlowStore(db)
         assert jobs.heartbeat(worker, [lease], 30, now=now,
-                              running=[lease.job_id]) == {lease.job_id}
+                              running=[lease]) == {lease.job_id}
         flow.set_limit("kind", "report", max_running=1, rate_per_second=None, burst=None)
         assert jobs.cancel_job(lease.job_id, now=now) is not None
         [limit] = flow.limits(now=now)

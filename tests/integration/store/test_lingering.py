@@ -61,7 +61,7 @@ def test_a_cancelled_running_job_keeps_its_slots_until_its_handler_returns(
     assert flow.key_limit("k", "other", now=now).in_flight == 0
     assert count(db, "tock_lingering", "reason = 'cancelled'") == 1
 
-    _beat(job_store, now + secs(1), running=[lease.job_id])
+    _beat(job_store, now + secs(1), running=[lease])
     assert _use(_limits(flow, now + secs(1))["kind", "k"]) == (1, 1), "still running here"
     _beat(job_store, now + secs(2))
     assert _use(_limits(flow, now + secs(2))["kind", "k"]) == (0, 0), "returned: slot free"
