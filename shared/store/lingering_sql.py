@@ -11,6 +11,10 @@ those of a worker it finds dead (its threads died with it).
 
 from shared.store.columns import NOW
 
+FORGET_AFTER_SECONDS = 2
+"""A returned handler's row goes at the first heartbeat at least this long after it was
+written (FORGET_RETURNED)."""
+
 
 def live_lingering(alias: str) -> str:
     """FROM ... WHERE ... of the lingering handlers that hold a slot now (rows `alias`):
@@ -38,9 +42,9 @@ def cancelled_running(gone: str) -> str:
     and holds its slot until it returns."""
     return f"""lingering AS (
     INSERT INTO tock_lingering (worker, job_id, attempt, token, kind, tenant, concurrency_key,
-                                reason)
+                                reason, since)
     SELECT g.lease_owner, g.id, g.attempt, g.dispatch_token, g.kind, coalesce(g.tenant, ''),
-           g.concurrency_key, 'cancelled'
+           g.concurrency_key, 'cancelled', {NOW}
     FROM {gone} g JOIN tock_workers w ON w.id = g.lease_owner
     WHERE g.prev_state = 'running'
     ON CONFLICT (worker, token) DO NOTHING
@@ -48,10 +52,13 @@ def cancelled_running(gone: str) -> str:
 
 
 # The heartbeat's side (a CTE of WORKER_BEAT): rows of handlers no longer running here go
-# (%(running)s: the dispatch tokens of the claims whose handlers still run).
-FORGET_RETURNED = """forget AS (
+# (%(running)s: the dispatch tokens of the claims whose handlers still run). Only rows a
+# little older than the beat: a cancel can land between a claim's commit and the moment the
+# worker tracks the claim, and the beat's list, taken just before, would not name it yet.
+FORGET_RETURNED = f"""forget AS (
     DELETE FROM tock_lingering
     WHERE worker = %(id)s AND NOT (token = ANY(%(running)s::uuid[]))
+      AND since < {NOW} - make_interval(secs => {FORGET_AFTER_SECONDS})
 )"""
 
 # Handlers this worker still runs for jobs it lost or let go, with the job's kind, tenant and

@@ -37,8 +37,8 @@ def test_0012_counts_the_handler_of_a_job_cancelled_right_after_the_upgrade(old_
         assert jobs.cancel_job(lease.job_id, now=now) is not None
         [limit] = flow.limits(now=now)
         assert (limit.in_flight, limit.lingering) == (1, 1)
-        jobs.heartbeat(worker, [], 30, now=now + secs(1))
-        [limit] = flow.limits(now=now + secs(1))
+        jobs.heartbeat(worker, [], 30, now=now + secs(3))
+        [limit] = flow.limits(now=now + secs(3))
         assert (limit.in_flight, limit.lingering) == (0, 0)
     finally:
         db.close()
