@@ -51,8 +51,11 @@ def client(args: argparse.Namespace) -> Client:
 
 @contextmanager
 def operator_store(args: argparse.Namespace) -> Iterator[OperatorStore]:
-    """The operator statements on a small pool of their own."""
-    database = Database(settings(args).database_url, max_size=2, name="tock-cli")
+    """The operator statements on a small pool of their own, bounded as the client's calls
+    are (TOCK_CALL_TIMEOUT_SECONDS)."""
+    config = settings(args)
+    database = Database(config.database_url, max_size=2, name="tock-cli",
+                        answer_timeout=config.call_timeout_seconds)
     try:
         yield OperatorStore(database)
     finally:

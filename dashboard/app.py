@@ -106,6 +106,10 @@ def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
 
 POOL_TIMEOUT_SECONDS = 3.0
 """Longest a request waits for a database connection before answering 503."""
+ANSWER_TIMEOUT_SECONDS = 15.0
+"""Longest a statement of a request may run; a server that says nothing at all is given
+a few seconds more, then the request's connection is cut (shared.store.watchdog) and it
+answers 503."""
 
 
 def create_app(settings: DashboardSettings) -> FastAPI:
@@ -114,10 +118,12 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     # both pools (the client's serves a job's page, enqueue, retry, cancel, schedules and
     # limits) wait at most POOL_TIMEOUT_SECONDS, not the client's default 30 s.
     database = Database(settings.database_url, max_size=settings.pool_max_size,
-                        name="tock-dashboard", timeout=POOL_TIMEOUT_SECONDS)
+                        name="tock-dashboard", timeout=POOL_TIMEOUT_SECONDS,
+                        answer_timeout=ANSWER_TIMEOUT_SECONDS)
     store = OperatorStore(database)
     client = Client(ClientSettings(database_url=settings.database_url,
-                                   queue_prefix=settings.queue_prefix),
+                                   queue_prefix=settings.queue_prefix,
+                                   call_timeout_seconds=ANSWER_TIMEOUT_SECONDS),
                     pool_timeout=POOL_TIMEOUT_SECONDS)
     stats = StatsCache(store, ttl_seconds=settings.dashboard_stats_ttl_seconds,
                        stale_after_seconds=settings.dashboard_worker_stale_seconds,

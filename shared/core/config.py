@@ -15,3 +15,6 @@ class ProducerConfig(Protocol):
     pool_max_size: int
     reject_unknown_kinds: bool
     """Refuse a kind no consumer has announced a handler for (in the last 24 hours)."""
+    call_timeout_seconds: float
+    """Longest a statement of a call may run; a silent server gets a little more, then the
+    call's connection is cut (shared.store.watchdog)."""

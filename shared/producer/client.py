@@ -55,7 +55,8 @@ class Client:
         # why and where to fix it, instead of after the pool's 30 s wait (Database).
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
                                  name="tock-client", setting=DATABASE_SETTING,
-                                 timeout=pool_timeout)
+                                 timeout=pool_timeout,
+                                 answer_timeout=settings.call_timeout_seconds)
         self._jobs = JobStore(self.database)
         self._flow = FlowStore(self.database)
         self.known_kinds = KnownKinds(self._jobs)

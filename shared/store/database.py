@@ -18,8 +18,15 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from shared.core.errors import ConnectionLost, DatabaseClosed, DatabaseUnavailable, InvalidInput
+from shared.core.errors import (
+    ConnectionLost,
+    DatabaseClosed,
+    DatabaseUnavailable,
+    InvalidInput,
+    Retryable,
+)
 from shared.store.errors import translated
+from shared.store.watchdog import Watchdog
 
 Connection = psycopg.Connection[Any]
 
@@ -73,7 +80,7 @@ class Database:
     def __init__(self, url: str, *, max_size: int = 10, name: str = "tock", check: bool = True,
                  autocommit: bool = True, synchronous_commit: bool = True,
                  timeout: float = 30.0, reconnect_timeout: float = 300.0,
-                 setting: str | None = None) -> None:
+                 setting: str | None = None, answer_timeout: float | None = None) -> None:
         self.url = url
         self.name = name
         self.timeout = timeout
@@ -84,7 +91,12 @@ class Database:
         # JIT compiling pays only for long analytical statements; tock's are short, and a
         # compile (0.2 s for the dashboard's counts at 1M jobs) would be most of their time.
         # Options in the URL come after ours, so they win.
+        # `answer_timeout` (the producer client's): the server ends a statement past it, and
+        # the watchdog a call whose server says nothing at all (shared.store.watchdog).
+        self._watchdog = Watchdog(answer_timeout) if answer_timeout is not None else None
         options = ["-c jit=off", *([] if synchronous_commit else ["-c synchronous_commit=off"]),
+                   *([f"-c statement_timeout={round(answer_timeout * 1000)}"]
+                     if answer_timeout is not None else []),
                    str(conninfo_to_dict(url).get("options") or "")]
         kwargs["options"] = " ".join(o for o in options if o)
         self._kwargs = kwargs
@@ -102,7 +114,7 @@ class Database:
         self._pid = os.getpid()
         self.pool = ConnectionPool(
             self.url, min_size=1, max_size=self.max_size, open=False, name=self.name,
-            check=ConnectionPool.check_connection if self._check else None,
+            check=self._check_connection if self._check else None,
             kwargs=self._kwargs, timeout=self.timeout,
             reconnect_timeout=self._reconnect_timeout,
         )
@@ -112,6 +124,7 @@ class Database:
         self._asking = threading.Lock()
         self._answer: tuple[float, str | None] = (-math.inf, None)  # when asked, why unusable
         self._down = False
+        self._rechecking = threading.Lock()
 
     def _forked(self) -> bool:
         """In a child forked after the pool was made: leave the parent's connections (and
@@ -162,13 +175,18 @@ class Database:
         """A pooled connection inside one transaction: commits on success, rolls back on
         error."""
         self._ready()
+        held: list[Connection] = []
         try:
-            with translated(), self.pool.connection() as conn, conn.transaction():
+            with translated(), self.pool.connection() as conn, self._watching(conn), \
+                    conn.transaction():
+                held.append(conn)
                 yield conn
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
-            raise self._explained(exc) from exc.__cause__
+            raise self._unanswered(held) or self._explained(exc) from exc.__cause__
+        except Retryable as exc:
+            raise self._timed_out(exc) from exc.__cause__
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -176,18 +194,52 @@ class Database:
         connection lost once it was handed out raises `ConnectionLost`: a statement sent on
         it may have committed (each one commits by itself)."""
         self._ready()
-        handed_out = False
+        held: list[Connection] = []
         try:
-            with translated(), self.pool.connection() as conn:
-                handed_out = True
+            with translated(), self.pool.connection() as conn, self._watching(conn):
+                held.append(conn)
                 yield conn
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
-            error = self._explained(exc)
-            if handed_out and not isinstance(error, ConnectionLost):
+            error = self._unanswered(held) or self._explained(exc)
+            if held and not isinstance(error, ConnectionLost):
                 error = ConnectionLost(str(error), error.sqlstate)
             raise error from exc.__cause__
+        except Retryable as exc:
+            raise self._timed_out(exc) from exc.__cause__
+
+    def _watching(self, conn: Connection) -> contextlib.AbstractContextManager[None]:
+        """The watchdog on `conn` for the block, if this pool has one."""
+        if self._watchdog is None:
+            return contextlib.nullcontext()
+        return self._watchdog.watch(conn)
+
+    def _check_connection(self, conn: Connection) -> None:
+        """The pool's check on checkout (one round trip), under the watchdog: a hung server
+        must not hold a caller in the check either."""
+        with self._watching(conn):
+            ConnectionPool.check_connection(conn)
+
+    def _timed_out(self, exc: Retryable) -> Retryable:
+        """A statement the server cancelled at this pool's statement_timeout, saying so
+        (Postgres says only "canceling statement due to statement timeout")."""
+        if self._watchdog is None or exc.sqlstate != "57014" or type(exc) is not Retryable:
+            return exc
+        return Retryable(f"{exc}: it ran longer than the call timeout, "
+                         f"{self._watchdog.seconds:g} s (waiting for a lock another "
+                         "transaction holds, or a slow server); nothing was written",
+                         exc.sqlstate)
+
+    def _unanswered(self, held: list[Connection]) -> DatabaseUnavailable | None:
+        """The error of a call whose connection the watchdog cut, saying so; None if it
+        did not."""
+        if self._watchdog is None or not held or not self._watchdog.fired(held[0]):
+            return None
+        return ConnectionLost(
+            f"the database at {redacted(self.url)} did not answer within "
+            f"{self._watchdog.limit:g} s, though the connection stayed open (a hung server "
+            "or proxy): the call was given up")
 
     def _ready(self) -> None:
         """Open the pool; while a pool that fails fast knows the database is down, raise at
@@ -219,7 +271,7 @@ class Database:
     def _ask(self) -> str | None:
         """None if a connection made like the pool's answers a query, else why not."""
         try:
-            with psycopg.connect(self.url, **self._kwargs) as conn:
+            with psycopg.connect(self.url, **self._kwargs) as conn, self._watching(conn):
                 conn.execute("SELECT 1")
         except psycopg.Error as exc:
             return reason(exc)
@@ -251,13 +303,26 @@ class Database:
 
     def _recheck(self) -> None:
         """After a lost connection, test the idle ones (at most twice a second) so a
-        restarted server's stale connections are replaced together."""
+        restarted server's stale connections are replaced together. A pool with a watchdog
+        tests them on a thread of its own, one test at a time: the pool's check waits on
+        each idle connection unwatched, and a hung server would hold the caller there."""
         now = time.monotonic()
         if now - self._checked_at < RECHECK_SECONDS:
             return
         self._checked_at = now
-        with contextlib.suppress(Exception):  # the pool logs what it drops
-            self.pool.check()
+        if self._watchdog is None:
+            self._check_idle()
+        elif self._rechecking.acquire(blocking=False):
+            threading.Thread(target=self._check_idle, args=(self._rechecking,),
+                             name="tock-db-recheck", daemon=True).start()
+
+    def _check_idle(self, done: threading.Lock | None = None) -> None:
+        try:
+            with contextlib.suppress(Exception):  # the pool logs what it drops
+                self.pool.check()
+        finally:
+            if done is not None:
+                done.release()
 
     def listener(self, channel: str) -> Listener:
         """A dedicated connection that LISTENs on `channel`."""

@@ -1,0 +1,121 @@
+"""A server that keeps the connection open but says nothing (a frozen host or process: the
+kernel still acknowledges, so TCP never gives up): a client call is given up after its call
+timeout instead of waiting for ever, says why, and the client works again once the server
+does. And a statement Postgres itself is slow to finish (a keyed insert waiting behind
+another transaction) is cancelled by the server at the call timeout, saying so. The fault
+is real: every process of the test's own Postgres server is stopped with SIGSTOP."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+import psycopg
+
+from devstack.postgres import PostgresServer
+from shared.client import Client
+from shared.core.errors import ConnectionLost, DatabaseUnavailable, Retryable
+from shared.core.states import JobState
+from shared.runtime.settings import ClientSettings
+from shared.store.database import Database
+from shared.store.watchdog import GRACE_SECONDS
+from tests.support.wait import wait_for
+
+
+@contextmanager
+def frozen(server: PostgresServer) -> Iterator[None]:
+    """Every process of the server stopped (SIGSTOP) for the block, then continued."""
+    postmaster = psutil.Process(int((server.data_dir / "data" / "postmaster.pid")
+                                    .read_text().split()[0]))
+    processes = [postmaster, *postmaster.children(recursive=True)]
+    for p in processes:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in processes:
+            p.send_signal(signal.SIGCONT)
+
+
+def _in_thread(call: Callable[[], Any]) -> list[BaseException | Any]:
+    """Run `call` on a thread; the list gets its result or its exception."""
+    out: list[BaseException | Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test as the call's outcome
+            out.append(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+def test_a_statement_to_a_frozen_server_is_given_up_after_the_answer_timeout(server):
+    database = Database(server.url(), name="tock-test-hung", check=False, answer_timeout=0.5)
+    try:
+        with database.connection() as conn:
+            conn.execute("SELECT 1")
+        with frozen(server):
+            def call() -> Any:
+                with database.connection() as conn:
+                    return conn.execute("SELECT 1").fetchone()
+            outcome = _in_thread(call)
+            wait_for(lambda: outcome, timeout=0.5 + GRACE_SECONDS + 20,
+                     message="the call given up")
+        error = outcome[0]
+        assert isinstance(error, ConnectionLost), error
+        assert "did not answer within 5.5 s" in str(error)
+        assert "hung server or proxy" in str(error)
+        with database.connection() as conn:  # the cut connection was dropped, not reused
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        database.close()
+
+
+def test_a_client_call_to_a_frozen_server_fails_in_bounded_time_and_works_after(server):
+    client = Client(ClientSettings(database_url=server.url(), call_timeout_seconds=0.5),
+                    pool_timeout=2)
+    try:
+        client.schedule("k")
+        with frozen(server):
+            outcome = _in_thread(lambda: client.schedule("k"))
+            wait_for(lambda: outcome, timeout=60, message="the call given up")
+        assert isinstance(outcome[0], DatabaseUnavailable), outcome[0]
+        job = wait_for(lambda: _ok(lambda: client.schedule("k")), timeout=30,
+                       message="a call succeeding once the server answers again")
+        assert client.get(job.id).state is JobState.SCHEDULED
+    finally:
+        client.close()
+
+
+def _ok(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except DatabaseUnavailable:
+        return None
+
+
+def test_a_keyed_insert_behind_another_transaction_stops_at_the_call_timeout(server):
+    key = "welcome:1"
+    client = Client(ClientSettings(database_url=server.url(), call_timeout_seconds=0.5))
+    other = psycopg.connect(server.url())  # a transaction left open, holding the key
+    try:
+        client.schedule("k", key=key, connection=other)
+        outcome = _in_thread(lambda: client.schedule("k", key=key))
+        wait_for(lambda: outcome, timeout=30, message="the call given up")
+        error = outcome[0]
+        assert isinstance(error, Retryable), error
+        assert "statement timeout" in str(error)
+        assert "longer than the call timeout, 0.5 s" in str(error)
+        assert "nothing was written" in str(error)
+        other.commit()
+        again = client.schedule("k", key=key)
+        assert not again.created, "the other transaction's job, once it committed"
+    finally:
+        other.close()
+        client.close()
