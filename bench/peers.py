@@ -31,6 +31,8 @@ def procrastinate(ctx: Context) -> None:
         ctx.progress.say("  skipped in this profile")
         return
     python = _python(ctx)
+    if python is None:
+        return
     for concurrency in MEMORY_CONCURRENCY:
         name = f"bench_peer_procrastinate_{concurrency}"
         url = ctx.services.fresh_database(name)
@@ -78,17 +80,28 @@ def _figures(ctx: Context, c: int, jobs: int, seconds: float, cpu: float | None)
                       f"concurrency {c}", tock_cpu.value, "jobs/cpu-s", cpu_key)
 
 
-def _python(ctx: Context) -> Path:
-    """The peers' virtualenv's Python, with Procrastinate installed (made once)."""
+def _python(ctx: Context) -> Path | None:
+    """The peers' virtualenv's Python, with Procrastinate installed (made once); None, said
+    in the report, if it cannot be installed here (no package index): a missing peer is no
+    failure of tock's."""
     python = VENV / "bin" / "python"
     marker = VENV / f".{PROCRASTINATE}"
+    versions = ctx.results.environment.setdefault("versions", {})
     if not marker.exists():
         ctx.progress.say(f"  installing {PROCRASTINATE} into {VENV.name} (once) ...")
-        venv.create(VENV, with_pip=True, clear=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet",
-                        "--disable-pip-version-check", PROCRASTINATE],
-                       check=True, timeout=600)
+        try:
+            venv.create(VENV, with_pip=True, clear=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet",
+                            "--disable-pip-version-check", PROCRASTINATE],
+                           check=True, timeout=600, capture_output=True, text=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = getattr(exc, "stderr", None) or str(exc)
+            versions["procrastinate"] = f"not measured: could not install {PROCRASTINATE}"
+            ctx.progress.say(f"  skipped: could not install {PROCRASTINATE}: "
+                             f"{str(why).strip()[-300:]}")
+            return None
         marker.touch()
+    versions["procrastinate"] = PROCRASTINATE.split("==")[1] + " (the peers' virtualenv)"
     return python
 
 
