@@ -55,7 +55,8 @@ def operator_store(args: argparse.Namespace) -> Iterator[OperatorStore]:
     are (TOCK_CALL_TIMEOUT_SECONDS)."""
     config = settings(args)
     database = Database(config.database_url, max_size=2, name="tock-cli",
-                        answer_timeout=config.call_timeout_seconds)
+                        answer_timeout=config.call_timeout_seconds,
+                        answer_setting="TOCK_CALL_TIMEOUT_SECONDS")
     try:
         yield OperatorStore(database)
     finally:

@@ -39,6 +39,8 @@ Seconds = float | int | timedelta
 
 DATABASE_SETTING = "TOCK_DATABASE_URL or ClientSettings.database_url"
 """Where the client's database comes from, named when it cannot be used."""
+CALL_TIMEOUT_SETTING = "TOCK_CALL_TIMEOUT_SECONDS (ClientSettings.call_timeout_seconds)"
+"""Where a client call's statement timeout comes from, named when one runs past it."""
 
 
 class Client:
@@ -56,7 +58,8 @@ class Client:
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
                                  name="tock-client", setting=DATABASE_SETTING,
                                  timeout=pool_timeout,
-                                 answer_timeout=settings.call_timeout_seconds)
+                                 answer_timeout=settings.call_timeout_seconds,
+                                 answer_setting=CALL_TIMEOUT_SETTING)
         self._jobs = JobStore(self.database)
         self._flow = FlowStore(self.database)
         self.known_kinds = KnownKinds(self._jobs)

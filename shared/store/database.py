@@ -80,7 +80,8 @@ class Database:
     def __init__(self, url: str, *, max_size: int = 10, name: str = "tock", check: bool = True,
                  autocommit: bool = True, synchronous_commit: bool = True,
                  timeout: float = 30.0, reconnect_timeout: float = 300.0,
-                 setting: str | None = None, answer_timeout: float | None = None) -> None:
+                 setting: str | None = None, answer_timeout: float | None = None,
+                 answer_setting: str | None = None) -> None:
         self.url = url
         self.name = name
         self.timeout = timeout
@@ -94,6 +95,7 @@ class Database:
         # `answer_timeout` (the producer client's): the server ends a statement past it, and
         # the watchdog a call whose server says nothing at all (shared.store.watchdog).
         self._watchdog = Watchdog(answer_timeout) if answer_timeout is not None else None
+        self._answer_setting = answer_setting
         options = ["-c jit=off", *([] if synchronous_commit else ["-c synchronous_commit=off"]),
                    *([f"-c statement_timeout={round(answer_timeout * 1000)}"]
                      if answer_timeout is not None else []),
@@ -226,9 +228,11 @@ class Database:
         (Postgres says only "canceling statement due to statement timeout")."""
         if self._watchdog is None or exc.sqlstate != "57014" or type(exc) is not Retryable:
             return exc
+        where = (f"; a longer statement (a very large batch) needs a larger "
+                 f"{self._answer_setting}" if self._answer_setting else "")
         return Retryable(f"{exc}: it ran longer than the call timeout, "
                          f"{self._watchdog.seconds:g} s (waiting for a lock another "
-                         "transaction holds, or a slow server); nothing was written",
+                         f"transaction holds, or a slow server); nothing was written{where}",
                          exc.sqlstate)
 
     def _unanswered(self, held: list[Connection]) -> DatabaseUnavailable | None:

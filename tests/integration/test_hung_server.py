@@ -113,6 +113,7 @@ def test_a_keyed_insert_behind_another_transaction_stops_at_the_call_timeout(ser
         assert "statement timeout" in str(error)
         assert "longer than the call timeout, 0.5 s" in str(error)
         assert "nothing was written" in str(error)
+        assert "TOCK_CALL_TIMEOUT_SECONDS" in str(error), "names the setting to raise"
         other.commit()
         again = client.schedule("k", key=key)
         assert not again.created, "the other transaction's job, once it committed"
