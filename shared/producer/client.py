@@ -142,6 +142,17 @@ class Client:
             raise ConnectionLost(  # the insert did commit: not "nothing was written"
                 f"{exc}; the new job(s) were written but those whose key was taken could not "
                 "be read: calling again with the same keys is safe", exc.sqlstate) from exc
+        except Retryable as exc:
+            if connection is not None or exc.sqlstate != "57014":
+                raise
+            # A statement after the insert ran past the call timeout: its error says
+            # "nothing was written", true of that statement only. The insert committed.
+            why = (str(exc.__cause__ or exc).strip().splitlines() or ["cancelled"])[0]
+            raise Retryable(
+                f"{why}: a statement after the new job(s) were written was cancelled (the "
+                f"call timeout is {self.settings.call_timeout_seconds:g} s), so those whose "
+                "key was taken could not be read: calling again with the same keys is safe",
+                exc.sqlstate) from exc
         keyless = iter(j for j in inserted if not j.unique_key)
         out, seen = [], set()
         for j in new:

@@ -128,7 +128,7 @@ class ClientSettings(CommonSettings):
         description="Refuse to enqueue a kind no consumer has announced a handler for in the "
                     "last 24 hours (off: producers may enqueue before workers deploy).")
     call_timeout_seconds: float = Field(
-        default=30.0, gt=0, le=3600,
+        default=30.0, ge=0.01, le=3600,  # statement_timeout is whole ms; 0 would be none
         description="Longest a statement of a client call may run (Postgres's "
                     "statement_timeout: a wait for another transaction's lock included); "
                     "a server that says nothing at all is given 5 s more, then the call's "

@@ -94,7 +94,7 @@ class Database:
         # Options in the URL come after ours, so they win.
         # `answer_timeout` (the producer client's): the server ends a statement past it, and
         # the watchdog a call whose server says nothing at all (shared.store.watchdog).
-        self._watchdog = Watchdog(answer_timeout) if answer_timeout is not None else None
+        self._answer_timeout = answer_timeout
         self._answer_setting = answer_setting
         options = ["-c jit=off", *([] if synchronous_commit else ["-c synchronous_commit=off"]),
                    *([f"-c statement_timeout={round(answer_timeout * 1000)}"]
@@ -114,12 +114,22 @@ class Database:
         """A new, unopened pool and the state that goes with it (at creation, and in a
         forked child, which must not use its parent's connections)."""
         self._pid = os.getpid()
+        # A watchdog of its own too: a forked child's copy of its parent's would cut the
+        # sockets of the parent's calls (shared with the parent) at their deadlines, and
+        # its lock may have been held by a parent thread at the fork.
+        self._watchdog = (Watchdog(self._answer_timeout) if self._answer_timeout is not None
+                          else None)
         self.pool = ConnectionPool(
             self.url, min_size=1, max_size=self.max_size, open=False, name=self.name,
             check=self._check_connection if self._check else None,
             kwargs=self._kwargs, timeout=self.timeout,
             reconnect_timeout=self._reconnect_timeout,
         )
+        if self._watchdog is not None:
+            # The pool's check of its idle connections (`check()`, after a lost connection)
+            # under the watchdog too: unwatched, a connection whose server or proxy hangs
+            # would hold the recheck, and the connections it took out of the pool, for ever.
+            self.pool.check_connection = self._check_connection  # type: ignore[method-assign]
         self._opened = False
         self._lock = threading.Lock()
         self._checked_at = 0.0
@@ -171,6 +181,8 @@ class Database:
         self._forked()
         self._closed = True
         self.pool.close()
+        if self._watchdog is not None:
+            self._watchdog.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -179,10 +191,10 @@ class Database:
         self._ready()
         held: list[Connection] = []
         try:
-            with translated(), self.pool.connection() as conn, self._watching(conn), \
-                    conn.transaction():
-                held.append(conn)
-                yield conn
+            with translated(), self.pool.connection() as conn, self._watching(conn):
+                held.append(conn)  # before BEGIN: a cut there is the watchdog's doing too
+                with conn.transaction():
+                    yield conn
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
@@ -308,8 +320,8 @@ class Database:
     def _recheck(self) -> None:
         """After a lost connection, test the idle ones (at most twice a second) so a
         restarted server's stale connections are replaced together. A pool with a watchdog
-        tests them on a thread of its own, one test at a time: the pool's check waits on
-        each idle connection unwatched, and a hung server would hold the caller there."""
+        tests them on a thread of its own, one test at a time: each test of a hung server's
+        connection waits out the watchdog, which must not hold the caller."""
         now = time.monotonic()
         if now - self._checked_at < RECHECK_SECONDS:
             return

@@ -41,6 +41,13 @@ class Watchdog:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop the thread once no call is watched any more (a call still waiting now is
+        still cut at its deadline): a closed pool leaves no thread behind."""
+        with self._lock:
+            self._closed = True
 
     @property
     def limit(self) -> float:
@@ -79,11 +86,17 @@ class Watchdog:
             time.sleep(0.25)
             now = time.monotonic()
             with self._lock:
+                if self._closed and not self._watched:
+                    self._thread = None
+                    return
                 late = [(key, conn) for key, (deadline, conn) in self._watched.items()
                         if deadline <= now and key not in self._fired]
                 self._fired.update(key for key, _ in late)
-            for _, conn in late:
-                cut(conn)
+                # Cut while holding the lock: a watched call's block cannot end meanwhile,
+                # so its connection cannot have gone back to the pool and on to another
+                # call (cutting that one instead). A cut is a few system calls.
+                for _, conn in late:
+                    cut(conn)
 
 
 def cut(conn: psycopg.Connection[Any]) -> None:
