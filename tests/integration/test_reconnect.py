@@ -273,3 +273,71 @@ def _passes(loop: Statistics) -> bool:
     except Retryable:
         return False  # the pool still reconnecting
     return True
+
+
+def test_a_lingering_handlers_slot_holds_through_a_postgres_restart(server, sqs_server):
+    """A cancelled job's handler runs on, ignoring ctx.cancelled, and holds its kind's one
+    slot; Postgres restarts under the consumer's heartbeat (which writes and forgets the
+    lingering rows) and the timer's rescuer (which frees dead workers' rows). After it, the
+    heartbeat is healthy again, the slot is still held while the handler runs, and it comes
+    back once the handler returns."""
+    prefix = f"r{uuid.uuid4().hex[:8]}-"
+    SqsTransport(prefix).create_queue("default", visibility_timeout=10)
+    started, release = threading.Event(), threading.Event()
+    registry = Registry()
+
+    def ignores_cancel(payload: Any, ctx: Any) -> None:
+        if (payload or {}).get("hold"):
+            started.set()
+            release.wait(60)
+
+    registry.add("one", ignores_cancel)
+    timer = Timer(TimerSettings(database_url=server.url(), queue_prefix=prefix,
+                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5))
+    consumer = Consumer(ConsumerSettings(
+        database_url=server.url(), queue_prefix=prefix, lease_seconds=4, heartbeat_seconds=1,
+        visibility_timeout_seconds=10, receive_wait_seconds=1, concurrency=2), registry)
+    client = Client(ClientSettings(database_url=server.url()))
+
+    def lingering() -> int:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            return int(conn.execute("SELECT count(*) FROM tock_lingering").fetchone()[0])
+
+    def beat_since_restart() -> bool:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            return bool(conn.execute(
+                "SELECT count(*) FROM tock_workers "
+                "WHERE last_heartbeat > pg_postmaster_start_time() + interval '1 second'"
+            ).fetchone()[0])
+
+    timer.start()
+    consumer.start()
+    try:
+        client.set_limit("kind", "one", max_running=1)
+        held = client.schedule("one", {"hold": True})
+        assert started.wait(30)
+        client.cancel(held.id)
+        waiting = client.schedule("one")
+        _outage(server, 0.0, "immediate").join()
+        wait_for(lambda: _ok(beat_since_restart) and consumer.supervisor.ready()[0],
+                 timeout=30, message="heartbeats landing again after the restart")
+        assert _ok(lingering) == 1, "the beats kept the cancelled handler's row"
+        assert client.get(waiting.id).state is JobState.SCHEDULED, "its slot still held"
+        assert consumer.supervisor.live()[0], consumer.supervisor.live()[1]
+        release.set()
+        wait_for(lambda: client.get(waiting.id).state is JobState.SUCCEEDED, timeout=30,
+                 message="the slot back once the handler returned")
+        assert _ok(lingering) == 0
+    finally:
+        release.set()
+        consumer.shutdown()
+        timer.stop()
+        client.close()
+
+
+def _ok(read: Any) -> Any:
+    """`read()`, or None while the database is still coming back."""
+    try:
+        return read()
+    except (psycopg.Error, Retryable):
+        return None
