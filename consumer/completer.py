@@ -90,7 +90,8 @@ class Completer(Loop):
                     f.item.completing = False
                 self._retrying = batch
                 raise
-        unclaimed = self._claims_lost([f for f in live if f.item.job_id not in written])
+        # A lease the heartbeat found lost may be a claim lost with it: checked too.
+        unclaimed = self._claims_lost([f for f in batch if f.item.job_id not in written])
         by_queue: dict[str, list[str]] = defaultdict(list)
         again: dict[str, list[str]] = defaultdict(list)
         with one_write():  # the batch's job lines, in one write

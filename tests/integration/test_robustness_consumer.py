@@ -272,3 +272,33 @@ def test_a_claim_lost_in_a_database_crash_runs_again_at_once(
         assert ran == [1, 1]
     finally:
         consumer.close()
+
+
+def test_a_claim_lost_in_a_crash_and_seen_by_the_heartbeat_runs_again_at_once(
+        client, db, timer, transport, registry, consumer_settings, clock_now):
+    """The same lost claim, but the heartbeat got there first: it finds the job not held
+    and marks the lease lost while the handler runs. The job is still dispatched with the
+    same token, so its message must still be made visible, not deleted: otherwise the job
+    waits, dispatched, for the timer's lost-message resend."""
+    consumer = make_consumer(consumer_settings, registry, transport, Clock(clock_now))
+    beats: list[tuple[int, int]] = []
+
+    def work(payload: Any, ctx: Any) -> None:
+        if not beats:
+            beats.append(consumer.lease_keeper.beat(clock_now))
+
+    registry.add("work", work)
+    try:
+        job = client.schedule("work")
+        dispatch(timer, clock_now)
+        entries = receive(consumer, 1)
+        db.execute("UPDATE tock_jobs SET state = 'dispatched', attempt = 0, lease_owner = NULL,"
+                   " lease_expires_at = NULL WHERE id = %s", (job.id,))
+        run_all(consumer, entries)
+        assert beats == [(0, 1)]  # the heartbeat did see the lease as lost
+        assert client.get(job.id).state is JobState.DISPATCHED
+        run_all(consumer, receive(consumer, 1))  # the message came back: no resend needed
+        assert client.get(job.id).state is JobState.SUCCEEDED
+        assert len(beats) == 1
+    finally:
+        consumer.close()
