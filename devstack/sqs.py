@@ -112,9 +112,10 @@ def start_localstack(port: int | None = None, *, die_with_parent: bool = False) 
     return server
 
 
-def start_moto() -> SqsServer:
-    """Start moto's server (small tests only: it scans the whole queue on every call)."""
-    port = free_port()
+def start_moto(port: int | None = None) -> SqsServer:
+    """Start moto's server (small tests only: it scans the whole queue on every call);
+    `port` fixes its port (to restart a killed one where clients expect it)."""
+    port = port or free_port()
     work = Path(tempfile.mkdtemp(prefix="tock-moto-"))
     log = work / "moto.log"
     moto_server = Path(sys.executable).parent / "moto_server"

@@ -1,5 +1,5 @@
-"""The timer service: six loops on one database pool, any number of instances side by
-side with no leader (every claim is FOR UPDATE SKIP LOCKED).
+"""The timer service: six loops (seven with backlog metrics) on one database pool, any
+number of instances side by side with no leader (every claim is FOR UPDATE SKIP LOCKED).
 
     schedule   turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
     dispatch   claims due jobs and sends them to SQS (timer_service/dispatcher.py)
@@ -9,6 +9,8 @@ side with no leader (every claim is FOR UPDATE SKIP LOCKED).
     retention  the history's day partitions and retention (timer_service/retention.py)
     statistics an ANALYZE of tock_jobs when its statistics lag far behind it
                (timer_service/statistics.py)
+    backlog-metrics  with TOCK_CLOUDWATCH_NAMESPACE set: each queue's backlog to
+               CloudWatch, for autoscaling (timer_service/backlog_metrics.py)
 
 `run_once(now)` runs one pass of schedule, rescue and dispatch, in that order, on the
 caller's thread (tests; the retention loop has its own `run_once(now)`, as it runs every
@@ -30,11 +32,13 @@ from shared.runtime.settings import TimerSettings
 from shared.runtime.supervisor import Supervisor
 from shared.store.database import Database
 from shared.store.job_store import JobStore
+from shared.store.operator_store import OperatorStore
 from shared.store.retention_store import RetentionStore
 from shared.store.schedule_store import ScheduleStore
 from shared.store.statistics_store import StatisticsStore
 from shared.transport.base import Transport
 from shared.transport.sqs import SqsTransport
+from timer_service.backlog_metrics import BacklogMetrics
 from timer_service.dispatcher import Dispatcher
 from timer_service.due_watcher import DueWatcher
 from timer_service.rescuer import Rescuer
@@ -70,7 +74,8 @@ class Timer:
         # Every write of the timer is recoverable if a database crash loses it after commit
         # (a lost dispatch leaves a token no job carries: stale; a lost rescue or slot fire
         # is simply done again), so its commits need not wait for the WAL flush.
-        self.database = Database.for_service(settings.database_url, max_size=7,
+        self.database = Database.for_service(settings.database_url,
+                                             max_size=8 if settings.cloudwatch_namespace else 7,
                                              name="tock-timer", synchronous_commit=False)
         self.transport = transport or SqsTransport(
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
@@ -109,6 +114,13 @@ class Timer:
         self.supervisor = Supervisor("timer", self.stop_flag)
         self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.due_watcher,
                               self.retention, self.statistics)
+        self.backlog_metrics: BacklogMetrics | None = None
+        if settings.cloudwatch_namespace:
+            self.backlog_metrics = BacklogMetrics(
+                OperatorStore(self.database), settings.cloudwatch_namespace,
+                interval_seconds=settings.cloudwatch_interval_seconds,
+                always=settings.cloudwatch_queues)
+            self.supervisor.watch(self.backlog_metrics)
 
     def close(self) -> None:
         self.due_watcher.close()

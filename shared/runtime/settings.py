@@ -22,6 +22,8 @@ from shared.core.states import JobState
 from shared.core.validation import QUEUE_NAME
 from shared.store.database import check_url
 
+CLOUDWATCH_NAMESPACE = re.compile(r"^[A-Za-z0-9._/#:-]{1,255}$")
+
 
 def _message(error: ErrorDetails) -> str:
     if error["type"] == "finite_number":  # nan, inf: not "should be less than ..."
@@ -216,6 +218,37 @@ class TimerSettings(CommonSettings):
         default=1000, ge=1, le=50_000,
         description="Rows per retention transaction (moves, prunes, key frees).")
 
+    # Backlog metrics for autoscaling that reads CloudWatch (TOCK_CLOUDWATCH_*; ECS).
+    cloudwatch_namespace: str = Field(
+        default="", max_length=255,
+        description="Publish each queue's backlog to CloudWatch under this namespace every "
+                    "cloudwatch_interval_seconds: jobs due and not yet running (in Postgres "
+                    "or in SQS), jobs running, and the oldest due job's age. SQS's own "
+                    "metrics see only the dispatch window. Empty: not published.")
+    cloudwatch_interval_seconds: float = Field(default=60.0, ge=1, le=3600)
+    cloudwatch_queues: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Queues always published (0 while empty), so that scaling in has "
+                    "data; others are published while they hold unfinished work.")
+
+    @field_validator("cloudwatch_namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if value and (not CLOUDWATCH_NAMESPACE.fullmatch(value) or value.startswith("AWS/")):
+            raise ValueError(f"not a CloudWatch namespace: {value!r} (letters, digits and "
+                             "._-/#: only, not starting with AWS/)")
+        return value
+
+    @field_validator("cloudwatch_queues", mode="before")
+    @classmethod
+    def _split_cloudwatch_queues(cls, value: Any) -> Any:
+        return _queue_list(value)
+
+    @field_validator("cloudwatch_queues")
+    @classmethod
+    def _cloudwatch_queue_names(cls, value: list[str]) -> list[str]:
+        return _queue_names(value)
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
@@ -287,30 +320,12 @@ class ConsumerSettings(CommonSettings):
     @field_validator("queues", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
-        """`a,b` or a JSON list, from the environment or --queues."""
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                try:
-                    return json.loads(text)
-                except ValueError:
-                    raise ValueError(f"not a JSON list of queue names: {text!r}") from None
-            if not text:
-                return []
-            names = [q.strip() for q in text.split(",")]
-            if not all(names):  # as --queues: `a,,b` or `a,` is a typo, not two queues
-                raise ValueError(f"empty queue name in {value!r} (give queue names "
-                                 "separated by commas, e.g. default,reports)")
-            return names
-        return value
+        return _queue_list(value)
 
     @field_validator("queues")
     @classmethod
     def _queue_names(cls, value: list[str]) -> list[str]:
-        bad = [q for q in value if not QUEUE_NAME.fullmatch(q)]
-        if bad:
-            raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
-        return value
+        return _queue_names(value)
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -351,3 +366,29 @@ class HealthSettings(TockSettings):
     model_config = SettingsConfigDict(env_prefix="TOCK_HEALTH_", extra="forbid")
 
     host: str = Field(default="0.0.0.0", min_length=1)  # probed from outside the container
+
+
+def _queue_list(value: Any) -> Any:
+    """`a,b` or a JSON list, from the environment or --queues."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise ValueError(f"not a JSON list of queue names: {text!r}") from None
+        if not text:
+            return []
+        names = [q.strip() for q in text.split(",")]
+        if not all(names):  # as --queues: `a,,b` or `a,` is a typo, not two queues
+            raise ValueError(f"empty queue name in {value!r} (give queue names "
+                             "separated by commas, e.g. default,reports)")
+        return names
+    return value
+
+
+def _queue_names(value: list[str]) -> list[str]:
+    bad = [q for q in value if not QUEUE_NAME.fullmatch(q)]
+    if bad:
+        raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
+    return value

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from shared.runtime.settings import TimerSettings
 from tests.infra.paths import CFN_DIR, QUEUES_TEMPLATE, TOCK_TEMPLATE, load_template
 from tests.infra.processes import load_settings, unknown_tock_variables
+from timer_service.backlog_metrics import QueueBacklog, datums
 
 ROOT_T = load_template(TOCK_TEMPLATE)
 QUEUES_T = load_template(QUEUES_TEMPLATE)
@@ -40,6 +42,8 @@ def _default(value: Any) -> str:
         text = value["Fn::Sub"]
         for name, param in PARAMS.items():
             text = text.replace("${" + name + "}", str(param.get("Default", "")))
+        for name, pseudo in PSEUDO.items():
+            text = text.replace("${" + name + "}", pseudo)
         # A load balancer's DNS name, as CloudFormation fills it in (mixed case).
         return re.sub(r"\$\{\w+\.DNSName\}", LB_DNS_NAME, text)
     return str(value)
@@ -142,10 +146,38 @@ def test_services_run_two_timers_and_autoscale_consumers_on_the_queue():
     metrics = RES["ConsumerBacklogScaling"]["Properties"][
         "TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]["Metrics"]
     names = {m["MetricStat"]["Metric"]["MetricName"] for m in metrics if "MetricStat" in m}
-    assert "ApproximateNumberOfMessagesVisible" in names
+    assert {"ApproximateNumberOfMessagesVisible", "Backlog"} <= names
     alarm = RES["ConsumerAgeAlarm"]["Properties"]
     assert alarm["MetricName"] == "ApproximateAgeOfOldestMessage"
     assert alarm["AlarmActions"] == [{"Ref": "ConsumerAgeScaling"}]
+    due_alarm = RES["ConsumerDueAgeAlarm"]["Properties"]
+    assert due_alarm["MetricName"] == "OldestDueAgeSeconds"
+    assert due_alarm["AlarmActions"] == [{"Ref": "ConsumerAgeScaling"}]
+
+
+def test_scaling_reads_the_backlog_metrics_the_timers_publish(monkeypatch):
+    """The namespace, metric names and queue dimension the scaling reads are the ones the
+    timer's settings make it publish (timer_service/backlog_metrics.py)."""
+    env = {e["Name"]: _default(e["Value"])
+           for e in _container("TimerTaskDefinition")["Environment"]}
+    settings = load_settings("timer", env, monkeypatch)
+    assert isinstance(settings, TimerSettings)
+    published = {d["MetricName"] for d in datums([QueueBacklog("q")])}
+    metrics = RES["ConsumerBacklogScaling"]["Properties"][
+        "TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]["Metrics"]
+    (due,) = [m["MetricStat"]["Metric"] for m in metrics
+              if m.get("MetricStat", {}).get("Metric", {}).get("MetricName") == "Backlog"]
+    alarm = RES["ConsumerDueAgeAlarm"]["Properties"]
+    for metric in (due, alarm):
+        assert metric["MetricName"] in published
+        assert _default(metric["Namespace"]) == settings.cloudwatch_namespace
+        (dimension,) = metric["Dimensions"]
+        assert dimension["Name"] == "Queue"
+        assert [_default(dimension["Value"])] == settings.cloudwatch_queues
+    grant = RES["TimerTaskRole"]["Properties"]["Policies"][1]["PolicyDocument"]["Statement"][0]
+    assert grant["Action"] == "cloudwatch:PutMetricData"
+    assert _default(grant["Condition"]["StringEquals"]["cloudwatch:namespace"]) == \
+        settings.cloudwatch_namespace
     for service in ("TimerService", "ConsumerService", "DashboardService"):
         network = RES[service]["Properties"]["NetworkConfiguration"]["AwsvpcConfiguration"]
         assert network["AssignPublicIp"] == "DISABLED"

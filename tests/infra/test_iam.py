@@ -1,6 +1,7 @@
 """The IAM roles of infra/cloudformation/tock.yaml grant exactly what each process needs:
-the timer may only send to its queue, consumers may only receive, delete and extend
-visibility on theirs, the dashboard and migrations get no AWS permissions at all."""
+the timer may only send to its queue and publish metrics to its stack's CloudWatch namespace,
+consumers may only receive, delete and extend visibility on theirs, the dashboard and
+migrations get no AWS permissions at all."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
 QUEUE_ARN = {"Fn::GetAtt": ["QueueStack", "Outputs.QueueArn"]}
 
 TASK_ROLES = {
-    "TimerTaskRole": {"sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"},
+    "TimerTaskRole": {"sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes",
+                      "cloudwatch:PutMetricData"},
     "ConsumerTaskRole": {"sqs:ReceiveMessage", "sqs:DeleteMessage",
                          "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl"},
     "DashboardTaskRole": set(),
@@ -62,7 +64,16 @@ def test_task_role_grants_exactly_the_listed_actions(name):
 @pytest.mark.parametrize("name", ["TimerTaskRole", "ConsumerTaskRole"])
 def test_queue_permissions_are_scoped_to_the_stacks_queue_only(name):
     for statement in _statements(RESOURCES[name]):
-        assert _as_list(statement["Resource"]) == [QUEUE_ARN]
+        if any(a.startswith("sqs:") for a in _as_list(statement["Action"])):
+            assert _as_list(statement["Resource"]) == [QUEUE_ARN]
+
+
+def test_metrics_may_go_only_to_the_stacks_own_namespace():
+    (grant,) = [s for s in _statements(RESOURCES["TimerTaskRole"])
+                if "cloudwatch:PutMetricData" in _as_list(s["Action"])]
+    assert _as_list(grant["Action"]) == ["cloudwatch:PutMetricData"]
+    assert grant["Condition"] == {"StringEquals": {"cloudwatch:namespace": {
+        "Fn::Sub": "tock/${AWS::StackName}"}}}
 
 
 @pytest.mark.parametrize("name", sorted(TASK_ROLES))
@@ -117,5 +128,6 @@ def test_kubernetes_service_accounts_comment_names_the_same_actions():
     timer = text.split("timer =", 1)[1].split("consumer =", 1)[0]
     consumer = text.split("consumer =", 1)[1].split("dashboard", 1)[0]
     for role, said in (("TimerTaskRole", timer), ("ConsumerTaskRole", consumer)):
-        for action in TASK_ROLES[role]:
+        # On Kubernetes KEDA scales on Prometheus: the timer publishes no CloudWatch metrics.
+        for action in (a for a in TASK_ROLES[role] if a.startswith("sqs:")):
             assert action.removeprefix("sqs:") in said, (role, action)
