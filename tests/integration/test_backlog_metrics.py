@@ -23,7 +23,7 @@ from shared.runtime.settings import TimerSettings
 from shared.store.operator_store import OperatorStore
 from tests.support.drive import timer_running
 from tests.support.wait import wait_for
-from timer_service.backlog_metrics import BacklogMetrics
+from timer_service.backlog_metrics import BacklogMetrics, cloudwatch_client
 
 REGION = "us-east-1"
 
@@ -144,3 +144,12 @@ def test_a_namespace_cloudwatch_would_refuse_is_a_settings_error() -> None:
             TimerSettings(database_url="postgresql://localhost/tock", cloudwatch_namespace=bad)
     with pytest.raises(ConfigError, match="TOCK_CLOUDWATCH_QUEUES"):
         TimerSettings(database_url="postgresql://localhost/tock", cloudwatch_queues="a,,b")
+
+
+def test_no_aws_region_is_a_config_error_at_start(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Any) -> None:
+    for name in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="AWS_DEFAULT_REGION"):
+        cloudwatch_client()
