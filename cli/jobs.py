@@ -17,7 +17,7 @@ from cli.arguments import (
     nonempty,
     parse_time,
 )
-from cli.output import cell, print_json, print_table
+from cli.output import cell, print_json, print_table, printable
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from shared.core.text import shown
@@ -137,7 +137,7 @@ def _show(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"job {job.id}  {job.kind}  [{job.state}]")
     print()
-    print(why.text())
+    print(printable(why.text()))
     print()
     rows = [("queue", job.queue), ("priority", job.priority),
             ("attempt", f"{job.attempt} of {job.max_attempts or '(task default)'}"),

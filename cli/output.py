@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -60,6 +61,20 @@ def age(seconds: float, due: int) -> float:
     return round(seconds, 1) if due else Count(0, "-")
 
 
+# Control characters (ESC starts a terminal's escape sequences: move the cursor, clear a
+# line, retitle the window) and the bidirectional-text controls (U+202E and its kin),
+# which a job's key, tenant or error may hold: shown as escapes, as the dashboard shows
+# them, so that no value can rewrite the screen or make itself read as another.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f"
+                          "\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with control and bidirectional-text characters as escapes (`\\x1b`,
+    `\\u202e`); line breaks and tabs are kept."""
+    return _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
 def cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -67,7 +82,7 @@ def cell(value: Any) -> str:
         return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
     if isinstance(value, Enum):
         return str(value.value)
-    text = " ".join(str(value).split())
+    text = printable(" ".join(str(value).split()))
     return text if len(text) <= MAX_CELL else text[:MAX_CELL - 1] + "…"
 
 

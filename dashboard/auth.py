@@ -52,6 +52,16 @@ class Principal:
         return self.role == "operator"
 
 
+def same_secret(given: object, expected: str) -> bool:
+    """Whether `given` (a token, signature or CSRF token a client sent) is `expected`, in
+    constant time. As bytes: `hmac.compare_digest` raises TypeError for text with a
+    character outside ASCII, which a client may put in a cookie, header or form field."""
+    if not isinstance(given, str):
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
+                               expected.encode("utf-8", "surrogatepass"))
+
+
 def _fingerprint(token: str) -> str:
     # A session names the token it was made from, so rotating a token ends its sessions.
     return hashlib.sha256(token.encode()).hexdigest()[:16]
@@ -70,7 +80,7 @@ class Authenticator:
         found: Role | None = None
         for role, expected in (("operator", self.settings.dashboard_operator_token),
                                ("viewer", self.settings.dashboard_viewer_token)):
-            if expected and hmac.compare_digest(token.encode(), expected.encode()):
+            if expected and same_secret(token, expected):
                 found = role  # type: ignore[assignment]
         return found
 
@@ -95,7 +105,7 @@ class Authenticator:
     def read_session(self, cookie: str) -> Principal | None:
         """The session a cookie stands for, or None if forged, expired or revoked."""
         encoded, _, signature = cookie.partition(".")
-        if not signature or not hmac.compare_digest(signature, self._sign(encoded.encode())):
+        if not signature or not same_secret(signature, self._sign(encoded.encode())):
             return None
         try:
             data = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
@@ -105,7 +115,7 @@ class Authenticator:
         if role not in ("operator", "viewer") or expires < time.time():
             return None
         token = self._token_for(role)
-        if not token or not hmac.compare_digest(fingerprint, _fingerprint(token)):
+        if not token or not same_secret(fingerprint, _fingerprint(token)):
             return None
         return Principal(role, via_cookie=True, csrf_token=csrf)
 
@@ -130,8 +140,7 @@ class Authenticator:
         if token is None:
             return False
         expected = self.settings.dashboard_metrics_token
-        metrics = bool(expected) and hmac.compare_digest(token.encode(),
-                                                         (expected or "").encode())
+        metrics = bool(expected) and same_secret(token, expected or "")
         return self.role_of(token) is not None or metrics
 
 
@@ -215,7 +224,7 @@ def check_csrf(request: Request, principal: Principal) -> None:
     if not same_origin(request):
         raise HTTPException(403, "cross-site request refused (Origin does not match)")
     sent = request.headers.get(CSRF_HEADER, "")
-    if not principal.csrf_token or not hmac.compare_digest(sent, principal.csrf_token):
+    if not principal.csrf_token or not same_secret(sent, principal.csrf_token):
         raise HTTPException(403, f"missing or wrong {CSRF_HEADER} header: state changes "
                             "from a browser session need the session's CSRF token")
 

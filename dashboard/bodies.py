@@ -7,6 +7,7 @@ own `json.loads`."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -43,6 +44,18 @@ class StrictJsonRequest(Request):
                 # FastAPI passes an HTTPException from here on as it is.
                 raise HTTPException(400, f"request body has the key {shown(exc.key)} twice "
                                          "in one JSON object: send each key once") from None
+            except json.JSONDecodeError:
+                raise  # FastAPI's 422, which says where the text stops being JSON
+            except ValueError as exc:
+                # Python refuses to read an integer of more than 4300 digits (a guard
+                # against slow conversions); FastAPI would say only "There was an error
+                # parsing the body".
+                if "integer string conversion" not in str(exc):
+                    raise
+                raise HTTPException(400, f"request body has an integer of more than "
+                                         f"{sys.get_int_max_str_digits()} digits, which is "
+                                         "not read: no field takes one (send such a "
+                                         "number in a payload as a string)") from None
         return self._json
 
 

@@ -3,7 +3,6 @@ script talks to /api). Every asset is served from dashboard/static: no CDN."""
 
 from __future__ import annotations
 
-import hmac
 import html
 import logging
 from importlib import resources
@@ -18,6 +17,7 @@ from dashboard.auth import (
     Authenticator,
     authenticator,
     same_origin,
+    same_secret,
 )
 from shared.runtime.logs import emit
 
@@ -55,7 +55,7 @@ def login(request: Request, auth: Annotated[Authenticator, Depends(authenticator
     # Login CSRF: the form's hidden field must match the cookie set with the form, and a
     # browser must say the post comes from this origin.
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
-    if (not expected or not hmac.compare_digest(expected, csrf_token)
+    if (not expected or not same_secret(csrf_token, expected)
             or not same_origin(request)):
         emit(log, "login_refused", logging.WARNING, reason="csrf")
         raise HTTPException(403, "login form expired or posted from another site: reload "
@@ -83,7 +83,7 @@ def logout(request: Request, auth: Annotated[Authenticator, Depends(authenticato
     principal = auth.read_session(cookie) if cookie else None
     if principal is not None and (
             not same_origin(request) or not principal.csrf_token
-            or not hmac.compare_digest(principal.csrf_token, csrf_token)):
+            or not same_secret(csrf_token, principal.csrf_token)):
         raise HTTPException(403, "cross-site logout refused")
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")

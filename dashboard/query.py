@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote_to_bytes
+
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
@@ -11,10 +13,13 @@ from shared.core.errors import InvalidInput
 
 
 def known_query_only(request: Request) -> None:
-    """An app-wide dependency: every query parameter must be one the route declares."""
+    """An app-wide dependency: every query parameter must be one the route declares, and
+    its name and value UTF-8 once %-decoded (Starlette would put U+FFFD in place of a byte
+    that is not, so `?tenant=%FF` would filter on a tenant nobody named)."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
+    _utf8_query(request.scope.get("query_string", b""))
     known = _names(route)
     unknown = sorted(set(request.query_params.keys()) - known)
     if unknown:
@@ -32,3 +37,17 @@ def _walk(dependant: Dependant) -> set[str]:
     for sub in dependant.dependencies:
         names |= _walk(sub)
     return names
+
+
+def _utf8_query(raw: bytes) -> None:
+    for pair in raw.split(b"&"):
+        for part in pair.split(b"=", 1):
+            data = unquote_to_bytes(part.replace(b"+", b" "))
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                name = pair.split(b"=", 1)[0].decode("latin-1")
+                raise InvalidInput(
+                    f"query parameter {name!r} is not UTF-8 text once %-decoded (byte "
+                    f"0x{data[exc.start]:02x} at offset {exc.start}): percent-encode the "
+                    "UTF-8 bytes of the text") from None

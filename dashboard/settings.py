@@ -9,6 +9,7 @@ loopback only.
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 from typing import Annotated, Self
 
@@ -21,6 +22,8 @@ from shared.runtime.settings import CommonSettings
 DEV_OPERATOR_TOKEN = "dev-operator-token"
 DEV_VIEWER_TOKEN = "dev-viewer-token"
 MIN_TOKEN_LENGTH = 16
+_TOKEN_TEXT = re.compile(r"[!-~]+")
+"""Printable ASCII, no space: what an Authorization header carries as it was set."""
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")
 ANY_HOST = "*"
 
@@ -132,6 +135,13 @@ class DashboardSettings(CommonSettings):
                 if token is not None and len(token) < MIN_TOKEN_LENGTH:
                     raise ConfigError(f"TOCK_{name.upper()} must be at least "
                                      f"{MIN_TOKEN_LENGTH} characters")
+                if token is not None and not _TOKEN_TEXT.fullmatch(token):
+                    # A client sends it in an Authorization header, read stripped and as
+                    # Latin-1: a token with a space, a trailing newline (a secret written
+                    # with `echo`), or other text would never match, and nobody could log in.
+                    raise ConfigError(f"TOCK_{name.upper()} must be printable ASCII without "
+                                      "spaces (it is sent in an Authorization header); is "
+                                      "there a trailing newline from the file it came from?")
         if self.dashboard_operator_token == self.dashboard_viewer_token:
             raise ConfigError("TOCK_DASHBOARD_OPERATOR_TOKEN and TOCK_DASHBOARD_VIEWER_TOKEN "
                               "must differ")
@@ -140,6 +150,11 @@ class DashboardSettings(CommonSettings):
             raise ConfigError("TOCK_DASHBOARD_METRICS_TOKEN must differ from the operator "
                               "and viewer tokens (which may read /metrics anyway)")
         self.dashboard_allowed_hosts = self._allowed_hosts()
+        if self.dashboard_secret_key and len(self.dashboard_secret_key) < MIN_TOKEN_LENGTH:
+            # It signs every session: a short one can be guessed, and a cookie forged.
+            raise ConfigError(f"TOCK_DASHBOARD_SECRET_KEY must be at least {MIN_TOKEN_LENGTH} "
+                              "characters (it signs the session cookies; leave it unset for "
+                              "a random key per process)")
         if not self.dashboard_secret_key:
             self.dashboard_secret_key = secrets.token_hex(32)
         return self

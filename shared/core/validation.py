@@ -173,7 +173,13 @@ def _check_float(number: float, where: Where) -> None:
 def aware(name: str, value: object) -> datetime:
     if not isinstance(value, datetime):
         raise wrong(name, "a timezone-aware datetime", value)
-    if value.tzinfo is None or value.utcoffset() is None:
+    try:
+        offset = value.utcoffset()
+    except (ValueError, TypeError):  # a tzinfo whose offset is 24 h or more, or not a timedelta
+        raise InvalidInput(f"{name} has a timezone ({type(value.tzinfo).__name__}) whose UTC "
+                           "offset cannot be used: it must be a duration of less than 24 "
+                           "hours either way") from None
+    if value.tzinfo is None or offset is None:
         text = value.isoformat()
         raise InvalidInput(
             f"{name} must be timezone-aware: {text} has no timezone, so it is ambiguous; "

@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 
 from shared.core.errors import ConfigError
 from shared.core.states import JobState
-from shared.core.validation import QUEUE_NAME
+from shared.core.validation import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, QUEUE_NAME
 from shared.store.database import check_url
 
 CLOUDWATCH_NAMESPACE = re.compile(r"^[A-Za-z0-9._/#:-]{1,255}$")
@@ -150,7 +150,7 @@ class TimerSettings(CommonSettings):
         description="Longest sleep without a pass, even with nothing due (covers lost NOTIFYs).",
     )
     dispatch_timeout_seconds: float = Field(
-        default=60.0, ge=5,
+        default=60.0, ge=5, le=7 * 86400,
         description="A job still `dispatched` this long after dispatch is sent again, if its "
                     "SQS queue holds fewer messages than it should (its message was lost).",
     )
@@ -176,8 +176,10 @@ class TimerSettings(CommonSettings):
         description="VACUUM tock_jobs (checked every 10 s) once it holds this many dead "
                     "rows and more dead rows than live ones, rather than wait up to a "
                     "minute for autovacuum (0: leave it to autovacuum).")
-    backoff_base_seconds: float = Field(default=1.0, gt=0)
-    backoff_cap_seconds: float = Field(default=3600.0, gt=0)
+    # At most 10 years, as a job's delay= (a retry lands in the calendar Postgres and
+    # Python share): a longer one is refused here, not by the first failed attempt.
+    backoff_base_seconds: float = Field(default=1.0, gt=0, le=MAX_DELAY_SECONDS)
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=MAX_DELAY_SECONDS)
     default_max_attempts: int = Field(default=5, ge=1, le=1000)
     health_port: int | None = Field(default=None, ge=1, le=65535)
     # Recurring schedules (TOCK_SCHEDULE_*).
@@ -285,10 +287,13 @@ class ConsumerSettings(CommonSettings):
     heartbeat_seconds: float = Field(default=10.0, ge=0.02)
     receive_wait_seconds: int = Field(default=2, ge=0, le=20)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
-    backoff_base_seconds: float = Field(default=1.0, gt=0)
-    backoff_cap_seconds: float = Field(default=3600.0, gt=0)
+    # At most 10 years, as a job's delay= (a retry lands in the calendar Postgres and
+    # Python share): a longer one is refused here, not by the first failed attempt.
+    backoff_base_seconds: float = Field(default=1.0, gt=0, le=MAX_DELAY_SECONDS)
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=MAX_DELAY_SECONDS)
     default_max_attempts: int = Field(default=5, ge=1, le=1000)
-    default_timeout_seconds: float = Field(default=300.0, gt=0)
+    default_timeout_seconds: float = Field(default=300.0, gt=0,
+                                           le=MAX_TIMEOUT_SECONDS)  # a job's own: 12 h
     unknown_kind_backoff_seconds: float = Field(
         default=30.0, gt=0, le=86400,
         description="First retry delay of a job whose kind this consumer has no handler "

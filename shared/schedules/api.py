@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from shared.core import validation
 from shared.core.config import ProducerConfig
 from shared.core.errors import InvalidInput, ScheduleNotFound
 from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, ScheduleSpec
@@ -161,6 +162,8 @@ class ScheduleApi:
         random, comes on top, up to `jitter_seconds`). Raises `ScheduleNotFound`."""
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PREVIEW:
             raise InvalidInput(f"n must be an integer from 1 to {MAX_PREVIEW}, got {n!r}")
+        if after is not None:
+            after = validation.aware("after", after)
         schedule_name(name)
         with self._schedules().transaction() as store:
             t = store.db_now(after)

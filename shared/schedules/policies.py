@@ -109,7 +109,9 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: datetime, *,
     jumped = False
     slots = slots_after(spec.timing, cursor)
     while True:
-        slot = next(slots)
+        slot = next(slots, None)
+        if slot is None:  # the calendar ends (year 9999): no slot comes any more
+            break
         fire_at = slot.at + offset
         if fire_at > horizon:
             upcoming = slot.at

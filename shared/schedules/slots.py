@@ -59,12 +59,16 @@ class FireTime:
 
 def slots_after(timing: Timing, after: datetime) -> Iterator[Slot]:
     """Every slot strictly after `after`, in time order, forever (or until the calendar ends:
-    a cron that never fires raises croniter's `CroniterBadDateError`)."""
+    a cron that never fires raises croniter's `CroniterBadDateError`; slots past the year
+    9999 that Python's datetime ends with are not yielded, and the iteration stops)."""
     after = _utc(after)
-    if timing.every is not None:
-        yield from _interval_slots(timing, after)
-    else:
-        yield from _cron_slots(timing, after)
+    try:
+        if timing.every is not None:
+            yield from _interval_slots(timing, after)
+        else:
+            yield from _cron_slots(timing, after)
+    except OverflowError:  # "date value out of range": the end of the calendar
+        return
 
 
 def next_slot(timing: Timing, after: datetime) -> Slot | None:

@@ -42,6 +42,7 @@ MIN_EVERY = timedelta(seconds=1)
 MAX_EVERY = timedelta(days=366)
 MAX_SPREAD_SECONDS = 86400.0
 MAX_BACKFILL = 10000
+MAX_START_AHEAD = timedelta(seconds=validation.MAX_DELAY_SECONDS)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CRON_FIELDS = "5 fields (minute hour day month weekday) or 6 (second minute hour day month weekday)"
 CRON_SHORTCUTS = {
@@ -120,6 +121,12 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
                 "'every day at 09:00 Berlin time' use cron='0 9 * * *', tz='Europe/Berlin')")
         interval = interval_of(every)
         anchor = EPOCH if start is None else validation.aware("start", start).astimezone(UTC)
+        latest = (now or datetime.now(UTC)) + MAX_START_AHEAD
+        if anchor > latest:
+            # The slots from there would soon run off the end of the calendar (year 9999),
+            # which neither Python nor the preview of the next fire times can pass.
+            raise InvalidSchedule(f"start must be at most 10 years from now, as a job's "
+                                  f"delay=, got {shown(start)}")
         timing = Timing(None, interval, anchor, "UTC", gap, fold)
         period = interval.total_seconds()
     misfire_policy = _choice("misfire", misfire, Misfire)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -366,7 +367,10 @@ class Listener:
 
 def check_url(url: str) -> str:
     """`url` if libpq can use it (a postgresql:// URL or key=value pairs), else ValueError
-    saying why, with any password left out."""
+    saying why, with any password left out. Blank is refused: libpq would read it as
+    "every default" (a local socket, the OS user's name), not as the setting's default."""
+    if not url.strip():
+        raise ValueError("is empty; give a URL such as postgresql://user@host:port/database")
     if "://" in url and not url.startswith(("postgresql://", "postgres://")):
         scheme = url.split("://", 1)[0]
         raise ValueError(f"must be a postgresql:// URL, not {scheme}://")
@@ -430,14 +434,24 @@ def adopt_connection(connection: object) -> Connection:
     """A caller's own connection, to run tock's statements in the caller's transaction:
     a psycopg 3 connection, or a SQLAlchemy Connection or Session on the psycopg driver."""
     if isinstance(connection, psycopg.Connection):
-        return connection
+        return _not_in_pipeline(connection)
     inner: Any = connection
     if hasattr(inner, "connection") and callable(inner.connection):  # Session
         inner = inner.connection()
     raw = getattr(getattr(inner, "connection", None), "dbapi_connection", None)
     if isinstance(raw, psycopg.Connection):
-        return raw
+        return _not_in_pipeline(raw)
     raise InvalidInput(
         "connection must be a psycopg 3 Connection, or a SQLAlchemy Connection or Session "
         f"using the psycopg driver (postgresql+psycopg://); got {type(connection).__name__}"
     )
+
+
+def _not_in_pipeline(connection: Connection) -> Connection:
+    """In pipeline mode a statement's rows come only at the pipeline's next sync, so the
+    jobs an insert made could not be returned: refused before anything is sent."""
+    if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        raise InvalidInput("connection is in pipeline mode (inside `with conn.pipeline()`), "
+                           "where tock cannot read back the jobs it writes: call it outside "
+                           "the pipeline block, in the same transaction")
+    return connection

@@ -99,6 +99,20 @@ def test_connection_of_another_kind_is_refused(client, db):
     assert _count(db) == 0
 
 
+def test_a_connection_in_pipeline_mode_is_refused_before_anything_is_sent(client,
+                                                                          database_url, db):
+    # Its rows would come only at the pipeline's sync: the job written, but not returned.
+    with psycopg.connect(database_url) as conn:
+        with conn.pipeline(), pytest.raises(InvalidInput, match="pipeline mode"):
+            client.schedule("email", connection=conn)
+        with conn.pipeline(), pytest.raises(InvalidInput, match="pipeline mode"):
+            client.schedule_many([{"kind": "email"}, {"kind": "sms"}], connection=conn)
+        assert conn.execute("SELECT count(*) FROM tock_jobs").fetchone()[0] == 0
+        client.schedule("email", connection=conn)  # the same transaction, after the block
+        conn.commit()
+    assert _count(db) == 1
+
+
 NAIVE = datetime(2030, 1, 1, 12)
 
 

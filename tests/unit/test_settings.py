@@ -100,10 +100,41 @@ def test_every_float_setting_refuses_nan_and_infinity(monkeypatch, cls, name):
             cls.load(**overrides)
 
 
+@pytest.mark.parametrize(("cls", "variable", "value"), [
+    # A job would be given a deadline, or a retry a run_at, past the year 9999 that Python
+    # (and so every read of the job) cannot hold, or Postgres refuse the outcome outright.
+    (ConsumerSettings, "TOCK_DEFAULT_TIMEOUT_SECONDS", "1e12"),
+    (ConsumerSettings, "TOCK_BACKOFF_BASE_SECONDS", "1e12"),
+    (ConsumerSettings, "TOCK_BACKOFF_CAP_SECONDS", "1e300"),
+    (TimerSettings, "TOCK_BACKOFF_CAP_SECONDS", "1e300"),
+    (TimerSettings, "TOCK_DISPATCH_TIMEOUT_SECONDS", "1e300"),
+], ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_a_duration_too_long_to_use_is_refused_at_start(monkeypatch, cls, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{variable}: Input should be less than or equal"):
+        cls.load()
+
+
+def test_the_longest_durations_allowed_still_load(monkeypatch):
+    ConsumerSettings.load(default_timeout_seconds=12 * 3600, backoff_base_seconds=1,
+                          backoff_cap_seconds=10 * 365 * 86400)
+    TimerSettings.load(backoff_cap_seconds=10 * 365 * 86400, dispatch_timeout_seconds=7 * 86400)
+
+
 def test_the_float_scan_finds_them():
     names = {name for _, name in _float_settings()}
     assert {"retention_succeeded_hours", "schedule_lookahead_seconds", "lease_seconds",
             "sqs_call_timeout_seconds", "dashboard_session_hours"} <= names
+
+
+@pytest.mark.parametrize("value", ["", "  "], ids=repr)
+def test_an_empty_database_url_is_refused_not_read_as_libpq_defaults(monkeypatch, value):
+    # An unset secret rendered as "" would otherwise connect to a local socket as the OS
+    # user, and fail later as "cannot use : ...".
+    monkeypatch.setenv("TOCK_DATABASE_URL", value)
+    for cls in (ClientSettings, TimerSettings, ConsumerSettings):
+        with pytest.raises(ConfigError, match="TOCK_DATABASE_URL: is empty; give a URL"):
+            cls.load()
 
 
 PASSWORD = "s3cr3tpw"

@@ -4,7 +4,7 @@ not UTF-8 (a stray byte in a command-line argument) said to be that."""
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import datetime, time, timedelta, tzinfo
 from decimal import Decimal
 
 import pytest
@@ -133,3 +133,21 @@ def test_a_long_path_keeps_its_first_steps_and_its_last():
 ])
 def test_payload_paths_name_keys_and_indexes(payload, says):
     assert _message(validation.payload, payload, 10_000).startswith(says)
+
+
+class _OffsetOver24h(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return timedelta(hours=30)
+
+
+class _OffsetNotATimedelta(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return "+01:00"  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("zone", [_OffsetOver24h(), _OffsetNotATimedelta()],
+                         ids=lambda z: type(z).__name__)
+def test_a_time_whose_timezone_gives_no_usable_offset_is_refused_by_name(zone):
+    message = _message(validation.aware, "at", datetime(2030, 1, 1, tzinfo=zone))
+    assert message.startswith(f"at has a timezone ({type(zone).__name__}) whose UTC offset "
+                              "cannot be used: ")

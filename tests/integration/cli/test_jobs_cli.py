@@ -43,6 +43,24 @@ def test_enqueue_list_and_show(tock, db):
     assert shown["explanation"]["summary"].startswith("Not due until")
 
 
+def test_control_and_bidi_characters_in_job_data_are_shown_as_escapes(tock, db, client):
+    # A producer (or a handler's error text) chooses these: printed raw, ESC sequences
+    # would clear and rewrite the operator's screen, U+202E reverse what follows.
+    key = "k\x1b[2K\x1b[1Astate: succeeded\x07\u202egnp.exe"
+    job = client.schedule("email", key=key, tenant="acme\x9b")
+    db.execute("UPDATE tock_jobs SET last_error = %s WHERE id = %s",
+               ("boom \x1b]0;owned\x07 \u2066x", job.id))
+    for argv in (("show", str(job.id)), ("jobs",)):
+        code, out, _ = tock(*argv)
+        assert code == 0
+        assert not any(c in out for c in "\x1b\x07\x9b\u202e\u2066"), repr(out)
+    _, out, _ = tock("show", str(job.id))
+    assert "k\\x1b[2K\\x1b[1Astate: succeeded\\x07\\u202egnp.exe" in out
+    assert "acme\\x9b" in out
+    _, out, _ = tock("show", str(job.id), "--json")  # JSON escapes them itself
+    assert json.loads(out)["job"]["unique_key"] == key
+
+
 @pytest.mark.parametrize(("argv", "code", "words"), [
     (["enqueue", "bad kind!"], 2, "not a valid kind"),
     (["enqueue", "email", "--payload", "{nope"], 2, "--payload is not JSON"),

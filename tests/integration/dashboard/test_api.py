@@ -351,6 +351,17 @@ def test_settings_refuse_unsafe_configuration(database_url):
         DashboardSettings.load(database_url=database_url)
     with pytest.raises(ConfigError, match="at least 16 characters"):
         DashboardSettings.load(database_url=database_url, dashboard_operator_token="short")
+    with pytest.raises(ConfigError, match="TOCK_DASHBOARD_SECRET_KEY must be at least 16"):
+        DashboardSettings.load(database_url=database_url, dashboard_operator_token="o" * 16,
+                               dashboard_secret_key="a")
+    # A secret written with `echo` ends with a newline: no header could ever carry it.
+    for name, token in (("OPERATOR", "o" * 16 + "\n"), ("OPERATOR", "o" * 8 + " " + "o" * 8),
+                        ("VIEWER", "v" * 16 + "\u00e9")):
+        with pytest.raises(ConfigError, match=f"TOCK_DASHBOARD_{name}_TOKEN must be "
+                                              "printable ASCII without spaces"):
+            DashboardSettings.load(database_url=database_url, **{
+                "dashboard_operator_token": token if name == "OPERATOR" else "o" * 16,
+                "dashboard_viewer_token": token if name == "VIEWER" else None})
     dev = DashboardSettings.load(database_url=database_url, dashboard_dev=True)
     assert dev.dashboard_operator_token and dev.dashboard_viewer_token
     assert dev.dashboard_host == "127.0.0.1" and dev.loopback_only

@@ -153,3 +153,34 @@ def test_every_api_route_with_a_body_parses_it_strictly(operator):
                                headers=JSON)
         assert res.status_code == 400, (method, path, res.text)
         assert "'a' twice" in res.json()["detail"], (method, path)
+
+
+@pytest.mark.parametrize("body", [
+    '{"kind": "email", "payload": ' + "9" * 5000 + "}",
+    '{"kind": "email", "priority": ' + "9" * 5000 + "}",
+])
+def test_an_integer_too_long_to_read_is_a_clear_400(operator, db, body):
+    res = operator.post("/api/jobs", content=body, headers=JSON)
+    assert res.status_code == 400
+    assert res.json()["detail"].startswith("request body has an integer of more than 4300 "
+                                           "digits, which is not read")
+    assert jobs(db) == 0
+    res = operator.put("/api/limits", headers=JSON, content='{"scope": "kind", "key": "k", '
+                       '"max_running": ' + "9" * 5000 + "}")
+    assert res.status_code == 400 and "more than 4300 digits" in res.json()["detail"]
+
+
+@pytest.mark.parametrize("query", ["tenant=%FF", "tenant=a%ED%A0%80", "key=caf%E9",
+                                   "kind=%C3"])
+def test_a_query_value_that_is_not_utf8_is_refused_not_replaced(operator, client, query):
+    client.schedule("email", tenant="\ufffd")  # what U+FFFD in its place would have matched
+    res = operator.get(f"/api/jobs?{query}")
+    assert res.status_code == 400
+    name = query.split("=")[0]
+    assert res.json()["detail"].startswith(f"query parameter '{name}' is not UTF-8 text "
+                                           "once %-decoded")
+    res = operator.delete("/api/limits?scope=tenant&key=%FF")
+    assert res.status_code == 400 and "'key' is not UTF-8" in res.json()["detail"]
+    # Text that is UTF-8, percent-encoded or in a form's + for a space, still passes.
+    assert operator.get("/api/jobs?tenant=%EF%BF%BD").json()["jobs"][0]["tenant"] == "\ufffd"
+    assert operator.get("/api/jobs?tenant=caf%C3%A9+bar").status_code == 200

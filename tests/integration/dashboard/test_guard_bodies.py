@@ -68,6 +68,45 @@ def test_a_session_cookie_passes_the_guard_and_a_forged_one_does_not(anon):
     assert anon.get("/api/me").status_code == 401
 
 
+LATIN1 = "\u00e9t\u00e9"
+"""Text outside ASCII, as a client may send it in a cookie, a header or a form field
+(HTTP headers arrive as Latin-1): a comparison of secrets refuses it, never fails on it."""
+
+
+def test_secrets_sent_outside_ascii_are_refused_not_a_500(anon):
+    def raw(name: str, value: str) -> list[tuple[bytes, bytes]]:
+        return [(name.encode(), value.encode("latin-1"))]
+
+    # A session cookie whose signature is not ASCII, on the API (the guard) and the page.
+    res = anon.get("/api/me", headers=raw("cookie", f"tock_session=e30.{LATIN1}"))
+    assert res.status_code == 401
+    res = anon.get("/", headers=raw("cookie", f"tock_session=e30.{LATIN1}"),
+                   follow_redirects=False)
+    assert res.status_code == 303 and res.headers["location"] == "/login"
+    # The login form's CSRF token, in the form and in its cookie.
+    anon.get("/login")
+    res = anon.post("/login", data={"token": OPERATOR, "csrf_token": LATIN1})
+    assert res.status_code == 403
+    res = anon.post("/login", data={"token": OPERATOR, "csrf_token": "x"},
+                    headers=raw("cookie", f"tock_login_csrf={LATIN1}"))
+    assert res.status_code == 403
+    res = anon.post("/login", data={"token": LATIN1 * 8,
+                                    "csrf_token": anon.cookies["tock_login_csrf"]})
+    assert res.status_code == 401
+    # A session's CSRF token, on a state change and on logout.
+    login(anon, OPERATOR)
+    res = anon.post("/api/jobs", json={"kind": "email"}, headers=raw("x-csrf-token", LATIN1))
+    assert res.status_code == 403 and "X-CSRF-Token" in res.json()["detail"]
+    res = anon.post("/logout", data={"csrf_token": LATIN1}, follow_redirects=False)
+    assert res.status_code == 403
+    assert anon.get("/api/me").json()["role"] == "operator"
+    # A bearer token outside ASCII, on the API and on /metrics.
+    assert anon.get("/api/me", headers=raw("authorization", f"Bearer {LATIN1}")
+                    ).status_code == 401
+    assert anon.get("/metrics", headers=raw("authorization", f"Bearer {LATIN1}")
+                    ).status_code == 401
+
+
 # ------------------------------------------------------------------- body size, depth
 
 @pytest.fixture

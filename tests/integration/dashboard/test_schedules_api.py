@@ -29,3 +29,15 @@ def test_unknown_and_invalid_names(operator):
     assert operator.post("/api/schedules/nope/pause").status_code == 404
     assert operator.get("/api/schedules/bad:name").status_code == 422
     assert operator.get("/api/schedules/beat/preview", params={"n": 0}).status_code == 422
+
+
+def test_a_schedule_whose_slots_reach_the_end_of_the_calendar_is_shown(operator, db, client):
+    # Stored before start= was bounded: its first slot is its last one in the calendar.
+    client.recurring("far", "report", every=366 * 86400)
+    db.execute("UPDATE tock_schedules SET anchor = '9999-12-31T00:00:00Z', "
+               "next_slot = '9999-12-31T00:00:00Z', next_fire_at = '9999-12-31T00:00:00Z' "
+               "WHERE name = 'far'")
+    res = operator.get("/api/schedules/far")
+    assert res.status_code == 200, res.text
+    assert [f["slot"] for f in res.json()["next_fires"]] == ["9999-12-31T00:00:00Z"]
+    assert len(operator.get("/api/schedules/far/preview", params={"n": 10}).json()) == 1

@@ -106,6 +106,10 @@ def test_preview_by_name(client):
         "28 02:30+0100", "29 03:00+0200", "30 02:30+0200"]
     with pytest.raises(InvalidInput, match="n must be"):
         client.preview_schedule("nightly", 0)
+    with pytest.raises(InvalidInput, match="after must be timezone-aware"):
+        client.preview_schedule("nightly", 3, after=datetime(2026, 3, 27, 12))
+    with pytest.raises(InvalidInput, match="after must be a timezone-aware datetime"):
+        client.preview_schedule("nightly", 3, after="2026-03-27")  # type: ignore[arg-type]
 
 
 def test_slot_of_reads_the_run_key():

@@ -207,3 +207,12 @@ def test_every_transition_against_brute_force():
                                                     if s.note != "dst_second"]
                     checked += 1
     assert checked >= 90
+
+
+def test_slots_stop_at_the_end_of_the_calendar():
+    # A schedule stored with its slots near the year 9999 (before start= was bounded): the
+    # slots end with the calendar, and a preview lists those there are, not an error.
+    last = Timing(None, timedelta(days=366), utc(9999, 12, 31), "UTC")
+    assert [s.at for s in take(last, utc(2026, 1, 1), 3)] == [utc(9999, 12, 31)]
+    assert take(cron("0 * * * *"), utc(9999, 12, 31, 22), 5) == []
+    assert len(preview(last, "far", 0, utc(2026, 1, 1), 5)) == 1
