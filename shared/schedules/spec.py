@@ -173,6 +173,12 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
     )
 
 
+MAX_CRON_CHARS = 1000
+CRON_FIELD_MAXIMA = (("minute", 59), ("hour", 23), ("day-of-month", 31), ("month", 12),
+                     ("day-of-week", 7))
+"""Each 5-field cron field's name and largest value; a step past it can only be a typo."""
+
+
 def cron_expression(value: object) -> str:
     """A 5-field cron, or 6 fields with seconds first. Raises `InvalidSchedule` saying why."""
     if not isinstance(value, str) or not value.strip():
@@ -180,11 +186,22 @@ def cron_expression(value: object) -> str:
     expr = " ".join(value.split())
     if expr.startswith("@"):
         raise InvalidSchedule(_shortcut_refused(value, expr))
+    if len(expr) > MAX_CRON_CHARS:
+        raise InvalidSchedule(f"cron is {len(expr):,} characters long; at most "
+                              f"{MAX_CRON_CHARS} are accepted")
     fields = expr.split(" ")
     if len(fields) not in (5, 6):
         raise InvalidSchedule(
             f"cron {value!r} has {len(fields)} field{'' if len(fields) == 1 else 's'}; "
             f"use {CRON_FIELDS}")
+    names = (("second", 59),) * (len(fields) == 6) + CRON_FIELD_MAXIMA
+    for (field_name, most), field in zip(names, fields, strict=True):
+        for step in re.findall(r"/(\d+)", field):
+            if int(step) > most:
+                raise InvalidSchedule(
+                    f"cron {value!r}: step /{step} of the {field_name} field is past its "
+                    f"largest value ({most}), so it can only mean the field's first value; "
+                    "write that value instead")
     if any(ch in expr.upper() for ch in ("H", "R")) and not re.search(r"[A-Z]{3}", expr.upper()):
         raise InvalidSchedule(
             f"cron {value!r}: H and R are not supported; spread runs with spread= instead")

@@ -27,6 +27,11 @@ def spec(**kw):
     ({"cron": "0 0 31 4 *"}, "never fires"),
     ({"cron": "H * * * *"}, "spread="),
     ({"cron": ""}, "non-empty"),
+    ({"cron": "*/99999999999999999999 * * * *"}, "step /99999999999999999999 of the minute "
+                                                 "field is past its largest value (59)"),
+    ({"cron": "0 0 */32 * *"}, "day-of-month field is past its largest value (31)"),
+    ({"cron": "*/61 * * * * *"}, "second field"),
+    ({"cron": "0 " * 600}, "at most 1000"),
     ({"cron": "0 2 * * *", "tz": "Europe/Berlinn"}, "did you mean 'Europe/Berlin'"),
     ({"cron": "0 2 * * *", "tz": "Mars/Olympus"}, "unknown time zone"),
     ({"every": timedelta(0)}, "must be positive"),
