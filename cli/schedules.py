@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from shared.core.errors import ScheduleNotFound
 
     try:
-        with _client(args.database_url) as client:
+        with _client(args) as client:
             if args.action == "list":
                 items = client.list_schedules()
                 return _out(args, items, _table_of_schedules(items))
@@ -82,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _client(database_url: str | None) -> Iterator[Any]:
-    from shared.client import Client
-    from shared.runtime.settings import ClientSettings
+def _client(args: argparse.Namespace) -> Iterator[Any]:
+    """A client once the database has answered and is migrated, as for every other command
+    (cli.connect): the same errors, naming the CLI's settings, not the Python client's."""
+    from cli.connect import client
 
-    settings = ClientSettings.load(**({"database_url": database_url} if database_url else {}))
-    with Client(settings) as client:
-        yield client
+    with client(args) as opened:
+        yield opened
 
 
 def _out(args: argparse.Namespace, data: Any, text: str) -> int:

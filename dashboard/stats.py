@@ -46,9 +46,14 @@ than keeping a Postgres core busy for the dashboard."""
 
 class StatsCache:
     """Computes a `Snapshot` when the last one is older than `ttl_seconds` (or, when that
-    is longer, ten times what the last one took: see BUSY_SHARE); concurrent callers wait
-    for the one computation instead of each running it. `ttl_seconds=0` computes every
-    time."""
+    is longer, ten times what the last one took, or the one before it if that was quicker:
+    see BUSY_SHARE); concurrent callers wait for the one computation instead of each
+    running it. `ttl_seconds=0` computes every time.
+
+    Only the quicker of the last two computations counts: one that took long because
+    Postgres hung or was restarting while it ran (it then takes as long as the outage)
+    says nothing about what the statistics cost, and must not keep its snapshot, read just
+    as the database came back, for ten times the outage."""
 
     def __init__(self, store: OperatorStore, *, ttl_seconds: float,
                  stale_after_seconds: float, finished_ttl_seconds: float = 15.0,
@@ -61,6 +66,8 @@ class StatsCache:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._taken = 0.0
+        self._previous_compute_seconds: float | None = None
+        """What the snapshot before the current one took to compute."""
         self._finished: dict[tuple[str, str], int] = {}
         self._finished_estimated: set[str] = set()
         self._finished_taken: float | None = None
@@ -70,12 +77,18 @@ class StatsCache:
         """How long the current snapshot is kept."""
         if self.ttl_seconds <= 0 or self._snapshot is None:
             return self.ttl_seconds
-        return max(self.ttl_seconds, self._snapshot.compute_seconds / BUSY_SHARE)
+        took = self._snapshot.compute_seconds
+        if self._previous_compute_seconds is not None:
+            took = min(took, self._previous_compute_seconds)
+        return max(self.ttl_seconds, took / BUSY_SHARE)
 
     def get(self) -> Snapshot:
         with self._lock:
             if self._snapshot is None or self.clock() - self._taken >= self.refresh_seconds:
+                previous = self._snapshot
                 self._snapshot = self._compute()
+                if previous is not None:
+                    self._previous_compute_seconds = previous.compute_seconds
                 self._taken = self.clock()
             return self._snapshot
 

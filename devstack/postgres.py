@@ -23,6 +23,13 @@ from devstack.ports import free_port
 
 FAST_SETTINGS = ("-c fsync=off -c synchronous_commit=off -c full_page_writes=off",)
 """For tests only: 2-6x faster commits, no durability. Benchmarks use durable settings."""
+CRASH_SAFE_SETTINGS = "-c fsync=off -c full_page_writes=off"
+"""`make run`: a commit survives a crash of the server's processes (kill -9 of the
+postmaster, which make run restarts from), as tock's guarantees assume of Postgres
+(`synchronous_commit` on: schedule() and outcome writes are durable); not a crash of the
+machine, since nothing is fsynced. With `synchronous_commit=off` a kill -9 loses the last
+commits still in the server's WAL buffers: accepted jobs vanish and recorded outcomes run
+again."""
 
 
 def _bin_dir() -> Path:
@@ -130,8 +137,10 @@ class PostgresServer:
         return self.url(name)
 
 
-def start_postgres(*, durable: bool = False, port: int | None = None) -> PostgresServer:
-    """Create and start a cluster. `durable=False` turns fsync off (tests only)."""
+def start_postgres(*, durable: bool = False, crash_safe: bool = False,
+                   port: int | None = None) -> PostgresServer:
+    """Create and start a cluster. `durable=False` turns fsync off (tests only), and
+    synchronous_commit too unless `crash_safe` (see CRASH_SAFE_SETTINGS)."""
     bin_dir = _bin_dir()
     run_as = "postgres" if os.geteuid() == 0 else None
     data_dir = Path(tempfile.mkdtemp(prefix="tock-pg-", dir="/tmp"))
@@ -143,7 +152,7 @@ def start_postgres(*, durable: bool = False, port: int | None = None) -> Postgre
         str(bin_dir / "initdb"), "-D", str(data_dir / "data"), "-U", "postgres",
         "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync",
     )
-    server.start("" if durable else FAST_SETTINGS[0])
+    server.start("" if durable else CRASH_SAFE_SETTINGS if crash_safe else FAST_SETTINGS[0])
     deadline = time.monotonic() + 30
     while True:
         try:

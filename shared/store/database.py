@@ -59,7 +59,8 @@ class Database:
     connections of a restarted server are dropped at once instead of failing one pass each.
     `autocommit` lets a single statement run as one round trip (no BEGIN/COMMIT);
     multi-statement work goes through `transaction()`. `synchronous_commit=False` is for
-    writes whose loss in a database crash the fences already absorb (see the callers).
+    writes whose loss in a database crash the fences already absorb (see the callers);
+    otherwise the pool sets it on, whatever the server's default.
 
     `timeout` bounds the wait for a connection. The services use a short one: while
     Postgres is down, each loop pass fails fast and the next one (the supervisor retries
@@ -97,7 +98,10 @@ class Database:
         # the watchdog a call whose server says nothing at all (shared.store.watchdog).
         self._answer_timeout = answer_timeout
         self._answer_setting = answer_setting
-        options = ["-c jit=off", *([] if synchronous_commit else ["-c synchronous_commit=off"]),
+        # Durable pools pin synchronous_commit on: a server (or a database or role) set to off
+        # would lose accepted jobs and recorded outcomes in a crash, silently.
+        options = ["-c jit=off",
+                   f"-c synchronous_commit={'on' if synchronous_commit else 'off'}",
                    *([f"-c statement_timeout={round(answer_timeout * 1000)}"]
                      if answer_timeout is not None else []),
                    str(conninfo_to_dict(url).get("options") or "")]

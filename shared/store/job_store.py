@@ -150,7 +150,8 @@ class JobStore(Store):
         leases = [ExpiredLease(*r) for r in self._rows(sql.SELECT_EXPIRED_LEASES, params)]
         if len(leases) < limit:
             leases += [replace(ExpiredLease(*r), detached=True) for r in self._rows(
-                sql.SELECT_EXPIRED_DETACHED, {**params, "limit": limit - len(leases)})]
+                sql.SELECT_EXPIRED_DETACHED, {**params, "limit": limit - len(leases),
+                                              "found": [lease.job_id for lease in leases]})]
         return leases
 
     def forget_dead_lingering(self, now: datetime | None = None, *,

@@ -141,12 +141,14 @@ FOR UPDATE OF j SKIP LOCKED
 """
 
 # Running jobs detached from their worker (a handler stuck past its deadline) whose own
-# lease ran out.
+# lease ran out; not those SELECT_EXPIRED_LEASES found already (`found`: a detached job of a
+# worker that died too is in both, and would be rescued, logged and counted twice).
 SELECT_EXPIRED_DETACHED = f"""
 SELECT id, attempt, coalesce(max_attempts, %(default_max_attempts)s), lease_owner, started_at,
        lease_expires_at
 FROM tock_jobs
 WHERE state = 'running' AND lease_detached AND lease_expires_at < {NOW}
+  AND id <> ALL(%(found)s::bigint[])
 ORDER BY lease_expires_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from devstack.ports import free_port
-from devstack.run import Stack, consumer_env, export_line
+from devstack.run import Stack, consumer_env, export_line, start_database
 from shared.runtime.settings import ConsumerSettings
 from tests.infra.processes import load_settings
 from tests.support.http import get as _get
@@ -149,6 +149,30 @@ def test_the_export_line_suits_a_consumer_with_process_isolated_kinds(monkeypatc
     assert load_settings("consumer", {**env, "TOCK_ISOLATION": "process"}, monkeypatch)
     line = export_line(env)
     assert f"TOCK_KILL_GRACE_SECONDS={env['TOCK_KILL_GRACE_SECONDS']}" in line
+
+
+def test_make_runs_postgres_keeps_every_commit_through_a_kill_9():
+    """make run invites `kill -9` of the postmaster and starts it again with its data: a
+    job schedule() returned (or an outcome a consumer recorded) must still be there. With
+    synchronous_commit off, the last commits before the kill were lost."""
+    server = start_database()
+    try:
+        url = server.create_database("durable")
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+            conn.execute("CREATE TABLE accepted (id int PRIMARY KEY)")
+        with psycopg.connect(url, autocommit=True) as conn:
+            for i in range(200):
+                conn.execute("INSERT INTO accepted VALUES (%s)", (i,))
+            postmaster = server.pid()
+            assert postmaster is not None
+            os.kill(postmaster, signal.SIGKILL)
+        wait_for(lambda: not server.running(), timeout=30, message="the postmaster to die")
+        server.restart()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM accepted").fetchone() == (200,)
+    finally:
+        server.destroy()
 
 
 def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):

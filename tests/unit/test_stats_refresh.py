@@ -59,3 +59,29 @@ def test_ttl_zero_computes_every_time() -> None:
     cache.get()
     cache.get()
     assert len(computed) == 2
+
+
+def test_one_slow_computation_does_not_stretch_the_refresh() -> None:
+    """A computation that waited out a Postgres hang (SIGSTOP, a failover) took as long as
+    the outage; its snapshot is kept for the TTL, not ten times the outage."""
+    cache, clock, computed = cache_taking([0.01, 20.0, 0.01], ttl=2.0)
+    cache.get()
+    clock.now += 2.1
+    cache.get()  # this one ran into the outage: 20 s
+    assert len(computed) == 2
+    assert cache.refresh_seconds == 2.0
+    clock.now += 2.1
+    cache.get()
+    assert len(computed) == 3
+
+
+def test_statistics_that_stay_expensive_are_still_refreshed_less_often() -> None:
+    cache, clock, computed = cache_taking([0.01, 0.5, 0.5], ttl=2.0)
+    cache.get()
+    clock.now += 2.1
+    cache.get()
+    assert cache.refresh_seconds == 2.0  # one expensive computation is not yet a trend
+    clock.now += 2.1
+    cache.get()
+    assert len(computed) == 3
+    assert cache.refresh_seconds == 0.5 / BUSY_SHARE == 5.0

@@ -201,6 +201,20 @@ def test_database_down_exits_3_naming_the_cause_and_the_setting(tock):
     assert "secret" not in err
 
 
+@pytest.mark.parametrize("command", [("schedules", "list"), ("schedules", "show", "x"),
+                                     ("schedules", "pause", "x")])
+def test_schedule_commands_check_the_database_as_every_command_does(tock, pg_server, command):
+    """They used to skip the check: their errors named the Python client's setting
+    (ClientSettings.database_url) and an unmigrated database got no `tock migrate` hint."""
+    port = free_port()
+    code, _, err = tock(*command, "--database-url", f"postgresql://me@127.0.0.1:{port}/x")
+    assert code == 3 and "(set TOCK_DATABASE_URL or --database-url)" in err
+    assert "ClientSettings" not in err
+    url = pg_server.create_database(f"empty_{uuid.uuid4().hex[:8]}")
+    code, _, err = tock(*command, "--database-url", url)
+    assert code == 2 and "run `tock migrate` first" in err and "Traceback" not in err
+
+
 def test_an_unmigrated_database_says_run_migrate_and_migrate_fixes_it(tock, pg_server):
     url = pg_server.create_database(f"empty_{uuid.uuid4().hex[:8]}")
     code, _, err = tock("jobs", "--database-url", url)

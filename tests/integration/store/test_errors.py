@@ -292,8 +292,8 @@ def test_translated_lets_other_errors_through():
 
 
 @pytest.mark.parametrize("synchronous_commit", [True, False])
-def test_pool_connections_turn_jit_off_and_keep_the_urls_own_options(database_url,
-                                                                     synchronous_commit):
+def test_pool_connections_turn_jit_off_pin_synchronous_commit_and_keep_the_urls_own_options(
+        database_url, synchronous_commit):
     def settings(url: str) -> tuple[str, str, str]:
         db = Database(url, check=False, synchronous_commit=synchronous_commit)
         try:
@@ -306,9 +306,11 @@ def test_pool_connections_turn_jit_off_and_keep_the_urls_own_options(database_ur
         assert row is not None
         return row[0], row[1], row[2]
 
-    with psycopg.connect(database_url) as plain:  # the test server's own default
+    with psycopg.connect(database_url) as plain:  # the test server's own default: off
         default = plain.execute("SELECT current_setting('synchronous_commit')").fetchone()
-    commit = default[0] if synchronous_commit and default else "off"
+    assert default == ("off",)
+    # A durable pool is durable on a server whose default is not.
+    commit = "on" if synchronous_commit else "off"
     assert settings(database_url) == ("off", commit, "tock")
     # The URL's options come after tock's: they win, and tock's others still apply.
     assert settings(f"{database_url}?options=-c%20jit%3Don")[:2] == ("on", commit)

@@ -334,6 +334,18 @@ def test_a_detached_job_expires_on_its_own_lease_whatever_its_worker(job_store, 
         now=now + secs(6)) == {stuck.job_id}
 
 
+def test_a_detached_job_of_a_dead_worker_is_found_once(job_store, db, now):
+    """A job its worker let go (Abandon, a stuck handler) whose worker then died matches
+    both the dead worker's expired jobs and the detached ones: one rescue, not two (two
+    `lease_expired` lines and two counts of tock_lease_expiries_total, seen under make
+    run after a kill -9 of a consumer)."""
+    let_go = add_running(db, now, worker="w1", lease_until=now + secs(60))
+    job_store.heartbeat(Worker("w1", "h", 1, ["default"], [], 4, 1), [let_go], 3, now=now)
+    assert job_store.detach_lease(let_go, "w1", 3, now=now)
+    found = job_store.expired_leases(10, 3, now=now + secs(10))  # w1 silent since now
+    assert [e.job_id for e in found] == [let_go.job_id]
+
+
 @pytest.mark.parametrize("change", [
     "state = 'cancelled'",  # cancelled meanwhile
     "attempt = 2",  # rescued and claimed again meanwhile
