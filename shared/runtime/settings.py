@@ -193,8 +193,9 @@ class TimerSettings(CommonSettings):
                     "it sleeps between passes.")
     schedule_max_fires_per_second: float = Field(
         default=0, ge=0,
-        description="Cap on recurring jobs this timer makes due per second (0: no cap); "
-                    "extra runs are pushed into the next seconds, never dropped.")
+        description="Cap on recurring jobs this timer makes due per second (0: no cap, else "
+                    "at least 1; a fraction is rounded down); extra runs are pushed into the "
+                    "next seconds, never dropped.")
 
     # History and retention (TOCK_RETENTION_*): finished jobs live in day partitions of
     # their final state, dropped whole once the day ends more than this long ago.
@@ -255,6 +256,10 @@ class TimerSettings(CommonSettings):
     def _check(self) -> Self:
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             raise ValueError("backoff_cap_seconds must be >= backoff_base_seconds")
+        if 0 < self.schedule_max_fires_per_second < 1:
+            raise ValueError(f"schedule_max_fires_per_second "
+                             f"({self.schedule_max_fires_per_second:g}) must be 0 (no cap) or "
+                             "at least 1: the cap counts whole runs per second")
         if 0 < self.dispatch_window < self.batch_size:
             raise ValueError(f"dispatch_window ({self.dispatch_window}) must be 0 (no cap) or "
                              f"at least batch_size ({self.batch_size})")

@@ -452,10 +452,17 @@ def adopt_connection(connection: object) -> Connection:
 
 
 def _not_in_pipeline(connection: Connection) -> Connection:
-    """In pipeline mode a statement's rows come only at the pipeline's next sync, so the
-    jobs an insert made could not be returned: refused before anything is sent."""
+    """A connection tock cannot use is refused before anything is sent: closed, in an
+    aborted transaction, or in pipeline mode (a statement's rows come only at the
+    pipeline's next sync, so the jobs an insert made could not be returned)."""
+    if connection.closed:
+        raise InvalidInput("connection is closed")
     if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
         raise InvalidInput("connection is in pipeline mode (inside `with conn.pipeline()`), "
                            "where tock cannot read back the jobs it writes: call it outside "
                            "the pipeline block, in the same transaction")
+    if connection.info.transaction_status == pq.TransactionStatus.INERROR:
+        raise InvalidInput("connection's transaction has already failed (an earlier "
+                           "statement in it raised), so Postgres ignores every statement "
+                           "until it ends: roll it back, then call again")
     return connection

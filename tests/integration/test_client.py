@@ -113,6 +113,21 @@ def test_a_connection_in_pipeline_mode_is_refused_before_anything_is_sent(client
     assert _count(db) == 1
 
 
+def test_a_connection_in_a_failed_transaction_or_closed_is_refused_with_the_way_out(
+        client, database_url, db):
+    with psycopg.connect(database_url) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(InvalidInput, match="roll it back, then call again"):
+            client.schedule("email", connection=conn)
+        conn.rollback()
+        client.schedule("email", connection=conn)
+        conn.commit()
+    with pytest.raises(InvalidInput, match="connection is closed"):
+        client.schedule("email", connection=conn)
+    assert _count(db) == 1
+
+
 NAIVE = datetime(2030, 1, 1, 12)
 
 

@@ -196,3 +196,17 @@ def test_an_empty_queue_name_in_the_queues_variable_is_refused(monkeypatch, valu
 def test_queue_names_in_the_queues_variable_may_have_blanks_around_them(monkeypatch):
     monkeypatch.setenv("TOCK_QUEUES", " default , reports ")
     assert ConsumerSettings.load().queues == ["default", "reports"]
+
+
+@pytest.mark.parametrize("value", ["0.5", "0.001"])
+def test_a_fire_cap_under_one_per_second_is_refused_not_rounded_up(monkeypatch, value):
+    monkeypatch.setenv("TOCK_SCHEDULE_MAX_FIRES_PER_SECOND", value)
+    with pytest.raises(ConfigError, match="TOCK_SCHEDULE_MAX_FIRES_PER_SECOND: .* must be 0 "
+                                          r"\(no cap\) or at least 1"):
+        TimerSettings.load()
+
+
+def test_a_fire_cap_of_zero_or_one_and_up_loads(monkeypatch):
+    for value in ("0", "1", "2.5"):
+        monkeypatch.setenv("TOCK_SCHEDULE_MAX_FIRES_PER_SECOND", value)
+        TimerSettings.load()
