@@ -104,6 +104,7 @@ class Claimer(Loop):
         # a pass is one long poll, which ends within the wait and a call's timeout.
         self.ready_within_seconds = (settings.receive_wait_seconds
                                      + settings.sqs_call_timeout_seconds + 5)
+        self.stall_log_seconds = self.ready_within_seconds
         # At most the DLQ's maxReceiveCount (of queues tock creates): a message deferred
         # at that count would go to the DLQ at its next receive.
         self.defer_limit = min(MAX_DEFERRED_RECEIVES, settings.dead_letter_after)

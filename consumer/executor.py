@@ -63,6 +63,7 @@ class Executor(Loop):
 
     name = "execute"
     pass_bound_seconds = None
+    stall_log_seconds = None
 
     def __init__(self, pipe: Pipeline, task_modules: Sequence[str] = ()) -> None:
         super().__init__()

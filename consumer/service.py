@@ -129,7 +129,7 @@ class Consumer:
         """Run until SIGTERM/SIGINT (graceful shutdown, exit 0) or a loop crash (exit 70)."""
         self.start()
         while not self.stop_flag.wait(1.0):
-            pass
+            self.supervisor.report_stalls()
         self.shutdown()
         return self.supervisor.exit_code
 

@@ -151,6 +151,6 @@ class Timer:
         """Run until SIGTERM/SIGINT or a loop crash; returns the process exit code."""
         self.start()
         while not self.stop_flag.wait(1.0):
-            pass
+            self.supervisor.report_stalls()
         self.stop()
         return self.supervisor.exit_code

@@ -15,7 +15,10 @@ What a loop thread does with an error a pass raises:
 
 Liveness (`Supervisor.live`) fails when a loop thread has exited, a loop crashed, or a
 pass has run longer than its loop's `pass_bound_seconds`. Readiness (`Supervisor.ready`)
-fails while a loop with `ready_within_seconds` has not succeeded that recently.
+fails while a loop with `ready_within_seconds` has not succeeded that recently. A pass
+running past its loop's `stall_log_seconds` is logged once (`loop_stalled`, then
+`loop_resumed` when it ends; `Supervisor.report_stalls`, called every second by the
+process), so a Postgres or SQS that hangs without an error shows in the logs too.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class _Beat:
     """Start of the pass in progress; None between passes."""
     finished: float | None = None
     succeeded: float | None = None
+    stalled: float | None = None
+    """The start of the pass last logged as stalled."""
 
 
 class Loop:
@@ -66,6 +71,9 @@ class Loop:
     """A pass running longer than this makes the process not live (None: no bound)."""
     ready_within_seconds: float | None = None
     """The process is ready only while this loop succeeded this recently (None: ignored)."""
+    stall_log_seconds: float | None = 10.0
+    """A pass running longer than this is logged once, long before `pass_bound_seconds`
+    fails liveness (None: never, for a loop whose passes may rightly run long)."""
     explicit_success = False
     """True: a pass is a success only if it calls `mark_ok()` (for a loop most of whose
     passes only check a clock, so that neither its readiness nor a `loop_recovered` line
@@ -144,6 +152,7 @@ class Loop:
                 did = self.run_once()
                 now = time.monotonic()
                 beat.started, beat.finished = None, now
+                self._resumed(beat, started, now)
                 if not self.explicit_success:
                     beat.succeeded = now
                 if backoff and beat.succeeded is not None and beat.succeeded >= started:
@@ -153,6 +162,7 @@ class Loop:
                     self.idle()
             except EXPECTED as exc:
                 beat.started, beat.finished = None, time.monotonic()
+                self._resumed(beat, started, beat.finished)
                 backoff = min(max(backoff * 2, MIN_BACKOFF_SECONDS), MAX_BACKOFF_SECONDS)
                 self._failures.report(self.name, exc, backoff)
                 self.wait(backoff)
@@ -164,6 +174,24 @@ class Loop:
                 if self.supervisor is not None:
                     self.supervisor.crash(self, exc)
                 return
+
+    def _resumed(self, beat: _Beat, started: float, now: float) -> None:
+        if beat.stalled == started:
+            emit(log, "loop_resumed", loop=self.name, after_s=round(now - started, 1))
+
+    def stalls(self, now: float) -> list[float]:
+        """How long each pass running past `stall_log_seconds` and not yet reported has
+        run; each is reported once."""
+        limit = self.stall_log_seconds
+        if limit is None:
+            return []
+        found = []
+        for beat in self._beats:
+            started = beat.started
+            if started is not None and now - started > limit and beat.stalled != started:
+                beat.stalled = started
+                found.append(now - started)
+        return found
 
     # --- probes -------------------------------------------------------------------------------
 
@@ -227,6 +255,18 @@ class Supervisor:
             loop.stop()
         for loop in self.loops:
             loop.join(timeout)
+
+    def report_stalls(self) -> None:
+        """Log each loop pass that has run past its loop's `stall_log_seconds`, once."""
+        now = self.clock()
+        for loop in self.loops:
+            for seconds in loop.stalls(now):
+                emit(log, "loop_stalled", logging.WARNING, process=self.process,
+                     loop=loop.name, running_s=round(seconds, 1),
+                     bound_s=loop.pass_bound_seconds,
+                     detail="a pass is waiting on something that does not answer (Postgres "
+                            "or SQS hung, or a network cut without an error); past the "
+                            "bound the process is not live and is restarted")
 
     def crash(self, loop: Loop, exc: BaseException) -> None:
         """A loop died of an unexpected error: stop everything, exit non-zero."""

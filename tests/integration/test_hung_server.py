@@ -23,6 +23,7 @@ from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings
 from shared.store.database import Database
 from shared.store.watchdog import GRACE_SECONDS
+from tests.support.drive import timer_running
 from tests.support.wait import wait_for
 
 
@@ -120,3 +121,21 @@ def test_a_keyed_insert_behind_another_transaction_stops_at_the_call_timeout(ser
     finally:
         other.close()
         client.close()
+
+
+def test_a_timer_logs_its_loops_stalled_on_a_frozen_server_and_resumed_after(
+        server, timer_settings, transport, caplog):
+    """A hung Postgres raises no error for the services' loops to log: their passes just
+    wait. The process says so anyway (`loop_stalled`), and again when the pass ends."""
+    settings = timer_settings.model_copy(update={"database_url": server.url()})
+    caplog.set_level("INFO", logger="tock.supervisor")
+    with timer_running(settings, transport) as timer:
+        for loop in timer.supervisor.loops:
+            loop.stall_log_seconds = 1.0  # the default 10 s, shortened for the test
+        wait_for(lambda: timer.supervisor.ready()[0], timeout=30, message="timer ready")
+        with frozen(server):
+            wait_for(lambda: "loop_stalled" in caplog.text, timeout=30,
+                     message="a stalled loop logged while Postgres is frozen")
+        wait_for(lambda: "loop_resumed" in caplog.text, timeout=30,
+                 message="the stalled pass's end logged once Postgres answers")
+        assert timer.supervisor.live()[0], timer.supervisor.live()[1]

@@ -191,3 +191,74 @@ def test_a_probe_while_a_loop_is_starting_its_threads_does_not_see_an_exited_thr
     monkeypatch.undo()
     assert seen and all(ok for ok, _ in seen), seen
     assert sup.live()[0], sup.live()
+
+
+def test_a_pass_past_its_stall_time_is_logged_once_then_its_end(stop_afterwards, caplog):
+    gates = [threading.Event() for _ in range(3)]
+    entered = [threading.Event() for _ in range(3)]
+    passes: list[int] = []
+
+    class Hung(Loop):
+        name = "hung"
+        pass_bound_seconds = None
+        stall_log_seconds = 10.0
+
+        def run_once(self, now=None):
+            n = min(len(passes), 2)
+            passes.append(n)
+            entered[n].set()
+            gates[n].wait(30)
+            return 1
+
+    loop = Hung()
+    clock = FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    stop_afterwards(sup)
+    caplog.set_level("INFO", logger="tock.supervisor")
+    sup.start()
+    assert entered[0].wait(10)
+    sup.report_stalls()
+    assert "loop_stalled" not in caplog.text  # not yet 10 s
+    clock.advance(11.0)
+    sup.report_stalls()
+    sup.report_stalls()
+    assert caplog.text.count("loop_stalled") == 1  # once per pass, however often asked
+    gates[0].set()
+    assert entered[1].wait(10)  # the next pass, stuck too: a new stall, logged again
+    assert "loop_resumed" in caplog.text
+    clock.advance(11.0)
+    sup.report_stalls()
+    assert caplog.text.count("loop_stalled") == 2
+    gates[1].set()
+    gates[2].set()
+    loop.stop()
+    assert loop.join(5)
+
+
+def test_a_loop_whose_passes_may_run_long_is_never_logged_as_stalled(stop_afterwards, caplog):
+    entered, release = threading.Event(), threading.Event()
+
+    class Handler(Loop):
+        name = "handler"
+        pass_bound_seconds = None
+        stall_log_seconds = None
+
+        def run_once(self, now=None):
+            entered.set()
+            release.wait(30)
+            return 0
+
+    loop = Handler()
+    clock = FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    stop_afterwards(sup)
+    sup.start()
+    assert entered.wait(10)
+    clock.advance(3600.0)
+    sup.report_stalls()
+    assert "loop_stalled" not in caplog.text
+    release.set()
+    loop.stop()
+    assert loop.join(5)
