@@ -18,8 +18,10 @@ layers sees a raw psycopg or botocore exception.
     └── DatabaseError                  a statement failed; the subclass says what to do
         ├── Retryable                  transient: the same work may succeed if run again
         │   ├── DatabaseUnavailable    connection lost or refused, server shutting down
-        │   │   └── ConnectionLost     lost while a statement was in flight: it may have
-        │   │                          committed (a write's outcome is unknown)
+        │   │   ├── ConnectionLost     lost while a statement was in flight: it may have
+        │   │   │                      committed (a write's outcome is unknown)
+        │   │   └── DatabaseReadOnly   the server is a standby, or a primary demoted by a
+        │   │                          failover: nothing was written; reconnecting heals it
         │   └── LockTimeout            lock_timeout expired waiting for a row lock
         ├── DataRejected               Postgres refused a value (out of range, NUL, bad text)
         ├── DatabaseClosed             the pool (a Client) was closed and then used
@@ -113,6 +115,12 @@ class ConnectionLost(DatabaseUnavailable):
     """The connection was lost after a statement was sent (a crash, a cut network): the
     statement may or may not have been committed. Unlike a connection that could not be
     had, this does not mean that nothing was written."""
+
+
+class DatabaseReadOnly(DatabaseUnavailable):
+    """The server refused a write as read-only (SQLSTATE 25006): a standby, or a primary
+    demoted by a failover, reached through a stale DNS answer or an old connection. Nothing
+    was written. The connection is dropped, so the next one goes where the URL leads now."""
 
 
 class LockTimeout(Retryable):

@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from shared.core.errors import (
     ConnectionLost,
     DatabaseClosed,
+    DatabaseReadOnly,
     DatabaseUnavailable,
     InvalidInput,
     Retryable,
@@ -91,6 +92,10 @@ class Database:
         self.setting = setting
         kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit,
                                   **LINK_OPTIONS}
+        # Connect only to a server that takes writes (a URL naming several hosts finds the
+        # primary; a demoted one is refused and retried), unless the URL says otherwise.
+        if "target_session_attrs" not in conninfo_to_dict(url):
+            kwargs["target_session_attrs"] = "read-write"
         # JIT compiling pays only for long analytical statements; tock's are short, and a
         # compile (0.2 s for the dashboard's counts at 1M jobs) would be most of their time.
         # Options in the URL come after ours, so they win.
@@ -196,10 +201,13 @@ class Database:
         self._ready()
         held: list[Connection] = []
         try:
-            with translated(), self.pool.connection() as conn, self._watching(conn):
+            with translated(), self.pool.connection() as conn, self._watching(conn), \
+                    _dropped_if_read_only(conn):
                 held.append(conn)  # before BEGIN: a cut there is the watchdog's doing too
                 with conn.transaction():
                     yield conn
+        except DatabaseReadOnly:
+            raise  # refused, not lost: nothing was written; the connection is gone
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
@@ -215,9 +223,12 @@ class Database:
         self._ready()
         held: list[Connection] = []
         try:
-            with translated(), self.pool.connection() as conn, self._watching(conn):
+            with translated(), self.pool.connection() as conn, self._watching(conn), \
+                    _dropped_if_read_only(conn):
                 held.append(conn)
                 yield conn
+        except DatabaseReadOnly:
+            raise  # refused, not lost: nothing was written; the connection is gone
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
@@ -432,6 +443,19 @@ def connect(url: str, *, autocommit: bool = False) -> Connection:
     """One dedicated connection (migrations, tests)."""
     with translated():
         return psycopg.connect(url, autocommit=autocommit, application_name="tock")
+
+
+@contextmanager
+def _dropped_if_read_only(conn: Connection) -> Iterator[None]:
+    """A connection whose server refused a write as read-only (a standby, or a primary
+    demoted by a failover) is closed before the pool takes it back, so the pool replaces
+    it with one to where the URL leads now, instead of handing it out again."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        if exc.sqlstate == "25006":
+            conn.close()
+        raise
 
 
 def adopt_connection(connection: object) -> Connection:

@@ -4,6 +4,8 @@
     connection lost or refused, admin/crash shutdown,     -> DatabaseUnavailable (Retryable)
       idle timeouts, pool timeout (class 08, 57P01-05,
       25P03, no SQLSTATE)
+    a write refused as read-only (25006: a standby, or    -> DatabaseReadOnly (Retryable)
+      a primary demoted by a failover)
     lock_timeout (55P03)                                  -> LockTimeout (Retryable)
     deadlock (40P01), serialization failure (40001),      -> Retryable
       statement_timeout / cancel (57014), too many
@@ -27,6 +29,7 @@ from psycopg_pool import PoolTimeout
 from shared.core.errors import (
     DatabaseBug,
     DatabaseError,
+    DatabaseReadOnly,
     DatabaseUnavailable,
     DataRejected,
     LockTimeout,
@@ -55,6 +58,11 @@ def classify(exc: BaseException) -> DatabaseError:
         return DatabaseBug(text)
     if state.startswith("08") or state in _SHUTDOWN:
         return DatabaseUnavailable(f"database unavailable: {text}", state)
+    if state == "25006":
+        return DatabaseReadOnly(
+            f"{text}: the database is read-only (a standby, or a primary demoted by a "
+            "failover); nothing was written, and tock reconnects to where "
+            "TOCK_DATABASE_URL leads", state)
     if state == "55P03":
         return LockTimeout(text, state)
     if state in _TRANSIENT or state.startswith("53"):
