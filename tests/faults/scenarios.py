@@ -3,6 +3,8 @@
     kill9        kill -9 of timers and consumers at random moments (each restarted)
     pg_restart   pg_ctl restart -m immediate of Postgres (a crash, same data and port)
     pg_stop      Postgres stopped for 6 s (orderly), then started
+    pg_read_only Postgres refuses writes for 6 s (a primary demoted by a failover, under
+                 open connections), then takes them again
     sqs_restart  LocalStack SIGKILLed, restarted empty on the same port (queues gone)
     partition    consumers cut off from Postgres for 2x the lease, then healed
     poison       malformed, hostile and replayed messages sent straight to the queue
@@ -108,6 +110,23 @@ def pg_stop(ctx: Context) -> None:
         ctx.services.pg_start()
 
 
+def pg_read_only(ctx: Context) -> None:
+    """Postgres refuses writes for 6 s, as a primary demoted by a failover does to the
+    connections still open on it (and libpq's check for a primary refuses new ones), then
+    takes them again: every process must ride it out, none may crash."""
+    name = f"Postgres read-only for {PG_DOWN_SECONDS:g} s"
+    with psycopg.connect(ctx.services.pg.url(), autocommit=True) as admin, \
+            ctx.window(name, explains_overlap=True):
+        admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            hold_fault(PG_DOWN_SECONDS, name)
+        finally:
+            admin.execute("SET default_transaction_read_only = off")
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            admin.execute("SELECT pg_reload_conf()")
+
+
 def sqs_restart(ctx: Context) -> None:
     """LocalStack SIGKILLed and restarted on the same port: every queue and message is
     gone, so the processes must recreate the queue (TOCK_CREATE_QUEUES=1)."""
@@ -202,6 +221,9 @@ SCENARIOS = {
                  lambda p: 3.0),
         Scenario("pg_stop", f"Postgres stopped for {PG_DOWN_SECONDS:g} s", pg_stop,
                  lambda p: PG_DOWN_SECONDS + 2.0),
+        Scenario("pg_read_only",
+                 f"Postgres read-only for {PG_DOWN_SECONDS:g} s (a demoted primary)",
+                 pg_read_only, lambda p: PG_DOWN_SECONDS + 2.0),
         Scenario("sqs_restart", "LocalStack SIGKILLed, restarted empty on the same port",
                  sqs_restart, lambda p: SQS_DOWN_SECONDS + 3.0),
         Scenario("partition",
