@@ -250,6 +250,12 @@ def test_transport_errors_are_waited_out_not_fatal(consumer_settings, registry, 
         consumer.shutdown()
 
 
+def _lose_the_claim(db: Any, job_id: int) -> None:
+    """What a database crash that lost a claim's asynchronous commit leaves behind."""
+    db.execute("UPDATE tock_jobs SET state = 'dispatched', attempt = 0, lease_owner = NULL,"
+               " lease_expires_at = NULL WHERE id = %s", (job_id,))
+
+
 def test_a_claim_lost_in_a_database_crash_runs_again_at_once(
         client, db, timer, transport, registry, consumer_settings, clock_now):
     """The claim commits asynchronously; a crash may lose it after the handler ran. Its
@@ -262,9 +268,7 @@ def test_a_claim_lost_in_a_database_crash_runs_again_at_once(
         job = client.schedule("work")
         dispatch(timer, clock_now)
         entries = receive(consumer, 1)
-        # What a crash that lost the claim's commit leaves behind.
-        db.execute("UPDATE tock_jobs SET state = 'dispatched', attempt = 0, lease_owner = NULL,"
-                   " lease_expires_at = NULL WHERE id = %s", (job.id,))
+        _lose_the_claim(db, job.id)
         run_all(consumer, entries)
         assert client.get(job.id).state is JobState.DISPATCHED
         run_all(consumer, receive(consumer, 1))
@@ -292,8 +296,7 @@ def test_a_claim_lost_in_a_crash_and_seen_by_the_heartbeat_runs_again_at_once(
         job = client.schedule("work")
         dispatch(timer, clock_now)
         entries = receive(consumer, 1)
-        db.execute("UPDATE tock_jobs SET state = 'dispatched', attempt = 0, lease_owner = NULL,"
-                   " lease_expires_at = NULL WHERE id = %s", (job.id,))
+        _lose_the_claim(db, job.id)
         run_all(consumer, entries)
         assert beats == [(0, 1)]  # the heartbeat did see the lease as lost
         assert client.get(job.id).state is JobState.DISPATCHED
