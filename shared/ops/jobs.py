@@ -10,6 +10,7 @@ from shared.core import validation
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, JobFilter, action_states, page_size
 from shared.core.reports import Bucket, BulkPlan, Page
+from shared.core.states import JobState
 from shared.store.job_store import JobStore
 from shared.store.operator_store import OperatorStore
 
@@ -34,10 +35,22 @@ def plan_bulk(store: OperatorStore, action: str, where: JobFilter, *,
               cap: int | None = None) -> BulkPlan:
     """The dry run: how many jobs `action` would change (counted up to `cap`; past it the
     plan says "more than"). Retry applies to dead and cancelled jobs, cancel to unfinished
-    ones, whatever else the filter says."""
-    count, more, max_id = store.count_matching(where, action_states(action),
+    ones, whatever else the filter says; a filter naming only states the action cannot
+    apply to is refused (`InvalidInput`), rather than counted as 0."""
+    count, more, max_id = store.count_matching(where, _applicable(action, where),
                                                cap=cap or BULK_COUNT_CAP)
     return BulkPlan(action, count, max_id, where.describe(), more)
+
+
+def _applicable(action: str, where: JobFilter) -> tuple[JobState, ...]:
+    """The states `action` applies to; `InvalidInput` if the filter names only others."""
+    allowed = action_states(action)
+    if where.states and not set(where.states) & set(allowed):
+        names = [s.value for s in allowed]
+        raise InvalidInput(
+            f"{action} applies to {', '.join(names[:-1])} and {names[-1]} jobs only; "
+            f"the filter asks for {', '.join(s.value for s in where.states)}")
+    return allowed
 
 
 def run_bulk(store: OperatorStore, action: str, where: JobFilter, *,
@@ -45,7 +58,7 @@ def run_bulk(store: OperatorStore, action: str, where: JobFilter, *,
     """Apply `action` to every matching job, `batch_size` rows per transaction, in id
     order; returns how many changed. Each batch re-checks the state under the row lock, so
     a job that finished or was claimed meanwhile is left alone."""
-    states = action_states(action)
+    states = _applicable(action, where)
     if up_to_id is not None:
         validation.job_id(up_to_id)
     after, total = 0, 0

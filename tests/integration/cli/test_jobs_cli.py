@@ -129,6 +129,18 @@ def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
     assert code == 0 and out.strip() == "cancelled 2 job(s)"
 
 
+def test_a_bulk_filter_naming_only_states_the_action_cannot_touch_is_refused(tock, db):
+    tock("enqueue", "email")
+    code, _, err = tock("retry", "--state", "scheduled", "--dry-run")
+    assert code == 2
+    assert "retry applies to dead and cancelled jobs only; the filter asks for scheduled" in err
+    code, _, err = tock("cancel", "--state", "succeeded", "--yes")
+    assert code == 2 and "cancel applies to" in err
+    # A filter with one state the action applies to counts as before.
+    code, out, _ = tock("retry", "--state", "scheduled,dead", "--dry-run")
+    assert code == 0 and "would retry 0 job(s)" in out
+
+
 class _Terminal(io.StringIO):
     """Standard input as a terminal that has reached its end (Ctrl-D)."""
 

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from shared.core.errors import InvalidInput
 from shared.core.filters import JobFilter
 from shared.ops import jobs as job_queries
 from shared.store import operator_sql
@@ -103,7 +104,9 @@ def test_bulk_retry_crosses_batches_and_stops_at_up_to_id(big, operator_store):
     assert done == expected
     left = big.execute("SELECT min(id) FROM tock_jobs WHERE state = 'dead'").fetchone()[0]
     assert left > cutoff
-    assert job_queries.plan_bulk(operator_store, "cancel", JobFilter.of(states="dead")).count == 0
+    with pytest.raises(InvalidInput, match="cancel applies to scheduled, retrying, dispatched "
+                                           "and running jobs only; the filter asks for dead"):
+        job_queries.plan_bulk(operator_store, "cancel", JobFilter.of(states="dead"))
 
 
 def test_a_dry_run_over_more_than_its_cap_says_more_than(big, operator_store):
