@@ -28,6 +28,8 @@ class Statistics(Loop):
     """One check per pass (a catalog read); `run_once` returns 1 if it analyzed."""
 
     name = "statistics"
+    # A VACUUM of a large hot table may rightly take a while: logged as stalled only later.
+    stall_log_seconds = 60.0
 
     def __init__(self, store: StatisticsStore, interval_seconds: float = INTERVAL_SECONDS,
                  vacuum_dead_rows: int = 10_000) -> None:
