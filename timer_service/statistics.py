@@ -14,7 +14,7 @@ from datetime import datetime
 from shared.core.errors import LockTimeout
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
-from shared.store.statistics_store import StatisticsStore
+from shared.store.statistics_store import VACUUM_TIMEOUT_MS, StatisticsStore
 
 log = logging.getLogger("tock.timer.statistics")
 
@@ -28,8 +28,9 @@ class Statistics(Loop):
     """One check per pass (a catalog read); `run_once` returns 1 if it analyzed."""
 
     name = "statistics"
-    # A VACUUM of a large hot table may rightly take a while: logged as stalled only later.
-    stall_log_seconds = 60.0
+    # A VACUUM of a large hot table may rightly run up to its statement timeout: only a
+    # pass past that is a stall (a server that hangs without answering).
+    stall_log_seconds = VACUUM_TIMEOUT_MS / 1000 + 10
 
     def __init__(self, store: StatisticsStore, interval_seconds: float = INTERVAL_SECONDS,
                  vacuum_dead_rows: int = 10_000) -> None:

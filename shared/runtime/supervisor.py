@@ -264,9 +264,10 @@ class Supervisor:
                 emit(log, "loop_stalled", logging.WARNING, process=self.process,
                      loop=loop.name, running_s=round(seconds, 1),
                      bound_s=loop.pass_bound_seconds,
-                     detail="a pass is waiting on something that does not answer (Postgres "
-                            "or SQS hung, or a network cut without an error); past the "
-                            "bound the process is not live and is restarted")
+                     detail="a pass is waiting on something that does not answer (Postgres, "
+                            "SQS or CloudWatch hung, or a network cut without an error), or "
+                            "an async handler blocks the event loop; past the bound the "
+                            "process is not live and is restarted")
 
     def crash(self, loop: Loop, exc: BaseException) -> None:
         """A loop died of an unexpected error: stop everything, exit non-zero."""

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import count, islice
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from shared.core.schedules import DstFold, DstGap, Timing
 
@@ -68,6 +68,12 @@ def slots_after(timing: Timing, after: datetime) -> Iterator[Slot]:
         else:
             yield from _cron_slots(timing, after)
     except OverflowError:  # "date value out of range": the end of the calendar
+        return
+    except ValueError as exc:
+        # croniter builds the year after 9999 with datetime(): "year 10000 is out of
+        # range". Its own errors (a cron that never fires) are ValueErrors too: raised.
+        if isinstance(exc, CroniterError) or "out of range" not in str(exc):
+            raise
         return
 
 

@@ -92,10 +92,7 @@ class Database:
         self.setting = setting
         kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit,
                                   **LINK_OPTIONS}
-        # Connect only to a server that takes writes (a URL naming several hosts finds the
-        # primary; a demoted one is refused and retried), unless the URL says otherwise.
-        if "target_session_attrs" not in conninfo_to_dict(url):
-            kwargs["target_session_attrs"] = "read-write"
+        kwargs.update(primary_only(url))
         # JIT compiling pays only for long analytical statements; tock's are short, and a
         # compile (0.2 s for the dashboard's counts at 1M jobs) would be most of their time.
         # Options in the URL come after ours, so they win.
@@ -207,7 +204,10 @@ class Database:
                 with conn.transaction():
                     yield conn
         except DatabaseReadOnly:
-            raise  # refused, not lost: nothing was written; the connection is gone
+            # Refused, not lost: nothing was written; the connection is gone. Still an
+            # outage for the rescuer: no worker can renew its lease meanwhile.
+            self.unavailable_at = time.monotonic()
+            raise
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
@@ -228,7 +228,10 @@ class Database:
                 held.append(conn)
                 yield conn
         except DatabaseReadOnly:
-            raise  # refused, not lost: nothing was written; the connection is gone
+            # Refused, not lost: nothing was written; the connection is gone. Still an
+            # outage for the rescuer: no worker can renew its lease meanwhile.
+            self.unavailable_at = time.monotonic()
+            raise
         except DatabaseUnavailable as exc:
             self.unavailable_at = time.monotonic()
             self._recheck()
@@ -367,8 +370,10 @@ class Listener:
 
     def __init__(self, url: str, channel: str) -> None:
         with translated():
+            # On the primary, as the pools are: NOTIFYs are sent there, and a demoted server
+            # (up, but no longer written to) would never wake the listener.
             self._conn = psycopg.connect(url, autocommit=True, application_name="tock-listen",
-                                         **LINK_OPTIONS)
+                                         **LINK_OPTIONS, **primary_only(url))
             self._conn.execute(f"LISTEN {channel}")  # a constant of ours, never user input
 
     def wait(self, timeout: float) -> bool:
@@ -427,12 +432,22 @@ def reason(exc: psycopg.Error) -> str:
     return "; ".join(lines) or type(exc).__name__
 
 
+def primary_only(url: str) -> dict[str, Any]:
+    """The libpq option that connects only to a server that takes writes (a URL naming
+    several hosts finds the primary; a standby or a demoted primary is refused), unless
+    the URL sets `target_session_attrs` itself."""
+    if "target_session_attrs" in conninfo_to_dict(url):
+        return {}
+    return {"target_session_attrs": "read-write"}
+
+
 def probe(url: str, timeout: float = 2.0) -> str | None:
     """None if the database answers a query within `timeout`, else why not, in words
-    (a pool would only say it timed out)."""
+    (a pool would only say it timed out). It asks as the pools connect (`primary_only`):
+    a read-only server answers, but no pool could use it."""
     try:
         with psycopg.connect(url, connect_timeout=max(int(timeout), 1),
-                             application_name="tock-probe") as conn:
+                             application_name="tock-probe", **primary_only(url)) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         return reason(exc)
@@ -449,10 +464,12 @@ def connect(url: str, *, autocommit: bool = False) -> Connection:
 def _dropped_if_read_only(conn: Connection) -> Iterator[None]:
     """A connection whose server refused a write as read-only (a standby, or a primary
     demoted by a failover) is closed before the pool takes it back, so the pool replaces
-    it with one to where the URL leads now, instead of handing it out again."""
+    it with one to where the URL leads now, instead of handing it out again.
+    The stores classify psycopg's error before it leaves their block (Store._execute),
+    so both the raw error and tock's `DatabaseReadOnly` count."""
     try:
         yield
-    except psycopg.Error as exc:
+    except (psycopg.Error, DatabaseReadOnly) as exc:
         if exc.sqlstate == "25006":
             conn.close()
         raise

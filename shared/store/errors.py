@@ -61,8 +61,9 @@ def classify(exc: BaseException) -> DatabaseError:
     if state == "25006":
         return DatabaseReadOnly(
             f"{text}: the database is read-only (a standby, or a primary demoted by a "
-            "failover); nothing was written, and tock reconnects to where "
-            "TOCK_DATABASE_URL leads", state)
+            "failover); nothing was written. The connection is dropped, and the next one "
+            "goes where the database URL leads: if this goes on, it does not lead to the "
+            "primary", state)
     if state == "55P03":
         return LockTimeout(text, state)
     if state in _TRANSIENT or state.startswith("53"):

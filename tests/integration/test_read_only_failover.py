@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
+import pytest
 
 from devstack.postgres import PostgresServer
 from shared.client import Client
 from shared.core.errors import DatabaseReadOnly, Retryable
 from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings
+from shared.store import JobStore
 from shared.store.database import Database
 from tests.support.drive import timer_running
 from tests.support.wait import wait_for
@@ -110,3 +112,79 @@ def test_timer_and_consumer_ride_out_a_demoted_primary_and_go_on(
                                 ).fetchone() == (len(accepted),)
     finally:
         client.close()
+
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_store_write_refused_as_read_only_drops_its_connection(server, in_transaction):
+    """The stores classify psycopg's error themselves (Store._execute), before it leaves
+    the pool's block: the connection must be dropped all the same, or a demoted primary's
+    old connection is handed out again, and refuses, until the pool's max lifetime."""
+    db = Database(server.url(), check=False, max_size=1, timeout=2)
+    store = JobStore(db)
+
+    def write() -> None:
+        if in_transaction:
+            with store.transaction() as tx:
+                tx.release_untracked("w", [], 60.0, 30.0)
+        else:
+            store.release_untracked("w", [], 60.0, 30.0)
+
+    try:
+        with db.connection() as conn:
+            old_pid = conn.info.backend_pid
+        errors: list[BaseException] = []
+        with read_only(server):
+            def refused() -> bool:
+                try:
+                    write()
+                except Retryable as exc:
+                    errors.append(exc)
+                    return True
+                return False
+            wait_for(refused, timeout=10, message="a store write refused as read-only")
+        assert isinstance(errors[0], DatabaseReadOnly), errors[0]
+        wait_for(lambda: write() is None, timeout=10, message="writes taken again")
+        with db.connection() as conn:
+            assert conn.info.backend_pid != old_pid
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("attrs", ["", "?target_session_attrs=any"])
+def test_a_write_refused_as_read_only_counts_as_an_outage_for_the_rescuer(server, attrs):
+    """No worker can renew its lease while the database refuses writes: the timer's rescuer
+    must give workers a whole lease after it (`Database.unavailable_at`, as after any
+    outage), or every job whose lease ran out meanwhile is rescued while its handler still
+    runs. With a URL that keeps `target_session_attrs=any` every statement of the outage
+    is such a refusal, none a refused connection."""
+    db = Database(server.url() + attrs, check=False, max_size=1, timeout=2)
+    store = JobStore(db)
+    try:
+        store.release_untracked("w", [], 60.0, 30.0)  # a connection open before the switch
+        with read_only(server):
+            def refused() -> bool:
+                try:
+                    store.release_untracked("w", [], 60.0, 30.0)
+                except DatabaseReadOnly:
+                    return True
+                return False
+            wait_for(refused, timeout=10, message="a store write refused as read-only")
+        assert db.unavailable_at is not None
+    finally:
+        db.close()
+
+
+def test_the_probe_and_a_listener_refuse_a_read_only_server_as_the_pools_do(server):
+    """`probe` (start-up checks, the CLI, the dashboard's /readyz) said a read-only server
+    was fine while no pool could connect to it (the CLI then waited out its pool's 30 s);
+    a LISTEN connection on a demoted server would never hear a NOTIFY."""
+    from shared.store.database import Listener, probe
+    with read_only(server):
+        wait_for(lambda: probe(server.url()) is not None, timeout=10,
+                 message="the probe refuses a read-only server")
+        assert "read-only" in str(probe(server.url()))
+        assert probe(server.url() + "?target_session_attrs=any") is None  # the URL decides
+        with pytest.raises(Retryable):
+            Listener(server.url(), "tock_due")
+    assert probe(server.url()) is None

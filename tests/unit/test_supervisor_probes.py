@@ -262,3 +262,42 @@ def test_a_loop_whose_passes_may_run_long_is_never_logged_as_stalled(stop_afterw
     release.set()
     loop.stop()
     assert loop.join(5)
+
+
+def test_a_vacuum_within_its_statement_timeout_is_not_logged_as_a_stall(stop_afterwards,
+                                                                         caplog):
+    """The statistics loop's VACUUM may rightly run up to its statement timeout (60 s):
+    a WARNING saying Postgres or SQS hung would send an operator chasing nothing."""
+    from shared.store.statistics_store import VACUUM_TIMEOUT_MS
+    from timer_service.statistics import Statistics
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Store:
+        def stale(self):
+            return False
+
+        def dead_rows(self):
+            return 50_000, 10, True
+
+        def vacuum(self):
+            entered.set()
+            release.wait(30)
+
+    loop = Statistics(Store(), interval_seconds=3600)  # type: ignore[arg-type]
+    clock = FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    stop_afterwards(sup)
+    caplog.set_level("INFO", logger="tock.supervisor")
+    sup.start()
+    assert entered.wait(10)
+    clock.advance(VACUUM_TIMEOUT_MS / 1000 - 1)
+    sup.report_stalls()
+    assert "loop_stalled" not in caplog.text
+    clock.advance(30.0)  # past its own timeout: something else is wrong, and it is said
+    sup.report_stalls()
+    assert "loop_stalled" in caplog.text
+    release.set()
+    loop.stop()
+    assert loop.join(5)

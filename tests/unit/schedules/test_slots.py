@@ -216,3 +216,15 @@ def test_slots_stop_at_the_end_of_the_calendar():
     assert [s.at for s in take(last, utc(2026, 1, 1), 3)] == [utc(9999, 12, 31)]
     assert take(cron("0 * * * *"), utc(9999, 12, 31, 22), 5) == []
     assert len(preview(last, "far", 0, utc(2026, 1, 1), 5)) == 1
+
+
+def test_a_cron_whose_next_slot_is_past_the_year_9999_ends_too():
+    # croniter builds the year 10000 with datetime(), which raises ValueError ("year 10000
+    # is out of range"), not OverflowError: a leap-day cron after the last leap year.
+    assert take(cron("0 0 29 2 *"), utc(9996, 3, 1), 3) == []
+    assert preview(cron("0 0 29 2 *"), "leap", 0, utc(9996, 3, 1), 3) == []
+    # A cron that can never fire still says so (croniter's error is a ValueError too).
+    import pytest
+    from croniter import CroniterBadDateError
+    with pytest.raises(CroniterBadDateError):
+        take(cron("0 0 31 2 *"), utc(2026, 1, 1), 1)
