@@ -84,6 +84,8 @@ class Retention(Loop):
     report)."""
 
     name = "retention"
+    # A pass runs several batches of a catch-up (moves, prunes): seconds each, rightly.
+    stall_log_seconds = 60.0
 
     def __init__(self, store: RetentionStore, *, retention_hours: Mapping[JobState, float],
                  workers_hours: float, audit_hours: float, batch_size: int,

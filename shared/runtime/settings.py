@@ -228,7 +228,9 @@ class TimerSettings(CommonSettings):
                     "cloudwatch_interval_seconds: jobs due and not yet running (in Postgres "
                     "or in SQS), jobs running, and the oldest due job's age. SQS's own "
                     "metrics see only the dispatch window. Empty: not published.")
-    cloudwatch_interval_seconds: float = Field(default=60.0, ge=1, le=3600)
+    # Twice a minute: a pass that waits the interval after a slow publish still leaves a
+    # data point in every one-minute period the scaling policies read.
+    cloudwatch_interval_seconds: float = Field(default=30.0, ge=1, le=3600)
     cloudwatch_queues: Annotated[list[str], NoDecode] = Field(
         default=[],
         description="Queues always published (0 while empty), so that scaling in has "
