@@ -10,12 +10,15 @@ from dataclasses import replace
 from datetime import datetime
 from uuid import UUID
 
+import psycopg
+
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import Worker
 from shared.core.states import JobState
 from shared.store import arrays, lingering_sql, producer_sql
 from shared.store import jobs_sql as sql
 from shared.store.base import Store
+from shared.store.errors import classify
 from shared.store.rows import (
     AttemptResult,
     Claim,
@@ -101,8 +104,21 @@ class JobStore(Store):
         return {r[0]: r[1] for r in rows}
 
     def ping(self) -> None:
-        """Raise (Retryable) unless the database answers."""
-        self._one(sql.PING)
+        """Raise (Retryable) unless the database answers and takes writes: a server that
+        answers but is read-only (a primary demoted by a failover, through a pooled
+        connection) would let a consumer receive messages it cannot claim, each receive
+        counting towards the dead-letter queue. Raised inside the connection's block, so
+        the pool drops that connection as after any read-only refusal."""
+        refused = psycopg.errors.ReadOnlySqlTransaction(
+            "the server answers but takes no writes")
+        if self._db is None:  # bound to a caller's connection: nothing to drop
+            row = self._one(sql.PING)
+            if row and row[0]:
+                raise classify(refused)
+            return
+        with self._db.connection() as conn:
+            if self._execute(conn, sql.PING, None)[0][0]:
+                raise refused
 
     def next_due_at(self) -> tuple[datetime | None, datetime]:
         """(earliest run_at of a scheduled/retrying job, the database clock now)."""

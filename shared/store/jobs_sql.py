@@ -42,8 +42,9 @@ RETURNING j.id, j.dispatch_failures
 """
 
 # Earliest due time per level, so the timer can sleep until exactly then.
-PING = "SELECT 1"
-"""A consumer that lost the database asks this before it receives again."""
+PING = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool"
+"""A consumer that lost the database asks this before it receives again: true if the
+server takes no writes (a standby, or a primary demoted by a failover)."""
 
 NEXT_DUE_AT = """
 SELECT min(n.run_at), clock_timestamp()

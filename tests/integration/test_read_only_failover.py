@@ -188,3 +188,39 @@ def test_the_probe_and_a_listener_refuse_a_read_only_server_as_the_pools_do(serv
         with pytest.raises(Retryable):
             Listener(server.url(), "tock_due")
     assert probe(server.url()) is None
+
+
+def test_the_consumer_s_ping_refuses_a_read_only_server_and_drops_the_connection(server):
+    """The ping a consumer asks before it receives again: a read-only server answers, but
+    receiving from it would only walk messages towards the dead-letter queue."""
+    db = Database(server.url(), check=False, max_size=1, timeout=2)
+    store = JobStore(db)
+    try:
+        store.ping()
+        with db.connection() as conn:
+            old_pid = conn.info.backend_pid
+        with read_only(server):
+            errors: list[BaseException] = []
+
+            def refused() -> bool:
+                try:
+                    store.ping()
+                except Retryable as exc:
+                    errors.append(exc)
+                    return True
+                return False
+            wait_for(refused, timeout=10, message="the ping refused once the reload landed")
+        assert isinstance(errors[0], DatabaseReadOnly), errors[0]
+        wait_for(lambda: _ping_ok(store), timeout=10, message="the ping passes again")
+        with db.connection() as conn:
+            assert conn.info.backend_pid != old_pid
+    finally:
+        db.close()
+
+
+def _ping_ok(store: JobStore) -> bool:
+    try:
+        store.ping()
+    except Retryable:
+        return False
+    return True
