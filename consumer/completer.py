@@ -138,7 +138,15 @@ class Completer(Loop):
             written = self._write_each(batch)
         if any(f.result.state in (JobState.RETRYING, JobState.SCHEDULED)
                and f.result.delay_seconds < NOTIFY_WITHIN_SECONDS for f in batch):
-            pipe.store.notify_due()
+            try:
+                pipe.store.notify_due()
+            except Retryable as exc:
+                # The outcomes are committed: keeping the batch for another pass would
+                # write nothing and report them discarded. The timers look for due work
+                # at least every TOCK_MAX_IDLE_SECONDS anyway: a lost wake-up costs that.
+                emit(log, "notify_failed", logging.WARNING, worker=pipe.worker_id,
+                     error=str(exc), detail="the retries are due all the same; a timer "
+                                            "finds them at its next pass")
         return written
 
     def _write_each(self, batch: list[Finished]) -> set[int]:

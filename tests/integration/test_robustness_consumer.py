@@ -17,7 +17,7 @@ import pytest
 
 from consumer.outcomes import MAX_ERROR_CHARS, MAX_RETRY_AFTER_SECONDS
 from consumer.service import Consumer
-from shared.core.errors import RetryAfter, TransportError
+from shared.core.errors import DatabaseUnavailable, RetryAfter, TransportError
 from shared.core.messages import JobMessage
 from shared.core.states import AttemptOutcome, JobState
 from shared.transport.base import Outgoing
@@ -303,5 +303,33 @@ def test_a_claim_lost_in_a_crash_and_seen_by_the_heartbeat_runs_again_at_once(
         run_all(consumer, receive(consumer, 1))  # the message came back: no resend needed
         assert client.get(job.id).state is JobState.SUCCEEDED
         assert len(beats) == 1
+    finally:
+        consumer.close()
+
+
+def test_a_wake_up_that_fails_after_the_outcomes_committed_loses_nothing(
+        client, timer, transport, registry, consumer_settings, clock_now, caplog,
+        monkeypatch):
+    """The NOTIFY that wakes the timers for a retry due soon goes after the outcomes'
+    commit. If it fails (the connection lost at that instant, a server gone read-only),
+    the outcomes stay written and are reported as written: not kept for another pass that
+    would match nothing and call them discarded."""
+    def boom(payload: Any, ctx: Any) -> None:
+        raise RuntimeError("fails, retried soon")
+
+    registry.add("work", boom, max_attempts=3)
+    consumer = make_consumer(consumer_settings, registry, transport, Clock(clock_now))
+    try:
+        job = client.schedule("work")
+        dispatch(timer, clock_now)
+
+        def lost(*args: Any, **kwargs: Any) -> None:
+            raise DatabaseUnavailable("database unavailable: the connection was lost")
+
+        monkeypatch.setattr(consumer.pipe.store, "notify_due", lost)
+        run_all(consumer, receive(consumer, 1))
+        assert client.get(job.id).state is JobState.RETRYING
+        assert "notify_failed" in caplog.text
+        assert "result_discarded" not in caplog.text
     finally:
         consumer.close()
