@@ -13,7 +13,7 @@ from typing import Any
 
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
-from shared.core.text import shown
+from shared.core.text import decimal_integer, shown
 from shared.store.database import check_url, redacted
 
 Sub = Any  # argparse._SubParsersAction is private; its type adds nothing here
@@ -92,7 +92,7 @@ def states_type(text: str) -> str:
 
 def job_id_type(text: str) -> int:
     try:
-        value = int(text)
+        value = decimal_integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id") from None
     if value < 1:

@@ -15,6 +15,7 @@ from cli.output import Count, print_json, print_table
 from shared.core.errors import InvalidInput
 from shared.core.limits import SCOPES
 from shared.core.reports import LimitInfo
+from shared.core.text import decimal_integer
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 NO_TENANT_LABEL = "(no tenant)"
@@ -108,7 +109,7 @@ def _number(text: str) -> float:
 
 def _integer(text: str) -> int:
     try:
-        return int(text)
+        return decimal_integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 

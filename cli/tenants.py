@@ -11,6 +11,7 @@ from cli import audit, connect
 from cli.arguments import Sub, add_common
 from cli.output import age, approx, print_json, print_table
 from shared.core.errors import InvalidInput
+from shared.core.text import decimal_integer
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 NO_TENANT_LABEL = "(no tenant)"
@@ -31,7 +32,7 @@ def _tenant(args: argparse.Namespace, *, with_weight: bool) -> tuple[str | None,
 
 def _weight_of(text: str) -> int:
     try:
-        return int(text)
+        return decimal_integer(text)
     except ValueError:
         raise InvalidInput(f"weight must be an integer 1..1000, got {text!r}") from None
 

@@ -13,6 +13,7 @@ import sys
 
 from dashboard.settings import DashboardSettings
 from shared.core.errors import ConfigError
+from shared.core.text import decimal_integer
 from shared.runtime.health import cannot_listen
 from shared.runtime.logs import configure, emit
 from shared.runtime.startup import EXIT_CONFIG, database_problem
@@ -29,7 +30,7 @@ def _drop_color_message(record: logging.LogRecord) -> bool:
 def port_number(value: str) -> int:
     """`--port`: a TCP port, 1-65535 (0 would listen on a port nobody is told of)."""
     try:
-        port = int(value)
+        port = decimal_integer(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
     if not 1 <= port <= 65535:

@@ -97,5 +97,5 @@ def _count(name: str, value: object, low: int, high: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"{name} must be an integer, got {shown(value)}")
     if not low <= value <= high:
-        raise InvalidInput(f"{name} must be between {low} and {high:,}, got {value}")
+        raise InvalidInput(f"{name} must be between {low} and {high:,}, got {shown(value)}")
     return value

@@ -93,3 +93,13 @@ def utf8_problem(text: str) -> str | None:
                     "another encoding?)")
         return f"{where} is an unpaired UTF-16 surrogate (\\u{code:04x})"
     return None
+
+
+def decimal_integer(text: str) -> int:
+    """`text` as an integer if it is one written plainly: ASCII digits with an optional
+    sign. Python's int() also takes padding, underscores and non-ASCII digits (" 5",
+    "1_000", Arabic-Indic digits), none of which an operator means; ValueError for those."""
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 4300:
+        raise ValueError(f"not a plain integer: {text!r}")
+    return int(text)

@@ -395,12 +395,17 @@ def check_url(url: str) -> str:
         scheme = url.split("://", 1)[0]
         raise ValueError(f"must be a postgresql:// URL, not {scheme}://")
     try:
-        conninfo_to_dict(url)
+        params = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not a libpq URL"
         reason = _without_passwords(reason, url)
         raise ValueError(f"is not a Postgres connection URL ({reason}); expected "
                          "postgresql://user@host:port/database") from None
+    # libpq parses the port only when it connects, so a typo there would read as the
+    # database being away (exit 3, retried forever) rather than as bad input.
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"has port {port[:20]!r}; a port is a number from 1 to 65535")
     return url
 
 

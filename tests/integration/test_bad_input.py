@@ -88,7 +88,8 @@ def test_cli_bad_input_exits_2_with_a_message(database_url, db, capsys, argv):
     assert _count(db) == 0
 
 
-@pytest.mark.parametrize("url", ["not a url", "mysql://u@h/db"])
+@pytest.mark.parametrize("url", ["not a url", "mysql://u@h/db", "host=x port=abc",
+                                 "postgresql://u@h:99999/db", "host=a,b port=5432,x"])
 def test_cli_bad_database_url_exits_2_naming_the_setting(capsys, monkeypatch, url):
     monkeypatch.setenv("TOCK_DATABASE_URL", url)
     assert cli(["jobs"]) == 2

@@ -11,6 +11,7 @@ from dashboard.__main__ import main
     ("70000", "70000 is not a port (1-65535)"),
     ("0", "0 is not a port (1-65535)"),
     ("eighty", "not a port number: 'eighty'"),
+    ("80_80", "not a port number: '80_80'"),  # int() takes it
 ])
 def test_a_port_out_of_range_is_a_usage_error_naming_the_option(capsys, port, says):
     with pytest.raises(SystemExit) as exited:

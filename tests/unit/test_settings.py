@@ -140,6 +140,17 @@ def test_an_empty_database_url_is_refused_not_read_as_libpq_defaults(monkeypatch
 PASSWORD = "s3cr3tpw"
 
 
+@pytest.mark.parametrize(("url", "port"), [
+    ("host=x port=abc", "'abc'"), ("postgresql://me@db:0/tock", "'0'"),
+    ("postgresql://me@db/tock?port=70000", "'70000'"), ("host=a,b port=5432,x", "'x'"),
+])
+def test_a_database_url_with_a_bad_port_is_bad_input_not_an_outage(url, port):
+    # libpq reads the port only when connecting: unchecked, a typo looked like Postgres away
+    with pytest.raises(ConfigError, match=f"TOCK_DATABASE_URL: has port {port}; a port is"):
+        ClientSettings(database_url=url)
+    assert ClientSettings(database_url="host=a,b port=5432,").database_url
+
+
 @pytest.mark.parametrize("url", [
     f"postgresql://me:{PASSWORD}@[db/tock",  # libpq quotes the whole URL
     f"postgresql://me:{PASSWORD}%zz@db/tock",  # ... or the token it could not decode

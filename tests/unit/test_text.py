@@ -3,10 +3,13 @@ including its suffix."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from shared.core.text import ELLIPSIS, bounded, describe, storable
+from shared.core.errors import InvalidInput
+from shared.core.limits import LimitSpec
+from shared.core.text import ELLIPSIS, bounded, decimal_integer, describe, storable
 
 # st.text() leaves out surrogates; mix in what handlers really put in exceptions.
 nasty = st.text(alphabet=st.one_of(st.characters(),
@@ -119,3 +122,21 @@ def test_describe_survives_a_broken_str():
     text = describe(Broken())
     assert text.startswith("Broken")
     assert "ValueError" in text
+
+
+@given(st.integers(-10**30, 10**30))
+def test_decimal_integer_reads_what_str_writes(n):
+    assert decimal_integer(str(n)) == n
+    assert decimal_integer(f"+{abs(n)}") == abs(n)
+
+
+@pytest.mark.parametrize("text", [" 5", "5 ", "1_000", "\u0665", "", "-", "+", "0x10",
+                                  "1e3", "9" * 4301])
+def test_decimal_integer_refuses_what_int_would_bend(text):
+    with pytest.raises(ValueError, match="not a plain integer"):
+        decimal_integer(text)
+
+
+def test_an_out_of_range_count_is_not_echoed_digit_by_digit():
+    with pytest.raises(InvalidInput, match=r"got an integer of about 201 digits$"):
+        LimitSpec.of("kind", "email", max_running=10**200)

@@ -42,7 +42,8 @@ def test_bad_limits_are_refused_with_the_reason(tock):
             (["kind", "--no-tenant", "--max-running", "1"], "--no-tenant goes with"),
             (["tenant", "--max-running", "1"], "give a KEY or --no-tenant"),
             (["queue", "x", "--max-running", "1"], "invalid choice: 'queue'"),
-            (["kind", "email", "--max-running", "many"], "'many' is not an integer")):
+            (["kind", "email", "--max-running", "many"], "'many' is not an integer"),
+            (["kind", "email", "--max-running", " 5"], "' 5' is not an integer")):
         code, _, err = tock("limits", "set", *argv)
         assert code == 2 and says in err, (argv, err)
 

@@ -43,6 +43,16 @@ def test_cron_slot_boundaries_and_seconds_field():
         utc(2026, 5, 1, 10, 0, 20), utc(2026, 5, 1, 10, 0, 40), utc(2026, 5, 1, 10, 1, 0)]
 
 
+def test_a_range_that_wraps_round_its_field_runs_through_the_end():
+    # README, Timing: 22-2 is 22:00 to 02:00, fri-mon is Friday to Monday
+    night = [s.at.hour for s in take(cron("0 22-2 * * *"), utc(2026, 5, 1, 12), 6)]
+    assert night == [22, 23, 0, 1, 2, 22]
+    days = [s.at.strftime("%a") for s in take(cron("0 0 * * fri-mon"), utc(2026, 5, 4, 1), 5)]
+    assert days == ["Fri", "Sat", "Sun", "Mon", "Fri"]
+    assert [s.at.minute for s in take(cron("58-1 * * * *"), utc(2026, 5, 1, 9, 50), 4)] == [
+        58, 59, 0, 1]
+
+
 def test_no_drift_restarting_from_any_slot_gives_the_same_sequence():
     for timing in (cron("7,31 */3 * * *", "Europe/Berlin"),
                    Timing(None, timedelta(seconds=7), EPOCH, "UTC")):
