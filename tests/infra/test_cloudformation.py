@@ -22,6 +22,7 @@ ROOT_T = load_template(TOCK_TEMPLATE)
 QUEUES_T = load_template(QUEUES_TEMPLATE)
 RES: dict[str, Any] = ROOT_T["Resources"]
 PARAMS: dict[str, Any] = ROOT_T["Parameters"]
+DB_ADDRESS = "tock-db.abc123.us-east-1.rds.amazonaws.com"
 LB_DNS_NAME = "internal-tock-Dashb-1A2B3C.us-east-1.elb.amazonaws.com"
 PSEUDO = {"AWS::Region": "us-east-1", "AWS::StackName": "tock", "AWS::AccountId": "123456789012"}
 CONTAINERS = {"TimerTaskDefinition": "timer", "ConsumerTaskDefinition": "consumer",
@@ -44,8 +45,11 @@ def _default(value: Any) -> str:
             text = text.replace("${" + name + "}", str(param.get("Default", "")))
         for name, pseudo in PSEUDO.items():
             text = text.replace("${" + name + "}", pseudo)
-        # A load balancer's DNS name, as CloudFormation fills it in (mixed case).
-        return re.sub(r"\$\{\w+\.DNSName\}", LB_DNS_NAME, text)
+        # A load balancer's DNS name, as CloudFormation fills it in (mixed case), and the
+        # database's endpoint.
+        text = re.sub(r"\$\{\w+\.DNSName\}", LB_DNS_NAME, text)
+        text = text.replace("${Database.Endpoint.Address}", DB_ADDRESS)
+        return text.replace("${Database.Endpoint.Port}", "5432")
     return str(value)
 
 
@@ -322,3 +326,9 @@ def test_migrate_task_can_run_a_new_image_before_the_services_roll():
             assert _container(definition)["Image"] == {"Ref": "ImageUri"}, definition
     readme = (TOCK_TEMPLATE.parents[2] / "README.md").read_text()
     assert "--parameter-overrides MigrateImageUri=" in readme
+
+
+def test_consumers_run_under_an_init_process():
+    # Handlers may start subprocesses; an orphaned one is reparented to PID 1, which must
+    # reap it. Python as PID 1 does not, so ECS puts its init (tini) there.
+    assert _container("ConsumerTaskDefinition")["LinuxParameters"] == {"InitProcessEnabled": True}

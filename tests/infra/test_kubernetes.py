@@ -164,6 +164,12 @@ def test_pods_are_hardened(name):
         assert set(container["resources"][kind]) == {"cpu", "memory"}
 
 
+def test_consumer_pods_have_a_pid_1_that_reaps_orphans():
+    # A handler's orphaned subprocesses are reparented to PID 1; with a shared process
+    # namespace that is the pod's pause process, which reaps them, not Python.
+    assert WORKLOADS["tock-consumer"]["spec"]["template"]["spec"]["shareProcessNamespace"] is True
+
+
 @pytest.mark.parametrize(("name", "port", "ready"), [
     ("tock-timer", 9000, "/readyz"), ("tock-consumer", 9000, "/readyz"),
     # The dashboard's /readyz fails on every replica at once while Postgres is away: as
