@@ -32,7 +32,7 @@ def pg_server() -> Iterator[PostgresServer]:
     template_url = server.create_database("tock_template")
     migrate(template_url)
     yield server
-    server.destroy()
+    server.destroy(wait=False)
 
 
 @pytest.fixture
