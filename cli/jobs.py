@@ -147,9 +147,10 @@ def _show(args: argparse.Namespace) -> int:
              if job.lease_owner else None),
             ("created", job.created_at), ("finished", job.finished_at),
             ("payload", json.dumps(job.payload))]
+    width = max(len(name) for name, _ in rows)  # one column for every job
     for name, value in rows:
         if value is not None:
-            print(f"  {name:<9} {value if name == 'payload' else cell(value)}")
+            print(f"  {name:<{width}} {value if name == 'payload' else cell(value)}")
     if job.attempts:
         print()
         print_table(["attempt", "outcome", "worker", "started", "finished", "error"], [

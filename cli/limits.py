@@ -93,10 +93,13 @@ def _remove(args: argparse.Namespace) -> int:
         removed = client.remove_limit(args.scope, key)
     audit.action("limit_removed", scope=args.scope, key=key, removed=removed)
     name = NO_TENANT_LABEL if key is None else key
+    if args.json:  # as DELETE /api/limits answers; nothing removed still exits 1 below
+        print_json({"scope": args.scope, "key": key, "removed": removed})
     if not removed:  # refused, as deleting a schedule that does not exist is
         print(f"tock: {args.scope} {name} has no limit; nothing removed", file=sys.stderr)
         return EXIT_REFUSED
-    print(f"{args.scope} {name}: limit removed")
+    if not args.json:
+        print(f"{args.scope} {name}: limit removed")
     return EXIT_OK
 
 
@@ -146,5 +149,5 @@ def add_parser(sub: Sub) -> None:
                            help="the rate's period (default 1 s)")
             a.add_argument("--burst", type=_integer, metavar="B",
                            help="tokens the bucket holds (default: one second's worth)")
-        add_common(a, json_flag=name == "set", after_action=True)
+        add_common(a, after_action=True)
         a.set_defaults(func=func)

@@ -61,6 +61,9 @@ def _weight(args: argparse.Namespace) -> int:
     with connect.client(args) as client:
         client.set_tenant_weight(tenant, weight)
     audit.action("tenant_weight_set", tenant=tenant, weight=weight)
+    if args.json:
+        print_json({"tenant": tenant, "weight": weight})
+        return EXIT_OK
     print(f"{tenant or NO_TENANT_LABEL}: weight {weight}")
     return EXIT_OK
 
@@ -70,6 +73,9 @@ def _reset(args: argparse.Namespace) -> int:
     with connect.client(args) as client:
         had = client.reset_tenant_weight(tenant)
     audit.action("tenant_weight_set", tenant=tenant, weight=1)
+    if args.json:
+        print_json({"tenant": tenant, "weight": 1, "was_set": had})
+        return EXIT_OK
     print(f"{tenant or NO_TENANT_LABEL}: weight 1 (the default)" if had else
           f"{tenant or NO_TENANT_LABEL}: had no weight set; it stays at 1")
     return EXIT_OK
@@ -93,5 +99,5 @@ def add_parser(sub: Sub) -> None:
         a.add_argument("values", nargs="*", metavar="TENANT N" if name == "weight" else "TENANT")
         a.add_argument("--no-tenant", action="store_true",
                        help="the jobs enqueued without a tenant")
-        add_common(a, json_flag=False, after_action=True)
+        add_common(a, after_action=True)
         a.set_defaults(func=func)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -30,3 +31,16 @@ def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
         prctl(PR_SET_PDEATHSIG, int(sig))
 
     return set_signal
+
+
+def end_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Have this process sent `sig` when its parent ends (`make`, for `make run`: a
+    `kill -9` of make would otherwise leave it and all it started running). If the parent
+    is already gone, `sig` now. Nothing where there is no parent-death signal."""
+    parent = os.getppid()
+    set_signal = dies_with_parent(sig)
+    if set_signal is None:
+        return
+    set_signal()
+    if os.getppid() != parent:  # the parent died before the call: no signal will come
+        os.kill(os.getpid(), sig)

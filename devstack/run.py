@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from devstack.janitor import Janitor, Manifest
-from devstack.lifetime import dies_with_parent
+from devstack.lifetime import dies_with_parent, end_with_parent
 from devstack.ports import free_port
 from devstack.postgres import PostgresServer, start_postgres
 from devstack.sqs import SqsServer, start_localstack, start_sqs
@@ -300,6 +300,7 @@ def main() -> int:
     # start them again.
     signal.signal(signal.SIGINT, _interrupt)
     try:
+        end_with_parent()  # make killed with kill -9: stop as on Ctrl-C
         stack.janitor = Janitor()
         _say("starting a throwaway Postgres ...")
         stack.postgres = start_database()

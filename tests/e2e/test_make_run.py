@@ -35,12 +35,17 @@ SUCCEEDED = "SELECT count(*) FROM tock_jobs_all WHERE state = 'succeeded'"
 class MakeRun:
     """`python -m devstack.run` with its stderr in a file the test reads as it grows."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, *, under_parent: bool = False) -> None:
+        """`under_parent`: started by a shell that waits for it, as make does, and `popen`
+        is that shell."""
         self.log = log
         env = {**os.environ, "TOCK_DASHBOARD_PORT": str(free_port())}
+        argv = [sys.executable, "-m", "devstack.run"]
+        if under_parent:  # the `; :` keeps sh from exec'ing Python in its place
+            argv = ["sh", "-c", f"{shlex.join(argv)}; :"]
         with log.open("wb") as out:
-            self.popen = subprocess.Popen([sys.executable, "-m", "devstack.run"], cwd=ROOT,
-                                          env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out,
+                                          stderr=subprocess.STDOUT)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -220,12 +225,14 @@ def test_make_run_restarts_what_is_killed_and_the_jobs_go_on(tmp_path):
         run.close()
 
 
-def test_make_run_killed_9_takes_everything_it_started_with_it(tmp_path):
+@pytest.mark.parametrize("killed", ["make run", "make"])
+def test_make_run_killed_9_takes_everything_it_started_with_it(tmp_path, killed):
     """kill -9 of make run itself (no chance to clean up): its tock processes get SIGTERM
     and LocalStack SIGKILL from the kernel, so a second make run is not refused because an
     orphaned dashboard holds the port; its janitor stops Postgres (daemonized by pg_ctl,
-    out of the kernel's reach) and removes both servers' directories."""
-    run = MakeRun(tmp_path / "make-run.log")
+    out of the kernel's reach) and removes both servers' directories. kill -9 of the make
+    above it: make run gets SIGTERM from the kernel and stops as on Ctrl-C."""
+    run = MakeRun(tmp_path / "make-run.log", under_parent=killed == "make")
     postmaster: psutil.Process | None = None
     try:
         run.said("running; press Ctrl-C", timeout=180)
@@ -243,6 +250,9 @@ def test_make_run_killed_9_takes_everything_it_started_with_it(tmp_path):
                  message="every process and server make run started, gone")
         wait_for(lambda: not any(d.exists() for d in directories), timeout=30,
                  message=f"{directories} removed")
+        if killed == "make":  # it stopped everything itself, as on Ctrl-C
+            wait_for(lambda: "everything started by make run was removed" in run.text(),
+                     timeout=30, message="make run's own clean stop")
         postmaster = None
     finally:
         run.close()

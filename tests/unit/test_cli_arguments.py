@@ -109,6 +109,12 @@ URL = "postgresql://me@db.example:5432/tock"
     (["tenants", "reset", "acme", "--database-url", URL], False),
     (["schedules", "--database-url", URL, "--json", "show", "nightly"], True),
     (["schedules", "show", "nightly", "--database-url", URL, "--json"], True),
+    # README: these take --json before or after the action, each of them.
+    (["limits", "remove", "kind", "k", "--database-url", URL, "--json"], True),
+    (["limits", "--json", "remove", "kind", "k", "--database-url", URL], True),
+    (["tenants", "weight", "acme", "2", "--database-url", URL, "--json"], True),
+    (["tenants", "--json", "--database-url", URL, "weight", "acme", "2"], True),
+    (["tenants", "reset", "--no-tenant", "--json", "--database-url", URL], True),
 ])
 def test_options_before_or_after_the_action_are_kept(argv, json_flag):
     args = build_parser().parse_args(argv)

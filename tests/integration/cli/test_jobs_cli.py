@@ -37,6 +37,17 @@ def test_enqueue_list_and_show(tock, db):
     assert [j["id"] for j in json.loads(out)["jobs"]] == [1]
     code, out, _ = tock("show", "1")
     assert code == 0 and "Not due until" in out and '"to": "a@b"' in out
+    code, out, _ = tock("enqueue", "sync", "--concurrency-key", "acct-1")
+    assert code == 0, out
+    _, out, _ = tock("show", out.split()[2])
+    starts = set()  # where each field's value starts: one column, the longest label's too
+    for line in out.splitlines():
+        for label in ("queue", "priority", "attempt", "run at", "concurrency key", "created",
+                      "payload"):
+            if line.startswith(f"  {label} "):
+                rest = line[2 + len(label):]
+                starts.add(2 + len(label) + len(rest) - len(rest.lstrip(" ")))
+    assert len(starts) == 1 and "acct-1" in out, out
     code, out, _ = tock("show", "1", "--json")
     shown = json.loads(out)
     assert shown["job"]["tenant"] == "acme"

@@ -109,3 +109,16 @@ def test_a_limit_on_a_kind_no_consumer_knows_is_set_with_a_note(tock, db):
     assert code == 0 and err == "", err
     code, _, err = tock("limits", "set", "tenant", "acme", "--max-running", "1")
     assert code == 0 and err == "", err
+
+
+def test_remove_prints_json_with_json_before_or_after_the_action(tock):
+    # --json used to be refused after `remove` (exit 2) and ignored before it.
+    tock("limits", "set", "kind", "email", "--max-running", "1")
+    code, out, _ = tock("limits", "remove", "kind", "email", "--json")
+    assert code == 0 and json.loads(out) == {"scope": "kind", "key": "email", "removed": True}
+    code, out, err = tock("limits", "--json", "remove", "kind", "email")
+    assert code == 1 and json.loads(out)["removed"] is False  # as DELETE /api/limits
+    assert "kind email has no limit" in err
+    tock("limits", "set", "tenant", "--no-tenant", "--max-running", "1")
+    code, out, _ = tock("limits", "remove", "tenant", "--no-tenant", "--json")
+    assert code == 0 and json.loads(out) == {"scope": "tenant", "key": None, "removed": True}

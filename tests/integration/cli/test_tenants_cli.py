@@ -76,3 +76,15 @@ def test_options_before_the_action_are_not_dropped(tock):
     assert code == 0 and json.loads(out) == [], "nothing written to TOCK_DATABASE_URL's"
     assert tock("tenants", "--database-url", down, "reset", "acme")[0] == 3
     assert tock("tenants", "--database-url", down, "list")[0] == 3
+
+
+def test_weight_and_reset_print_json_with_json_before_or_after_the_action(tock):
+    # --json used to be refused after `weight`/`reset` (exit 2) and ignored before them.
+    code, out, _ = tock("tenants", "weight", "acme", "5", "--json")
+    assert code == 0 and json.loads(out) == {"tenant": "acme", "weight": 5}
+    code, out, _ = tock("tenants", "--json", "weight", "--no-tenant", "2")
+    assert code == 0 and json.loads(out) == {"tenant": None, "weight": 2}
+    code, out, _ = tock("tenants", "reset", "acme", "--json")
+    assert code == 0 and json.loads(out) == {"tenant": "acme", "weight": 1, "was_set": True}
+    code, out, _ = tock("tenants", "--json", "reset", "acme")
+    assert code == 0 and json.loads(out)["was_set"] is False
