@@ -39,14 +39,15 @@ $(CHECKOV_VENV)/.installed: infra/checkov-requirements.txt
 
 checkov-venv: $(CHECKOV_VENV)/.installed
 
-# Postgres server binaries and Chromium (for the dashboard's browser tests) come from
-# Debian's packages when they are missing.
+# Postgres server binaries, and for the tests Chromium (the dashboard's browser tests),
+# come from Debian's packages when they are missing.
 system-deps:
-	@bash devstack/system-deps.sh
+	@bash devstack/system-deps.sh --browser
 
 install: $(BIN)/.installed $(LS_VENV)/.installed system-deps
 
-run: install
+run: $(BIN)/.installed $(LS_VENV)/.installed
+	@bash devstack/system-deps.sh
 	$(BIN)/python -m devstack.run
 
 test: install $(CHECKOV_VENV)/.installed

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install what tock's local stack needs from the OS when it is missing: PostgreSQL server
-# binaries and Chromium (used by the dashboard's browser tests).
+# binaries, and with `--browser` Chromium (only the dashboard's browser tests use it, so
+# `make run` does not install it).
 set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
   || need+=(postgresql)
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ "${1:-}" = "--browser" ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 echo "installing system packages: ${need[*]}"
 SUDO=""
