@@ -183,6 +183,14 @@ def test_bad_payloads_are_refused(client, db, payload, message):
     assert _count(db) == 0
 
 
+def test_a_payload_comes_back_as_jsonb_keeps_it(client):
+    # README, the payload row: the same values; -0.0 as 0.0 (numeric has no negative zero)
+    payload = {"zero": -0.0, "big": 2**62, "nested": {"b": [1.5, None, True], "a": "x"}}
+    stored = client.get(client.schedule("email", payload).id).payload
+    assert stored == payload
+    assert math.copysign(1.0, stored["zero"]) == 1.0
+
+
 def test_oversized_payload_is_refused(database_url, db):
     with Client(ClientSettings(database_url=database_url, max_payload_bytes=100)) as client:
         with pytest.raises(InvalidInput, match="over the limit of 100"):
