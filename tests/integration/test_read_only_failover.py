@@ -8,7 +8,7 @@ libpq's own primary check reads too."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -133,17 +133,9 @@ def test_a_store_write_refused_as_read_only_drops_its_connection(server, in_tran
     try:
         with db.connection() as conn:
             old_pid = conn.info.backend_pid
-        errors: list[BaseException] = []
         with read_only(server):
-            def refused() -> bool:
-                try:
-                    write()
-                except Retryable as exc:
-                    errors.append(exc)
-                    return True
-                return False
-            wait_for(refused, timeout=10, message="a store write refused as read-only")
-        assert isinstance(errors[0], DatabaseReadOnly), errors[0]
+            refusal = _first_refusal(write, "a store write refused as read-only")
+        assert isinstance(refusal, DatabaseReadOnly), refusal
         wait_for(lambda: write() is None, timeout=10, message="writes taken again")
         with db.connection() as conn:
             assert conn.info.backend_pid != old_pid
@@ -200,22 +192,29 @@ def test_the_consumer_s_ping_refuses_a_read_only_server_and_drops_the_connection
         with db.connection() as conn:
             old_pid = conn.info.backend_pid
         with read_only(server):
-            errors: list[BaseException] = []
-
-            def refused() -> bool:
-                try:
-                    store.ping()
-                except Retryable as exc:
-                    errors.append(exc)
-                    return True
-                return False
-            wait_for(refused, timeout=10, message="the ping refused once the reload landed")
-        assert isinstance(errors[0], DatabaseReadOnly), errors[0]
+            refusal = _first_refusal(store.ping, "the ping refused once the reload landed")
+        assert isinstance(refusal, DatabaseReadOnly), refusal
         wait_for(lambda: _ping_ok(store), timeout=10, message="the ping passes again")
         with db.connection() as conn:
             assert conn.info.backend_pid != old_pid
     finally:
         db.close()
+
+
+def _first_refusal(call: Callable[[], object], what: str) -> Retryable:
+    """Call `call` until it raises Retryable (the read-only reload takes a moment to land);
+    that error."""
+    errors: list[Retryable] = []
+
+    def refused() -> bool:
+        try:
+            call()
+        except Retryable as exc:
+            errors.append(exc)
+            return True
+        return False
+    wait_for(refused, timeout=10, message=what)
+    return errors[0]
 
 
 def _ping_ok(store: JobStore) -> bool:
