@@ -135,6 +135,17 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:  # type
             tenants.add_parser, limits.add_parser]
 
 
+def _innermost(parser: argparse.ArgumentParser,
+               args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the deepest subcommand `args` went through (`tock schedules list`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if isinstance(chosen, argparse.ArgumentParser):
+                return _innermost(chosen, args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # The pool's own reconnection warnings would repeat, several lines each, what the one
     # error line below says.
@@ -143,7 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] in (["timer"], ["consumer"]):
         return _launch(argv[0], argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        # Named by the parser of the action they followed, with its usage, not tock's.
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     func: Command = args.func
     try:
         audit.configure_from_environment()

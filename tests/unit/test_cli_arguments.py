@@ -170,3 +170,18 @@ def test_stale_seconds_must_be_a_positive_finite_number(value, says, capsys):
 
 def test_stale_seconds_takes_a_fraction():
     assert build_parser().parse_args(["workers", "--stale-seconds", "2.5"]).stale_seconds == 2.5
+
+
+@pytest.mark.parametrize(("argv", "usage"), [
+    (["schedules", "list", "--bogus"], "usage: tock schedules list"),
+    (["tenants", "weight", "acme", "2", "--bogus"], "usage: tock tenants weight"),
+    (["limits", "remove", "kind", "mail", "--bogus"], "usage: tock limits remove"),
+    (["jobs", "--bogus", "x"], "usage: tock jobs"),
+])
+def test_an_unknown_option_is_named_with_the_usage_of_the_action_it_followed(
+        argv, usage, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith(usage), err
+    assert f"unrecognized arguments: {' '.join(argv[argv.index('--bogus'):])}" in err
