@@ -7,6 +7,10 @@ BIN := $(VENV)/bin
 LS_VENV := .localstack-venv
 CHECKOV_VENV := .checkov-venv
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`, each with its own Postgres and LocalStack (0: one
+# process). The suite mostly waits on processes and servers, so two workers halve it even
+# on two cores.
+TEST_WORKERS ?= 2
 
 .PHONY: help install run test test-fast check lint typecheck bench bench-full clean system-deps \
 	checkov-venv infra-check faults
@@ -51,7 +55,7 @@ run: $(BIN)/.installed $(LS_VENV)/.installed
 	$(BIN)/python -m devstack.run
 
 test: install $(CHECKOV_VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 check: $(BIN)/.installed
 	$(BIN)/ruff check .

@@ -1,6 +1,7 @@
-"""Test services: one real Postgres cluster and one real SQS server process per session,
-started here. Each test gets its own database cloned from a migrated template and its own
-SQS queue prefix, so tests never see each other's jobs or messages."""
+"""Test services: one real Postgres cluster and one real SQS server process per session
+(per pytest-xdist worker under `make test`), started here. Each test gets its own database
+cloned from a migrated template and its own SQS queue prefix, so tests never see each
+other's jobs or messages."""
 
 from __future__ import annotations
 
