@@ -9,7 +9,11 @@ Leases run on by the database clock while the database is away, and no worker ca
 its lease then. So after an outage (any statement of this timer finding the database
 unavailable), and after this process starts (it may not have seen one), a worker's jobs
 are rescued only once it has had a whole lease of its own since then to renew and did not:
-a restart of Postgres longer than a lease does not fail every running job.
+a restart of Postgres longer than a lease does not fail every running job. A database
+that answers the lease query `STALLED_AFTER_SECONDS` late counts as an outage that has
+just ended: frozen (a stopped process, a hung host or disk), it fails no statement, yet
+no worker can renew meanwhile, and the query, sent before the freeze, runs the moment it
+ends, before the workers' own renewals.
 
 A dispatched job nobody claimed for `dispatch_timeout_seconds` is sent again only on
 evidence that its message is gone: its SQS queue holds fewer messages than it has
@@ -37,6 +41,13 @@ from shared.store.rows import ExpiredLease, Rescue
 from shared.transport.base import Transport
 
 log = logging.getLogger("tock.timer.rescue")
+
+STALLED_AFTER_SECONDS = 1.0
+"""A lease query answered this late (it takes milliseconds) found a database that may
+have been frozen: nothing is rescued in that pass, and workers get a whole lease from
+then to renew. A freeze the pass does not see as one is shorter than this plus a
+maintenance interval (the pass may start late in it): 3 s by default, well within the
+slack of the default lease (30 s, renewed every 10 s: 20 s)."""
 
 
 class Rescuer(Loop):
@@ -84,9 +95,14 @@ class Rescuer(Loop):
         On the database clock (`now` None), a worker gets a whole lease to renew after the
         database comes back (see the module docstring); a pinned `now` skips that."""
         since_back, back_at = self._since_back() if now is None else (None, None)
+        asked = time.monotonic()
         with self.store.transaction() as tx:
             expired = tx.expired_leases(self.batch_size, self.default_max_attempts, now,
                                         since_back=since_back)
+            waited = time.monotonic() - asked
+            if now is None and waited > STALLED_AFTER_SECONDS:
+                self._stalled(waited, len(expired))
+                return 0
             if back_at is not None:
                 self._back_at = back_at  # this pass reached the database
             freed = tx.forget_dead_lingering(now, since_back=since_back)
@@ -114,6 +130,16 @@ class Rescuer(Loop):
                 emit(log, "lease_expired", logging.WARNING, job_id=rescue.job_id,
                      worker=rescue.worker, next_state=rescue.state.value)
         return len(done)
+
+    def _stalled(self, waited: float, expired: int) -> None:
+        """The lease query took `waited` seconds: count it as an outage that ended now
+        (see the module docstring) and rescue nothing in this pass."""
+        self._back_at = self.monotonic()
+        emit(log, "rescue_held", logging.WARNING, waited_s=round(waited, 1),
+             expired_leases=expired,
+             detail=f"the database took {waited:.1f} s to answer the lease query (frozen "
+                    "or stalled?): no worker could renew its lease meanwhile, so each gets "
+                    "a whole lease from now before its jobs are rescued")
 
     def _since_back(self) -> tuple[float, float | None]:
         """(Seconds since the database came back, as far as this timer can tell; the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psutil
@@ -34,12 +34,14 @@ def frozen(server: PostgresServer) -> Iterator[None]:
                                     .read_text().split()[0]))
     processes = [postmaster, *postmaster.children(recursive=True)]
     for p in processes:
-        p.send_signal(signal.SIGSTOP)
+        with suppress(psutil.NoSuchProcess):  # a backend whose client just left
+            p.send_signal(signal.SIGSTOP)
     try:
         yield
     finally:
         for p in processes:
-            p.send_signal(signal.SIGCONT)
+            with suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGCONT)
 
 
 def _in_thread(call: Callable[[], Any]) -> list[BaseException | Any]:

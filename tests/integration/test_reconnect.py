@@ -141,6 +141,59 @@ def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt
         proxy.close()
 
 
+def test_a_job_running_through_a_frozen_database_keeps_its_attempt(server, sqs_server):
+    """Postgres frozen (every process stopped, as a hung host would be) for longer than the
+    consumer's lease, its handler running all along, and the consumer cut off for a moment
+    after (a proxy). No statement failed, so the timer saw no outage; its lease query,
+    sent during the freeze, ran the moment it ended, found the lease run out by the
+    database clock and failed the attempt, throwing the handler's result away. Answered
+    that late, it now counts as an outage that just ended, and the job finishes in its
+    first attempt."""
+    from tests.integration.test_hung_server import frozen
+
+    prefix = f"r{uuid.uuid4().hex[:8]}-"
+    SqsTransport(prefix).create_queue("default", visibility_timeout=30)
+    release = threading.Event()
+    registry = Registry()
+    registry.add("hold", lambda payload, ctx: release.wait(60))
+    proxy = TcpProxy(server.port).start()
+    timer = Timer(TimerSettings(database_url=server.url(), queue_prefix=prefix,
+                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5))
+    consumer = Consumer(ConsumerSettings(
+        database_url=server.url().replace(f":{server.port}/", f":{proxy.port}/"),
+        queue_prefix=prefix, lease_seconds=4, heartbeat_seconds=1,
+        visibility_timeout_seconds=30, receive_wait_seconds=1), registry)
+    client = Client(ClientSettings(database_url=server.url()))
+    timer.start()
+    consumer.start()
+    try:
+        job = client.schedule("hold", max_attempts=1)
+        wait_for(lambda: client.get(job.id).state is JobState.RUNNING, timeout=30,
+                 message="the job running")
+        proxy.partition(new="refuse")
+        with frozen(server):
+            stopped = time.monotonic()
+            wait_for(lambda: time.monotonic() - stopped > 6, timeout=10,
+                     message="a freeze longer than the lease")
+        back = time.monotonic()
+        wait_for(lambda: (timer.rescuer.last_success_age(time.monotonic()) or 99)
+                 < time.monotonic() - back - 1.5, timeout=30,
+                 message="rescue passes after the freeze")
+        assert client.get(job.id).state is JobState.RUNNING
+        proxy.heal()
+        release.set()
+        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+                 message="the job's own attempt succeeding")
+        attempts = client.get(job.id, with_attempts=True).attempts
+        assert [(a.attempt, a.outcome.value) for a in attempts] == [(1, "succeeded")]
+    finally:
+        release.set()
+        proxy.heal()
+        consumer.shutdown()
+        timer.stop()
+        client.close()
+        proxy.close()
+
 def test_a_per_key_limit_holds_through_a_postgres_restart(server, system):
     """Keyed jobs dispatched one per key at a time while Postgres restarts under the
     timer's key walk: all run, and no two of one key ever overlap (the slots are counted
