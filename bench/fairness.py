@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -130,6 +131,9 @@ class Sink:
 
     def depth(self, queue: str) -> int:
         return 0
+
+    def created_at(self, queue: str) -> datetime | None:
+        return None
 
 
 def fairness(ctx: Context) -> None:

@@ -20,7 +20,9 @@ evidence that its message is gone: its SQS queue holds fewer messages than it ha
 dispatched jobs (a running job's message is not counted on: it may have been deleted as a
 redelivered copy). A long backlog therefore resends
 nothing, however old; a purged or recreated queue, or messages moved to the dead-letter
-queue, resend as many of the oldest stuck jobs as messages are missing.
+queue, resend as many of the oldest stuck jobs as messages are missing. A recreated queue
+is evidence of its own: every job dispatched before its creation time lost its message,
+even while the messages of running jobs in the new queue make the count look whole.
 """
 
 from __future__ import annotations
@@ -176,16 +178,25 @@ class Rescuer(Loop):
         say, and another receiver dropped the copy), so counting one in flight per running
         job took those for lost messages of waiting jobs and re-sent waiting jobs whose
         messages were still queued. Messages of running jobs still held only make the
-        count low: the rest of a real loss is found once those jobs finish."""
+        count low: the rest of a real loss is found once those jobs finish, or at once when the
+        queue was made after those jobs were sent."""
         dispatched, _running = self.store.queue_expected(queue)
+        created = None
         try:
             held = self.transport.depth(queue)
+            created = self.transport.created_at(queue)
         except QueueMissing:
             held = 0  # the queue is gone, and every message with it
         except TransportError as exc:
             emit(log, "queue_depth_unknown", logging.WARNING, queue=queue, error=str(exc))
             return 0
-        return max(dispatched - held, 0)
+        missing = max(dispatched - held, 0)
+        if created is not None:
+            # Made again (a restarted LocalStack, a queue deleted and created): what was
+            # sent before went with the old queue, though running jobs' messages in the
+            # new one would hide it from the count until they finish.
+            missing = max(missing, self.store.dispatched_before(queue, created))
+        return missing
 
 
 def _lost(lease: ExpiredLease) -> str:

@@ -146,6 +146,12 @@ class JobStore(Store):
         row = self._one(sql.QUEUE_EXPECTED, {"queue": queue})
         return (row[0], row[1]) if row else (0, 0)
 
+    def dispatched_before(self, queue: str, before: datetime) -> int:
+        """How many of `queue`'s jobs are still dispatched (not claimed) from before
+        `before`."""
+        row = self._one(sql.DISPATCHED_BEFORE, {"queue": queue, "before": before})
+        return row[0] if row else 0
+
     def redispatch_stuck(self, queue: str, timeout_seconds: float, limit: int,
                          now: datetime | None = None) -> list[int]:
         """Make up to `limit` of `queue`'s jobs dispatched longer ago than

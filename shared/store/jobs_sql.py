@@ -84,6 +84,12 @@ SELECT count(*) FILTER (WHERE state = 'dispatched'), count(*) FILTER (WHERE stat
 FROM tock_jobs WHERE state IN ('dispatched', 'running') AND queue = %(queue)s
 """
 
+# Dispatched jobs sent before their queue was created: their messages went with the old one.
+DISPATCHED_BEFORE = """
+SELECT count(*) FROM tock_jobs
+WHERE state = 'dispatched' AND queue = %(queue)s AND dispatched_at < %(before)s
+"""
+
 # A dispatched job whose message was lost (queue purged or recreated, moved to the DLQ):
 # make it due again, oldest first; the next claim gives it a new token, so the old message,
 # should it ever arrive, is stale.
@@ -101,7 +107,8 @@ SET state = CASE WHEN j.attempt > 0 THEN 'retrying'::tock_job_state
                  ELSE 'scheduled'::tock_job_state END,
     dispatch_token = NULL,
     last_error = 'its SQS message was lost (not claimed within ' || %(timeout_seconds)s
-                 || ' s, and the queue holds fewer messages than jobs); sent again',
+                 || ' s, and the queue holds fewer messages than jobs or was created '
+                 || 'after it was sent); sent again',
     updated_at = {NOW}
 FROM stuck
 WHERE j.id = stuck.id

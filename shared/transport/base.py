@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import NamedTuple, Protocol
 
 MAX_BATCH = 10
@@ -69,4 +70,9 @@ class Transport(Protocol):
 
     def depth(self, queue: str) -> int:
         """Messages in the queue (visible, in flight, delayed); approximate on SQS."""
+        ...
+
+    def created_at(self, queue: str) -> datetime | None:
+        """When the queue was created (None: not known, or it was never lost): a message
+        sent before then went to a queue that is gone."""
         ...

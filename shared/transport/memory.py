@@ -17,6 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from shared.core.errors import InvalidInput
 from shared.transport.base import (
@@ -148,6 +149,10 @@ class MemoryTransport:
         """Messages in the queue, visible or in flight."""
         visible, in_flight = self.counts(queue)
         return visible + in_flight
+
+    def created_at(self, queue: str) -> datetime | None:
+        """Queues here are never lost: no evidence to give."""
+        return None
 
     def counts(self, queue: str) -> tuple[int, int]:
         """(visible, in flight) message counts, as SQS's approximate attributes give them."""

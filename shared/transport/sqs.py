@@ -35,6 +35,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -286,6 +287,14 @@ class SqsTransport:
                           AttributeNames=names)
         attrs = resp.get("Attributes", {})
         return sum(int(attrs.get(n, "0")) for n in names)
+
+    def created_at(self, queue: str) -> datetime | None:
+        """SQS's CreatedTimestamp of the queue (whole seconds). A queue deleted and created
+        again (a restarted LocalStack, an operator's mistake) has a new one."""
+        resp = self._call("GetQueueAttributes", queue, self.client.get_queue_attributes,
+                          AttributeNames=["CreatedTimestamp"])
+        value = resp.get("Attributes", {}).get("CreatedTimestamp")
+        return datetime.fromtimestamp(int(value), UTC) if value else None
 
     def _call(self, name: str, queue: str, method: Callable[..., Any], **kwargs: Any) -> Any:
         try:
