@@ -124,7 +124,11 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     client = Client(ClientSettings(database_url=settings.database_url,
                                    queue_prefix=settings.queue_prefix,
                                    call_timeout_seconds=ANSWER_TIMEOUT_SECONDS),
-                    pool_timeout=POOL_TIMEOUT_SECONDS)
+                    pool_timeout=POOL_TIMEOUT_SECONDS,
+                    # Named in its errors: the dashboard's own setting (its statement
+                    # timeout is no setting: nothing to name).
+                    database_setting="the dashboard's TOCK_DATABASE_URL",
+                    call_timeout_setting=None)
     stats = StatsCache(store, ttl_seconds=settings.dashboard_stats_ttl_seconds,
                        stale_after_seconds=settings.dashboard_worker_stale_seconds,
                        finished_ttl_seconds=settings.dashboard_finished_ttl_seconds)

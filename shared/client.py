@@ -27,6 +27,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from shared.core.config import ProducerConfig
 from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, slot_of
+from shared.producer.client import CALL_TIMEOUT_SETTING, DATABASE_SETTING
 from shared.producer.client import Client as _JobClient
 from shared.runtime.settings import ClientSettings
 from shared.schedules.api import ScheduleApi
@@ -41,12 +42,17 @@ class Client(_JobClient, ScheduleApi):
     `Client()` reads `TOCK_*` settings; `Client(ClientSettings(database_url=...))` is
     explicit. `now` pins the database's clock (tests). `pool_timeout` is the longest a call
     waits for a connection while the database is away (30 s rides out a restart; the
-    dashboard, which must answer 503 soon, passes less)."""
+    dashboard, which must answer 503 soon, passes less). `database_setting` and
+    `call_timeout_setting` are what its errors tell the reader to check (None: nothing to
+    name); an application embedding the client names its own."""
 
     def __init__(self, settings: ProducerConfig | None = None, *,
-                 now: datetime | None = None, pool_timeout: float = 30.0) -> None:
+                 now: datetime | None = None, pool_timeout: float = 30.0,
+                 database_setting: str = DATABASE_SETTING,
+                 call_timeout_setting: str | None = CALL_TIMEOUT_SETTING) -> None:
         super().__init__(settings if settings is not None else ClientSettings.load(), now=now,
-                         pool_timeout=pool_timeout)
+                         pool_timeout=pool_timeout, database_setting=database_setting,
+                         call_timeout_setting=call_timeout_setting)
 
     def __enter__(self) -> Client:
         return self

@@ -47,7 +47,8 @@ class Client:
     """A connection pool and the producer operations over it. Thread-safe."""
 
     def __init__(self, settings: ProducerConfig, *, now: datetime | None = None,
-                 pool_timeout: float = 30.0) -> None:
+                 pool_timeout: float = 30.0, database_setting: str = DATABASE_SETTING,
+                 call_timeout_setting: str | None = CALL_TIMEOUT_SETTING) -> None:
         self.settings = settings
         self._now = now  # tests pin the database's idea of "now" through this
         # Autocommit connections: enqueue, get, cancel and retry are one statement each (or a
@@ -56,10 +57,10 @@ class Client:
         # (wrong URL, password or host; not running) fails the first call at once, saying
         # why and where to fix it, instead of after the pool's 30 s wait (Database).
         self.database = Database(settings.database_url, max_size=settings.pool_max_size,
-                                 name="tock-client", setting=DATABASE_SETTING,
+                                 name="tock-client", setting=database_setting,
                                  timeout=pool_timeout,
                                  answer_timeout=settings.call_timeout_seconds,
-                                 answer_setting=CALL_TIMEOUT_SETTING)
+                                 answer_setting=call_timeout_setting)
         self._jobs = JobStore(self.database)
         self._flow = FlowStore(self.database)
         self.known_kinds = KnownKinds(self._jobs)
