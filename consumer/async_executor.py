@@ -96,8 +96,9 @@ class AsyncRunner(Loop):
         if over > BLOCKED_LOG_SECONDS:
             emit(log, "event_loop_blocked", logging.WARNING, blocked_s=round(over, 1),
                  worker=self.pipe.worker_id, running=len(self._tasks),
-                 detail="an async handler ran blocking code on the event loop; every async "
-                        "job waited, and none could be cancelled meanwhile")
+                 detail="an async handler ran blocking code on the event loop, or the "
+                        "process was paused (SIGSTOP, a starved CPU); every async job "
+                        "waited, and none could be cancelled meanwhile")
         return 1  # the slice was the wait: no idle sleep on top
 
     def stop(self) -> None:

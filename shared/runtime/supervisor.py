@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from shared.core.errors import Retryable, TransportError
 from shared.runtime.lifecycle import StopFlag
@@ -177,11 +178,16 @@ class Loop:
 
     def _resumed(self, beat: _Beat, started: float, now: float) -> None:
         if beat.stalled == started:
-            emit(log, "loop_resumed", loop=self.name, after_s=round(now - started, 1))
+            emit(log, "loop_resumed", loop=self.name, **self._thread_of(beat),
+                 after_s=round(now - started, 1))
 
-    def stalls(self, now: float) -> list[float]:
-        """How long each pass running past `stall_log_seconds` and not yet reported has
-        run; each is reported once."""
+    def _thread_of(self, beat: _Beat) -> dict[str, Any]:
+        """`thread=N` for a loop of several threads (which one of them), else nothing."""
+        return {"thread": self._beats.index(beat)} if len(self._beats) > 1 else {}
+
+    def stalls(self, now: float) -> list[tuple[dict[str, Any], float]]:
+        """Each pass running past `stall_log_seconds` and not yet reported (which thread,
+        as log fields, and how long it has run); each is reported once."""
         limit = self.stall_log_seconds
         if limit is None:
             return []
@@ -190,7 +196,7 @@ class Loop:
             started = beat.started
             if started is not None and now - started > limit and beat.stalled != started:
                 beat.stalled = started
-                found.append(now - started)
+                found.append((self._thread_of(beat), now - started))
         return found
 
     # --- probes -------------------------------------------------------------------------------
@@ -260,9 +266,9 @@ class Supervisor:
         """Log each loop pass that has run past its loop's `stall_log_seconds`, once."""
         now = self.clock()
         for loop in self.loops:
-            for seconds in loop.stalls(now):
+            for thread, seconds in loop.stalls(now):
                 emit(log, "loop_stalled", logging.WARNING, process=self.process,
-                     loop=loop.name, running_s=round(seconds, 1),
+                     loop=loop.name, **thread, running_s=round(seconds, 1),
                      bound_s=loop.pass_bound_seconds,
                      detail="a pass is waiting on something that does not answer (Postgres, "
                             "SQS or CloudWatch hung, or a network cut without an error), or "

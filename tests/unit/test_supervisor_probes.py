@@ -236,6 +236,43 @@ def test_a_pass_past_its_stall_time_is_logged_once_then_its_end(stop_afterwards,
     assert loop.join(5)
 
 
+
+def test_each_stalled_thread_of_a_loop_is_named_in_its_line(stop_afterwards, caplog):
+    """A loop of two threads, both stuck: two `loop_stalled` lines, told apart by thread
+    (they were identical, which read as one line logged twice)."""
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    class Pair(Loop):
+        name = "pair"
+        threads = 2
+        pass_bound_seconds = None
+        stall_log_seconds = 10.0
+
+        def run_once(self, now=None):
+            entered.release()
+            release.wait(30)
+            return 1
+
+    loop = Pair()
+    clock = FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    stop_afterwards(sup)
+    caplog.set_level("INFO", logger="tock.supervisor")
+    sup.start()
+    assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+    clock.advance(11.0)
+    sup.report_stalls()
+    threads = sorted(r.fields["thread"] for r in caplog.records  # type: ignore[attr-defined]
+                     if r.getMessage() == "loop_stalled")
+    assert threads == [0, 1]
+    release.set()
+    wait_for(lambda: caplog.text.count("loop_resumed") == 2, timeout=10,
+             message="both passes ended")
+    loop.stop()
+    assert loop.join(5)
+
 def test_a_loop_whose_passes_may_run_long_is_never_logged_as_stalled(stop_afterwards, caplog):
     entered, release = threading.Event(), threading.Event()
 
