@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from shared.core.filters import JobFilter
+from shared.core.iso_time import parse_iso_datetime
 from shared.core.states import JobState
 from shared.core.text import decimal_integer, shown
 from shared.store.database import check_url, redacted
@@ -32,13 +33,10 @@ def parse_time(text: str) -> datetime:
     if date_only:
         raise argparse.ArgumentTypeError(_date_only(text, date_only))
     try:
-        value = datetime.fromisoformat(text)
+        value = parse_iso_datetime(text)
     except ValueError:
-        value = None
-    # Python also takes + or - as the date-time separator (2027-01-01-05:00 is 05:00)
-    if value is None or not re.search(r"[Tt ]", text):
         raise argparse.ArgumentTypeError(
-            f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}")
+            f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}") from None
     if value.tzinfo is None or value.utcoffset() is None:
         given = value.isoformat()
         raise argparse.ArgumentTypeError(

@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from shared.core import validation
 from shared.core.filters import JobFilter
+from shared.core.iso_time import parse_iso_datetime
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import LimitInfo, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
@@ -26,7 +27,7 @@ def _iso(value: object) -> object:
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 date-time string")
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = parse_iso_datetime(value)
     except ValueError:
         raise ValueError(f"{value!r} is not an ISO 8601 date-time such as "
                          "2026-12-02T15:04:05Z") from None

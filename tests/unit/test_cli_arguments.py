@@ -31,6 +31,22 @@ def _refusal(text: str) -> str:
     return str(info.value)
 
 
+@pytest.mark.parametrize("text", [
+    "2027-01-01T05:00:00xZ", "2027-01-01x05:00Z", "2027-01-01T05:00:00 +09:00",
+    "2027-01-01+05:00+01:00", "2027-01-01T00:00:00\x00Z", "2027-01-01T05:00:00.123456789Z"])
+def test_a_time_python_would_read_as_another_is_refused(text):
+    """fromisoformat takes each of these as some instant (a stray character, a second
+    offset, nanoseconds cut): `--at` would have used that one."""
+    assert "is not an ISO 8601 time" in _refusal(text)
+
+
+@pytest.mark.parametrize("text", ["2027-01-01T05:00Z", "2027-01-01 05:00:00+09:00",
+                                  "20270101T0500Z", "2027-01-01T05:00:00.5-03:30",
+                                  "2027-01-01t05Z"])
+def test_iso_8601_times_in_their_usual_shapes_are_accepted(text):
+    assert parse_time(text).tzinfo is not None
+
+
 @pytest.mark.parametrize("text", REFUSED)
 def test_every_suggested_time_is_accepted(text):
     message = _refusal(text)

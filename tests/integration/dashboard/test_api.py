@@ -42,6 +42,22 @@ def test_any_utc_offset_python_accepts_is_stored(operator):
     assert res.status_code == 200
 
 
+# Python's fromisoformat read each of these as some instant; each was stored as that one
+# (found by hand, feeding the running API bad input).
+NOT_ISO = ["2027-01-01T00:00:00\u0000Z", "2027-01-01T05:00:00xZ", "2027-01-01x05:00Z",
+           "2027-01-01T05:00:00 +09:00", "2027-01-01+05:00+01:00", "2027-01-01-05:00",
+           "2027-01-01T05:00:00.123456789Z"]
+
+
+@pytest.mark.parametrize("when", NOT_ISO)
+def test_a_time_that_is_not_iso_8601_is_refused_not_read_as_another(operator, when):
+    res = operator.post("/api/jobs", json={"kind": "email", "at": when})
+    assert res.status_code == 422, res.text
+    assert "is not an ISO 8601 date-time" in res.text
+    res = operator.get("/api/jobs", params={"created_after": when})
+    assert res.status_code == 422 and "is not an ISO 8601 date-time" in res.text
+
+
 def test_idempotent_key_returns_existing_job(operator):
     first = enqueue(operator, key="welcome:1")
     second = enqueue(operator, key="welcome:1")

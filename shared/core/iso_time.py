@@ -1,0 +1,28 @@
+"""ISO 8601 date-times as people write them, for the CLI and the HTTP API.
+
+Python's `datetime.fromisoformat` takes more than ISO 8601: any character between the date
+and the time (`2027-01-01x05:00`), a stray one before the offset (`05:00:00xZ`, `05:00 +09:00`),
+a NUL, a second offset read as a time of day (`2027-01-01+05:00+01:00` is 04:00 UTC), and
+nanoseconds, cut to microseconds. Each would store another instant than the one written,
+so the text must have the standard's shape first."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+ISO_DATETIME = re.compile(
+    r"(?:\d{4}-\d{2}-\d{2}|\d{8})"  # a calendar date, extended or basic
+    r"[Tt ]"  # then the time of day: hours, maybe minutes and seconds
+    r"\d{2}(?::\d{2}(?::\d{2})?|\d{2}(?:\d{2})?)?"
+    r"(?:[.,]\d{1,6})?"  # a fraction, to the microsecond (what is stored)
+    r"(?:Z|[+-]\d{2}(?::?\d{2})?)?",  # and the timezone, if any
+    re.ASCII)
+
+
+def parse_iso_datetime(text: str) -> datetime:
+    """`text` read as an ISO 8601 date and time of day (with or without a timezone);
+    `ValueError` unless it has exactly that shape and is a real date and time."""
+    if not ISO_DATETIME.fullmatch(text):
+        raise ValueError(f"not an ISO 8601 date-time: {text!r}")
+    return datetime.fromisoformat(text)
