@@ -187,7 +187,15 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     async def security_headers(request: Request,
                                call_next: Callable[[Request], Awaitable[Response]]
                                ) -> Response:
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except RuntimeError as exc:
+            # Starlette's way of saying the client hung up before an answer (mid-body,
+            # say): nobody to answer, and nothing wrong here; a traceback per aborted
+            # request would let any caller flood the log.
+            if str(exc) != "No response returned." or not await request.is_disconnected():
+                raise
+            return Response(status_code=400)
         if response.status_code == 405:
             allowed = allowed_methods(app.routes, request.scope)
             if allowed:

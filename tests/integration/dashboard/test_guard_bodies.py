@@ -19,6 +19,7 @@ from dashboard.settings import DashboardSettings
 from shared.core.errors import ConfigError
 from tests.integration.dashboard.guard_helpers import bearer, client_for, jobs, login
 from tests.support.dashboard import METRICS, OPERATOR, VIEWER, LiveServer
+from tests.support.wait import wait_for
 
 
 class Body:
@@ -254,3 +255,28 @@ def test_metrics_settings(database_url, monkeypatch):
     with pytest.raises(ConfigError, match="TOCK_DASHBOARD_METRICS_TOKEN must differ"):
         DashboardSettings.load(database_url=database_url, dashboard_operator_token=OPERATOR,
                                dashboard_metrics_token=OPERATOR)
+
+
+def test_a_client_that_hangs_up_mid_body_leaves_no_error_in_the_log(app, db, caplog):
+    """Found by hand: each aborted upload logged an ERROR with some 40 lines of traceback
+    ("No response returned"), so any caller could flood the log and page someone."""
+    import socket
+
+    server = LiveServer(app)
+    server.start()
+    try:
+        caplog.set_level("INFO")
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Authorization: Bearer " + OPERATOR.encode() + b"\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                      b'{"kind":')
+            wait_for(lambda: server.server.server_state.tasks, timeout=10,
+                     message="the request being handled")
+        wait_for(lambda: not server.server.server_state.tasks, timeout=10,
+                 message="the aborted request handled to its end")
+        errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+        assert not errors, [r.getMessage() for r in errors]
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+    finally:
+        server.stop()
