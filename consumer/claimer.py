@@ -39,6 +39,7 @@ from shared.core.errors import (
     TransportError,
 )
 from shared.core.messages import JobMessage, decode
+from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
@@ -202,9 +203,10 @@ class Claimer(Loop):
         """Claim what the messages point at and start tracking the claimed jobs; the SQS
         calls for the rest (drop, defer) are appended to `tidy`, for the caller to make
         once the claimed jobs are handed to the executor."""
-        # Keyed by (job, token): a stale message and the current one for the same job may
-        # arrive in one batch, and only the database knows which one is current.
-        wanted: dict[tuple[int, UUID], tuple[Received, JobMessage]] = {}
+        # Keyed by (job, token, kind): a stale message and the current one for the same job
+        # may arrive in one batch, and only the database knows which one is current (and a
+        # copy naming another kind must not push the real one out as a duplicate).
+        wanted: dict[tuple[int, UUID, str], tuple[Received, JobMessage]] = {}
         drop: list[Drop] = []
         for msg in messages:
             try:
@@ -212,7 +214,7 @@ class Claimer(Loop):
             except InvalidMessage as exc:
                 drop.append((msg, "malformed", str(exc)))
                 continue
-            key = (parsed.job_id, parsed.token)
+            key = (parsed.job_id, parsed.token, parsed.kind)
             if key in wanted:
                 drop.append((msg, "duplicate", f"job {parsed.job_id} twice in one batch"))
                 continue
@@ -221,12 +223,12 @@ class Claimer(Loop):
         if wanted:
             rows, rejected = self._claim_each_if_rejected(list(wanted.values()))
             for msg, parsed, reason in rejected:
-                wanted.pop((parsed.job_id, parsed.token))
+                wanted.pop((parsed.job_id, parsed.token, parsed.kind))
                 drop.append((msg, "rejected", reason))
             # The timer sends before it commits; a message can arrive while the dispatch is
             # still uncommitted and so invisible to our claim. Wait for those rows' locks
             # (the commit takes milliseconds), then try once more.
-            missed = [wanted[k] for k in wanted.keys() - {(r.id, r.token) for r in rows}]
+            missed = [wanted[k] for k in wanted.keys() - {(r.id, r.token, r.kind) for r in rows}]
             if missed:
                 try:
                     rows += self._claim_rows(missed, wait_for_locks=True)
@@ -235,12 +237,12 @@ class Claimer(Loop):
                     # moment rather than hold this receiver.
                     tidy.append(functools.partial(self._defer, missed))
                     for _, p in missed:
-                        wanted.pop((p.job_id, p.token))
-            got = {(r.id, r.token) for r in rows}
+                        wanted.pop((p.job_id, p.token, p.kind))
+            got = {(r.id, r.token, r.kind) for r in rows}
             unmatched = [v for k, v in wanted.items() if k not in got]
             if unmatched:
                 drop += self._explain_unclaimed(unmatched)
-        work = [self._start(row, wanted[(row.id, row.token)][0]) for row in rows]
+        work = [self._start(row, wanted[(row.id, row.token, row.kind)][0]) for row in rows]
         if drop:
             tidy.append(functools.partial(self._drop, drop))
         return work
@@ -288,7 +290,8 @@ class Claimer(Loop):
             claims.append(Claim(
                 parsed.job_id, parsed.token,
                 (task and task.max_attempts) or pipe.settings.default_max_attempts,
-                (task and task.timeout_seconds) or pipe.settings.default_timeout_seconds))
+                (task and task.timeout_seconds) or pipe.settings.default_timeout_seconds,
+                kind=parsed.kind))
         return pipe.claim_store.claim_messages(
             claims, pipe.worker_id, pipe.settings.lease_seconds, pipe.clock(),
             wait_for_locks=wait_for_locks)
@@ -331,6 +334,9 @@ class Claimer(Loop):
             if token != parsed.token:
                 out.append((msg, "stale_token",
                             f"job {parsed.job_id} is {state} with another dispatch token"))
+            elif state is JobState.DISPATCHED:  # its token, yet no claim: not its kind
+                out.append((msg, "rejected", f"job {parsed.job_id} is not of the kind the "
+                                             f"message names, {parsed.kind!r}"))
             else:
                 out.append((msg, "not_dispatched", f"job {parsed.job_id} is already {state}"))
         return out

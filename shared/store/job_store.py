@@ -209,6 +209,7 @@ class JobStore(Store):
             "default_max_attempts": arrays.numbers(c.default_max_attempts for c in claims),
             "default_timeout_seconds": arrays.numbers(c.default_timeout_seconds
                                                       for c in claims),
+            "kinds": [c.kind for c in claims],
             "worker": worker, "lease_seconds": lease_seconds, "now": now,
         }
         if wait_for_locks:

@@ -221,10 +221,10 @@ SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
     max_attempts = coalesce(j.max_attempts, m.default_max_attempts),
     timeout_seconds = coalesce(j.timeout_seconds, m.default_timeout_seconds)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],
-            %(default_timeout_seconds)s::float8[])
-     AS m(id, token, default_max_attempts, default_timeout_seconds)
+            %(default_timeout_seconds)s::float8[], %(kinds)s::text[])
+     AS m(id, token, default_max_attempts, default_timeout_seconds, kind)
 WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'dispatched')}
-  AND j.dispatch_token = m.token
+  AND j.dispatch_token = m.token AND (m.kind IS NULL OR j.kind = m.kind)
 RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds, j.run_at,
           j.dispatch_token, j.queue, j.tenant, j.unique_key,
           extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds

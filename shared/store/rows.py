@@ -86,6 +86,9 @@ class Claim:
     token: UUID
     default_max_attempts: int
     default_timeout_seconds: float
+    kind: str | None = None
+    """The kind the message names, whose defaults these are: the claim matches only a job
+    of that kind (None: any), so a message cannot lend a job another kind's limits."""
 
 
 @dataclass(frozen=True)

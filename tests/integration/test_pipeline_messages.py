@@ -62,6 +62,39 @@ def test_forged_stale_and_malformed_messages_change_nothing(
     assert queue_empty(transport), "dropped messages are deleted"
 
 
+def test_a_message_naming_another_kind_claims_nothing_even_with_the_jobs_token(
+        client, db, timer, transport, registry, consumers, clock):
+    """The claim took its defaults (attempts, timeout) from the kind the message names, so
+    a message with a job's token but another kind ran the job under that kind's limits
+    (found by hand: a `slow` job ran with 5 attempts, not its kind's 3). The claim now
+    matches only a job of the kind the message names; the message is dropped and counted,
+    and the job's own message still runs it."""
+    ran = []
+    registry.add("work", lambda payload, ctx: ran.append((ctx.job_id, ctx.max_attempts)),
+                 max_attempts=3)
+    registry.add("other", lambda payload, ctx: None, max_attempts=9)
+    job = client.schedule("work")
+    dispatch(timer, clock.now)
+    token = client.get(job.id).dispatch_token
+    before = metric("tock_messages_dropped_total", reason="rejected")
+    (real,) = transport.receive("default", 1, 1, 60)  # held aside: the forged one comes first
+    forged = JobMessage(job.id, token, "other").encode()
+    transport.send_batch("default", [Outgoing("forged", forged)])
+    consumer = consumers(clock)
+    assert receive(consumer, 1, rounds=3) == []
+    assert metric("tock_messages_dropped_total", reason="rejected") == before + 1
+    assert client.get(job.id).state is JobState.DISPATCHED and not ran
+    # Both in one batch: the forged copy does not push the real one out as a duplicate.
+    transport.send_batch("default", [Outgoing("forged", forged)])
+    transport.change_visibility_batch("default", [real.receipt], 0)
+    for _ in range(20):
+        run_all(consumer, receive(consumer, 1, rounds=1))
+        if ran and queue_empty(transport):
+            break
+    assert ran == [(job.id, 3)], "the job ran once, under its own kind's limits"
+    assert client.get(job.id).max_attempts == 3
+
+
 class _RefuseSome:
     def __init__(self, inner, refuse: set[str]) -> None:
         self.inner, self.refuse = inner, refuse
