@@ -68,7 +68,7 @@ TenantWeight = Annotated[int, BeforeValidator(_json_int),
                                          "maximum": validation.MAX_TENANT_WEIGHT})]
 WholeNumber = Annotated[int, BeforeValidator(_json_int), WithJsonSchema({"type": "integer"})]
 """Bounds checked by the domain (shared.core.limits), which names them in a 400."""
-PositiveNumber = Annotated[float, Field(gt=0)]
+PositiveNumber = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 JobIdIn = Annotated[int, BeforeValidator(_json_int), Field(ge=1, le=MAX_ID),
                     WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_ID})]
 
@@ -98,12 +98,14 @@ class EnqueueIn(StrictIn):
     kind: str = Field(pattern=validation.KIND.pattern, examples=["email"])
     payload: Any = Field(default=None, examples=[{"to": "a@example.com"}])
     at: IsoDateTime | None = None
-    delay: float | None = Field(default=None, ge=0, description="seconds from now")
+    delay: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                description="seconds from now")
     key: Key | None = Field(default=None, description="idempotency key")
     priority: Priority = 0
     queue: Queue | None = None
     max_attempts: MaxAttempts | None = None
     timeout: float | None = Field(default=None, gt=0, le=validation.MAX_TIMEOUT_SECONDS,
+                                  allow_inf_nan=False,
                                   description="seconds")
     tenant: Tenant | None = None
     concurrency_key: ConcurrencyKey | None = Field(

@@ -82,6 +82,15 @@ def test_bad_enqueue_says_what_is_wrong(operator, body, status, words):
     assert words in res.text
 
 
+@pytest.mark.parametrize("field", ["delay", "timeout"])
+@pytest.mark.parametrize("number", ["NaN", "Infinity"])
+def test_a_number_that_is_not_finite_is_refused_as_such(operator, field, number):
+    """NaN failed the bound checks first, so the error named a bound, not the NaN."""
+    res = operator.post("/api/jobs", content=f'{{"kind": "email", "{field}": {number}}}',
+                        headers={"Content-Type": "application/json"})
+    assert res.status_code == 422 and "finite number" in res.text, res.text
+
+
 def test_authentication_and_roles(anon, viewer, operator):
     assert anon.get("/api/jobs").status_code == 401
     assert anon.get("/api/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
