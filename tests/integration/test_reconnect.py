@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -90,13 +90,11 @@ def test_timer_and_consumer_work_again_after_postgres_comes_back(server, system,
              timeout=30, message="both ready again")
 
 
-def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt(
-        server, sqs_server):
-    """Postgres down for longer than the consumer's lease (8 s), its handler running all
-    along, and the consumer cut off for 2 s more (a proxy): by the database clock the
-    lease ran out, but nobody could renew it. The timer's rescue passes in those 2 s leave
-    the job alone (they used to fail the attempt at once, throwing the handler's result
-    away); the consumer, back, renews, and the job finishes in its first attempt."""
+def _a_running_job_outlives(server: PostgresServer, fault: Callable[[], None], *,
+                            lease_seconds: float, heartbeat_seconds: float) -> None:
+    """A job runs, its consumer is cut off (a proxy), `fault` befalls Postgres, and the
+    timer's rescue passes go on for 1.5 s while the consumer is still cut off: the job must
+    stay running, then finish in its first attempt once the consumer is back."""
     prefix = f"r{uuid.uuid4().hex[:8]}-"
     SqsTransport(prefix).create_queue("default", visibility_timeout=30)
     release = threading.Event()
@@ -107,7 +105,7 @@ def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt
                                 max_idle_seconds=0.2, maintenance_interval_seconds=0.5))
     consumer = Consumer(ConsumerSettings(
         database_url=server.url().replace(f":{server.port}/", f":{proxy.port}/"),
-        queue_prefix=prefix, lease_seconds=8, heartbeat_seconds=2,
+        queue_prefix=prefix, lease_seconds=lease_seconds, heartbeat_seconds=heartbeat_seconds,
         visibility_timeout_seconds=30, receive_wait_seconds=1), registry)
     client = Client(ClientSettings(database_url=server.url()))
     timer.start()
@@ -117,9 +115,7 @@ def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt
         wait_for(lambda: client.get(job.id).state is JobState.RUNNING, timeout=30,
                  message="the job running")
         proxy.partition(new="refuse")
-        # A clean restart: a crash could also lose the claim's asynchronous commit, and
-        # then the job runs again by design (consumer/completer.py, _claims_lost).
-        _outage(server, 10.0, "fast").join()
+        fault()
         back = time.monotonic()
         # Rescue passes on the database clock while the consumer is still cut off.
         wait_for(lambda: (timer.rescuer.last_success_age(time.monotonic()) or 99)
@@ -141,58 +137,35 @@ def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt
         proxy.close()
 
 
+def test_a_job_running_through_an_outage_longer_than_its_lease_keeps_its_attempt(
+        server, sqs_server):
+    """Postgres down for longer than the consumer's lease (8 s), its handler running all
+    along, and the consumer cut off for 2 s more (a proxy): by the database clock the
+    lease ran out, but nobody could renew it. The timer's rescue passes in those 2 s leave
+    the job alone (they used to fail the attempt at once, throwing the handler's result
+    away); the consumer, back, renews, and the job finishes in its first attempt."""
+    # A clean restart: a crash could also lose the claim's asynchronous commit, and then
+    # the job runs again by design (consumer/completer.py, _claims_lost).
+    _a_running_job_outlives(server, lambda: _outage(server, 10.0, "fast").join(),
+                            lease_seconds=8, heartbeat_seconds=2)
+
+
 def test_a_job_running_through_a_frozen_database_keeps_its_attempt(server, sqs_server):
     """Postgres frozen (every process stopped, as a hung host would be) for longer than the
-    consumer's lease, its handler running all along, and the consumer cut off for a moment
-    after (a proxy). No statement failed, so the timer saw no outage; its lease query,
-    sent during the freeze, ran the moment it ended, found the lease run out by the
+    consumer's lease (4 s). No statement failed, so the timer saw no outage; its lease
+    query, sent during the freeze, ran the moment it ended, found the lease run out by the
     database clock and failed the attempt, throwing the handler's result away. Answered
-    that late, it now counts as an outage that just ended, and the job finishes in its
-    first attempt."""
+    that late, it now counts as an outage that just ended."""
     from tests.integration.test_hung_server import frozen
 
-    prefix = f"r{uuid.uuid4().hex[:8]}-"
-    SqsTransport(prefix).create_queue("default", visibility_timeout=30)
-    release = threading.Event()
-    registry = Registry()
-    registry.add("hold", lambda payload, ctx: release.wait(60))
-    proxy = TcpProxy(server.port).start()
-    timer = Timer(TimerSettings(database_url=server.url(), queue_prefix=prefix,
-                                max_idle_seconds=0.2, maintenance_interval_seconds=0.5))
-    consumer = Consumer(ConsumerSettings(
-        database_url=server.url().replace(f":{server.port}/", f":{proxy.port}/"),
-        queue_prefix=prefix, lease_seconds=4, heartbeat_seconds=1,
-        visibility_timeout_seconds=30, receive_wait_seconds=1), registry)
-    client = Client(ClientSettings(database_url=server.url()))
-    timer.start()
-    consumer.start()
-    try:
-        job = client.schedule("hold", max_attempts=1)
-        wait_for(lambda: client.get(job.id).state is JobState.RUNNING, timeout=30,
-                 message="the job running")
-        proxy.partition(new="refuse")
+    def freeze() -> None:
         with frozen(server):
             stopped = time.monotonic()
             wait_for(lambda: time.monotonic() - stopped > 6, timeout=10,
                      message="a freeze longer than the lease")
-        back = time.monotonic()
-        wait_for(lambda: (timer.rescuer.last_success_age(time.monotonic()) or 99)
-                 < time.monotonic() - back - 1.5, timeout=30,
-                 message="rescue passes after the freeze")
-        assert client.get(job.id).state is JobState.RUNNING
-        proxy.heal()
-        release.set()
-        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
-                 message="the job's own attempt succeeding")
-        attempts = client.get(job.id, with_attempts=True).attempts
-        assert [(a.attempt, a.outcome.value) for a in attempts] == [(1, "succeeded")]
-    finally:
-        release.set()
-        proxy.heal()
-        consumer.shutdown()
-        timer.stop()
-        client.close()
-        proxy.close()
+
+    _a_running_job_outlives(server, freeze, lease_seconds=4, heartbeat_seconds=1)
+
 
 def test_a_per_key_limit_holds_through_a_postgres_restart(server, system):
     """Keyed jobs dispatched one per key at a time while Postgres restarts under the
