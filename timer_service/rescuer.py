@@ -97,6 +97,8 @@ class Rescuer(Loop):
         On the database clock (`now` None), a worker gets a whole lease to renew after the
         database comes back (see the module docstring); a pinned `now` skips that."""
         since_back, back_at = self._since_back() if now is None else (None, None)
+        # Timed from before the checkout and BEGIN, which a freeze holds up too. The timer's
+        # pool has a connection per loop thread, so the checkout waits behind no other loop.
         asked = time.monotonic()
         with self.store.transaction() as tx:
             expired = tx.expired_leases(self.batch_size, self.default_max_attempts, now,
