@@ -273,6 +273,7 @@ def test_each_stalled_thread_of_a_loop_is_named_in_its_line(stop_afterwards, cap
     loop.stop()
     assert loop.join(5)
 
+
 def test_a_loop_whose_passes_may_run_long_is_never_logged_as_stalled(stop_afterwards, caplog):
     entered, release = threading.Event(), threading.Event()
 
