@@ -7,12 +7,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from shared.runtime.supervisor import Loop, Supervisor
 from tests.support.wait import wait_for
 from tests.unit.fake_clock import FakeClock
+
+
+def _started(loop: Loop, stop_afterwards: Callable[[Supervisor], None],
+             clock: FakeClock | None = None) -> tuple[Supervisor, FakeClock]:
+    """A supervisor on a fake clock watching `loop`, started, and stopped after the test."""
+    clock = clock or FakeClock()
+    sup = Supervisor("test", clock=clock)
+    sup.watch(loop)
+    stop_afterwards(sup)
+    sup.start()
+    return sup, clock
 
 
 def test_liveness_fails_when_a_pass_runs_past_its_bound(stop_afterwards):
@@ -29,11 +41,7 @@ def test_liveness_fails_when_a_pass_runs_past_its_bound(stop_afterwards):
 
     loop = Stuck()
     # Start well in the past so the real time the test takes cannot exceed the bound.
-    clock = FakeClock(offset=-100.0)
-    sup = Supervisor("test", clock=clock)
-    sup.watch(loop)
-    stop_afterwards(sup)
-    sup.start()
+    sup, clock = _started(loop, stop_afterwards, FakeClock(offset=-100.0))
     assert entered.wait(10)
     try:
         assert sup.live()[0], sup.live()
@@ -61,11 +69,7 @@ def test_a_loop_without_a_pass_bound_is_never_too_slow(stop_afterwards):
             release.wait(30)
             return 0
 
-    clock = FakeClock()
-    sup = Supervisor("test", clock=clock)
-    sup.watch(Slow())
-    stop_afterwards(sup)
-    sup.start()
+    sup, clock = _started(Slow(), stop_afterwards)
     assert entered.wait(10)
     try:
         clock.advance(10**6)
@@ -211,12 +215,8 @@ def test_a_pass_past_its_stall_time_is_logged_once_then_its_end(stop_afterwards,
             return 1
 
     loop = Hung()
-    clock = FakeClock()
-    sup = Supervisor("test", clock=clock)
-    sup.watch(loop)
-    stop_afterwards(sup)
     caplog.set_level("INFO", logger="tock.supervisor")
-    sup.start()
+    sup, clock = _started(loop, stop_afterwards)
     assert entered[0].wait(10)
     sup.report_stalls()
     assert "loop_stalled" not in caplog.text  # not yet 10 s
@@ -255,12 +255,8 @@ def test_each_stalled_thread_of_a_loop_is_named_in_its_line(stop_afterwards, cap
             return 1
 
     loop = Pair()
-    clock = FakeClock()
-    sup = Supervisor("test", clock=clock)
-    sup.watch(loop)
-    stop_afterwards(sup)
     caplog.set_level("INFO", logger="tock.supervisor")
-    sup.start()
+    sup, clock = _started(loop, stop_afterwards)
     assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
     clock.advance(11.0)
     sup.report_stalls()
@@ -288,11 +284,7 @@ def test_a_loop_whose_passes_may_run_long_is_never_logged_as_stalled(stop_afterw
             return 0
 
     loop = Handler()
-    clock = FakeClock()
-    sup = Supervisor("test", clock=clock)
-    sup.watch(loop)
-    stop_afterwards(sup)
-    sup.start()
+    sup, clock = _started(loop, stop_afterwards)
     assert entered.wait(10)
     clock.advance(3600.0)
     sup.report_stalls()
@@ -323,12 +315,8 @@ def test_a_vacuum_within_its_statement_timeout_is_not_logged_as_a_stall(stop_aft
             release.wait(30)
 
     loop = Statistics(Store(), interval_seconds=3600)  # type: ignore[arg-type]
-    clock = FakeClock()
-    sup = Supervisor("test", clock=clock)
-    sup.watch(loop)
-    stop_afterwards(sup)
     caplog.set_level("INFO", logger="tock.supervisor")
-    sup.start()
+    sup, clock = _started(loop, stop_afterwards)
     assert entered.wait(10)
     clock.advance(VACUUM_TIMEOUT_MS / 1000 - 1)
     sup.report_stalls()
