@@ -249,11 +249,10 @@ class Claimer(Loop):
 
     def _start(self, row: ClaimedJob, msg: Received) -> Work:
         pipe = self.pipe
-        now = row.run_at + timedelta(seconds=row.lag_seconds)
         ctx = TaskContext(
             job_id=row.id, kind=row.kind, queue=row.queue, attempt=row.attempt,
             max_attempts=row.max_attempts, scheduled_at=row.run_at,
-            deadline=now + timedelta(seconds=row.timeout_seconds), tenant=row.tenant,
+            deadline=row.claimed_at + timedelta(seconds=row.timeout_seconds), tenant=row.tenant,
             key=row.key, cancelled=threading.Event())
         item = InFlight(Lease(row.id, row.attempt, row.token), self.queue, msg.receipt, ctx,
                         timeout_seconds=row.timeout_seconds)

@@ -391,9 +391,14 @@ def _detached(job: Job, ctx: Context, details: list[str]) -> Explanation:
 def _succeeded(job: Job, ctx: Context) -> Explanation:
     details = []
     if job.started_at and job.finished_at:
-        details.append(f"Ran for {duration((job.finished_at - job.started_at).total_seconds())}"
-                       f" and started {duration((job.started_at - job.run_at).total_seconds())}"
-                       " after it was due.")
+        ran = duration((job.finished_at - job.started_at).total_seconds())
+        if job.created_at > job.run_at:  # enqueued with its time already past
+            since = f"{duration((job.started_at - job.created_at).total_seconds())} after " \
+                    "it was enqueued (its time was already past then)"
+        else:
+            since = f"{duration((job.started_at - job.run_at).total_seconds())} after it " \
+                    "was due"
+        details.append(f"Ran for {ran} and started {since}.")
     at = when(job.finished_at, ctx.now) if job.finished_at else "an unknown time"
     return Explanation(job.id, job.state,
                        f"Succeeded at {at} on attempt {_attempts_of(job)}.", details)

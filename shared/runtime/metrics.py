@@ -35,7 +35,8 @@ DISPATCHED = Counter("tock_jobs_dispatched_total", "Jobs sent to SQS by the time
 DISPATCH_FAILURES = Counter("tock_dispatch_failures_total",
                             "Job sends SQS refused (the job stays due)", ["queue"])
 DUE_TO_DISPATCH = Histogram("tock_due_to_dispatch_seconds",
-                            "From run_at to dispatch", buckets=LATENCY_BUCKETS)
+                            "From run_at (or the enqueue, if later) to dispatch",
+                            buckets=LATENCY_BUCKETS)
 IN_SQS = Gauge("tock_dispatch_window_jobs",
                "Jobs of a kind sent to SQS and not yet claimed, as the timer last counted "
                "them (up to TOCK_DISPATCH_WINDOW)", ["kind"])
@@ -44,7 +45,8 @@ REDISPATCHED = Counter("tock_jobs_redispatched_total",
 LEASE_EXPIRIES = Counter("tock_lease_expiries_total",
                          "Running jobs whose worker stopped heartbeating", ["outcome"])
 
-DUE_TO_START = Histogram("tock_due_to_start_seconds", "From run_at to a handler starting",
+DUE_TO_START = Histogram("tock_due_to_start_seconds",
+                         "From run_at (or the enqueue, if later) to a handler starting",
                          ["kind"], buckets=LATENCY_BUCKETS)
 RUN_DURATION = Histogram("tock_job_run_seconds", "Handler run time", ["kind", "outcome"],
                          buckets=RUN_BUCKETS)

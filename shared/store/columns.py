@@ -5,6 +5,16 @@ NOW = "coalesce(%(now)s::timestamptz, now())"
 """The database clock, unless the caller pins `now` (tests)."""
 
 
+def due_since(alias: str) -> str:
+    """When the job became due as far as tock is concerned, the base of the lateness
+    metrics: its `run_at`, or when it was enqueued if that was later (an `at` in the past
+    runs at once, and its lateness is tock's only from the enqueue on, not the centuries
+    before). A schedule's run counts from its fire time all the same: a run created late
+    (the timer was down) is late."""
+    return (f"CASE WHEN {alias}.schedule_name IS NULL THEN greatest({alias}.run_at, "
+            f"{alias}.created_at) ELSE {alias}.run_at END")
+
+
 def unindented(statement: str) -> str:
     """`statement` without its lines' indentation. psycopg caches the parsing of a
     statement only up to 4,096 bytes (`MAX_CACHED_STATEMENT_LENGTH`); a longer one is

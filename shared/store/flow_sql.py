@@ -13,8 +13,8 @@ exactly one of them. Jobs without a tenant are the tenant ''.
 """
 
 from shared.core.validation import MAX_PRIORITY, MIN_PRIORITY
+from shared.store.columns import NOW, due_since
 from shared.store.counts_sql import PAIRS
-from shared.store.jobs_sql import NOW
 from shared.store.lingering_sql import lingering_count, live_lingering
 
 _DUE = "j.state IN ('scheduled', 'retrying')"
@@ -102,7 +102,7 @@ SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {N
 FROM due
 WHERE j.id = due.id
 RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
-          extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds, due.tk
+          extract(epoch FROM {NOW} - {due_since('j')})::float8 AS lag_seconds, due.tk
 """
 
 

@@ -221,7 +221,8 @@ class JobStore(Store):
             rows = self._rows(sql.CLAIM_MESSAGES, params)
         return [ClaimedJob(id=r[0], kind=r[1], payload=r[2], attempt=r[3], max_attempts=r[4],
                            timeout_seconds=r[5], run_at=r[6], token=r[7], queue=r[8],
-                           tenant=r[9], key=r[10], lag_seconds=float(r[11])) for r in rows]
+                           tenant=r[9], key=r[10], claimed_at=r[11],
+                           lag_seconds=float(r[12])) for r in rows]
 
     def job_states(self, job_ids: Sequence[int]) -> dict[int, tuple[JobState, UUID | None]]:
         """State and dispatch token of each job that exists (why a message claimed nothing)."""

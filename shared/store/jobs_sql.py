@@ -13,7 +13,7 @@ Conventions:
 - Batches travel as parallel arrays through `unnest`, so one round trip serves many jobs.
 """
 
-from shared.store.columns import JOB_COLUMNS, NOW, state_is, unindented
+from shared.store.columns import JOB_COLUMNS, NOW, due_since, state_is, unindented
 from shared.store.history_sql import FINISHED, final_row, movable, to_history
 from shared.store.lingering_sql import FORGET_RETURNED
 
@@ -226,8 +226,8 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int
 WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'dispatched')}
   AND j.dispatch_token = m.token AND (m.kind IS NULL OR j.kind = m.kind)
 RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds, j.run_at,
-          j.dispatch_token, j.queue, j.tenant, j.unique_key,
-          extract(epoch FROM {NOW} - j.run_at)::float8 AS lag_seconds
+          j.dispatch_token, j.queue, j.tenant, j.unique_key, {NOW} AS claimed_at,
+          extract(epoch FROM {NOW} - {due_since('j')})::float8 AS lag_seconds
 """
 
 # The timer sends before it commits: a claim that missed may have raced an uncommitted

@@ -18,7 +18,7 @@ from psycopg import sql as pgsql
 
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
-from shared.store.columns import JOB_COLUMNS, NOW, state_is
+from shared.store.columns import JOB_COLUMNS, NOW, due_since, state_is
 from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
 from shared.store.lingering_sql import cancelled_running
 
@@ -233,21 +233,22 @@ FROM (
 GROUP BY 1, 2
 """
 
-LATENCY = """
+LATENCY = f"""
 SELECT b, count(*),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY lag), percentile_cont(0.95) WITHIN GROUP
        (ORDER BY lag), percentile_cont(0.5) WITHIN GROUP (ORDER BY run),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY run)
 FROM (
     SELECT floor(extract(epoch FROM finished_at - %(since)s) / %(bucket)s)::int AS b,
-           greatest(extract(epoch FROM started_at - run_at), 0)::float8 AS lag,
+           greatest(extract(epoch FROM started_at - {due_since('j')}), 0)::float8 AS lag,
            extract(epoch FROM finished_at - started_at)::float8 AS run
     FROM (
-        SELECT run_at, started_at, finished_at FROM tock_jobs
+        SELECT run_at, created_at, schedule_name, started_at, finished_at FROM tock_jobs
         WHERE finished_at >= %(since)s AND finished_at < %(until)s AND state = 'succeeded'
           AND started_at IS NOT NULL
         UNION ALL
-        SELECT run_at, started_at, finished_at FROM tock_history_jobs
+        SELECT run_at, created_at, schedule_name, started_at, finished_at
+        FROM tock_history_jobs
         WHERE finished_at >= %(since)s AND finished_at < %(until)s AND state = 'succeeded'
           AND started_at IS NOT NULL
     ) j

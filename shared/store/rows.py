@@ -64,7 +64,7 @@ class DueJob:
     token: UUID
     prev_state: JobState
     lag_seconds: float
-    """How late the dispatch is: now - run_at."""
+    """How late the dispatch is: now - when it became due (`columns.due_since`)."""
     tenant_key: str = ""
     """Its tenant, '' for none (fair share accounting)."""
 
@@ -106,8 +106,11 @@ class ClaimedJob:
     queue: str
     tenant: str | None
     key: str | None
+    claimed_at: datetime
+    """The database's now at the claim: the handler's deadline runs from it."""
     lag_seconds: float
-    """now - run_at at the claim: the due-to-start latency."""
+    """How late the claim is, from when the job became due (`columns.due_since`): the
+    due-to-start latency."""
 
 
 @dataclass(frozen=True)

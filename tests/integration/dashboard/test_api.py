@@ -292,8 +292,8 @@ def test_a_big_backlog_is_estimated_past_the_bound_with_its_oldest_age_exact(ope
 def test_timeline_counts_finished_attempts(operator, db):
     job = enqueue(operator)["id"]
     db.execute("UPDATE tock_jobs SET state = 'succeeded', attempt = 1, "
-               "run_at = now() - interval '3 s', started_at = now() - interval '1 s', "
-               "finished_at = now() WHERE id = %s", (job,))
+               "run_at = now() - interval '3 s', created_at = now() - interval '5 s', "
+               "started_at = now() - interval '1 s', finished_at = now() WHERE id = %s", (job,))
     db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, finished_at, "
                "outcome) VALUES (%s, 1, 'w', now() - interval '1 s', now(), 'succeeded')",
                (job,))

@@ -238,6 +238,11 @@ def test_succeeded_and_cancelled():
     e = explain.explain(j, Context(NOW))
     assert e.summary == "Succeeded at 2026-12-02 14:59:59 UTC (1 s ago) on attempt 1 of 3."
     assert e.details == ["Ran for 3 s and started 1 s after it was due."]
+    past = job(JobState.SUCCEEDED, attempt=1, run_at=NOW - timedelta(days=365 * 5),
+               created_at=NOW - timedelta(seconds=6), started_at=NOW - timedelta(seconds=4),
+               finished_at=NOW - timedelta(seconds=1))
+    assert explain.explain(past, Context(NOW)).details == [
+        "Ran for 3 s and started 2 s after it was enqueued (its time was already past then)."]
     e = explain.explain(job(JobState.CANCELLED, finished_at=NOW), Context(NOW))
     assert e.summary.startswith("Cancelled at") and e.can_retry
 

@@ -38,7 +38,8 @@ from tests.integration.store.helpers import (
 def test_claim_messages_claims_on_id_and_token_and_fills_task_defaults(job_store, db, now):
     bare, bare_token = add_dispatched(db, now, kind="email", queue="mail", tenant="acme",
                                       unique_key="welcome:1", payload={"n": 1},
-                                      run_at=now - secs(3), dispatch_failures=3)
+                                      run_at=now - secs(3), dispatch_failures=3,
+                                      created_at=now - secs(10))
     set_, set_token = add_dispatched(db, now, max_attempts=2, timeout_seconds=10.0,
                                      run_at=now - secs(1))
     claimed = job_store.claim_messages([Claim(bare, bare_token, 5, 30.0),
@@ -48,7 +49,7 @@ def test_claim_messages_claims_on_id_and_token_and_fills_task_defaults(job_store
     assert by_id[bare] == ClaimedJob(
         id=bare, kind="email", payload={"n": 1}, attempt=1, max_attempts=5,
         timeout_seconds=30.0, run_at=now - secs(3), token=bare_token, queue="mail",
-        tenant="acme", key="welcome:1", lag_seconds=3.0)
+        tenant="acme", key="welcome:1", claimed_at=now, lag_seconds=3.0)
     assert (by_id[set_].max_attempts, by_id[set_].timeout_seconds) == (2, 10.0), \
         "the job's own values win over the task defaults"
     for job_id, (max_attempts, timeout) in ((bare, (5, 30.0)), (set_, (2, 10.0))):
@@ -58,6 +59,18 @@ def test_claim_messages_claims_on_id_and_token_and_fills_task_defaults(job_store
             "running", 1, "w1", now + secs(60), now, now)
         assert (row["max_attempts"], row["timeout_seconds"]) == (max_attempts, timeout)
         assert row["dispatch_failures"] == 0, "a claimed send is no longer a refused one"
+
+
+@pytest.mark.parametrize(("schedule", "late"), [(None, 2.0), ("nightly", 3600.0)])
+def test_lateness_runs_from_the_enqueue_unless_the_job_is_a_schedules_run(
+        job_store, db, now, schedule, late):
+    """An `at` an hour in the past, enqueued 2 s ago, is 2 s late, not an hour: the metrics
+    must not carry what the caller asked for. A schedule's run created late (the timer was
+    down) is late from its fire time."""
+    job_id, token = add_dispatched(db, now, run_at=now - secs(3600), created_at=now - secs(2),
+                                   schedule_name=schedule)
+    [claimed] = job_store.claim_messages([Claim(job_id, token, 5, 30.0)], "w1", 60, now=now)
+    assert (claimed.lag_seconds, claimed.claimed_at) == (late, now)
 
 
 @pytest.mark.parametrize("case", ["wrong token", "running", "cancelled", "scheduled",

@@ -61,8 +61,8 @@ def test_claim_respects_the_limit_across_levels(job_store, db, now):
 
 def test_claim_marks_jobs_dispatched_with_fresh_tokens(job_store, db, now):
     retrying = add_job(db, run_at=now - secs(5), state="retrying", kind="email", queue="mail",
-                       attempt=1)
-    scheduled = add_job(db, run_at=now - secs(2))
+                       attempt=1, created_at=now - secs(60))
+    scheduled = add_job(db, run_at=now - secs(2), created_at=now - secs(1))
     for state in ("dispatched", "running", "succeeded", "dead", "cancelled"):
         add_job(db, run_at=now - secs(100), state=state)
     due = {d.id: d for d in claim(job_store, 10, now)}
@@ -71,6 +71,8 @@ def test_claim_marks_jobs_dispatched_with_fresh_tokens(job_store, db, now):
     assert (d.kind, d.queue, d.prev_state, d.lag_seconds) == (
         "email", "mail", JobState.RETRYING, 5.0)
     assert due[scheduled].prev_state is JobState.SCHEDULED
+    assert due[scheduled].lag_seconds == 1.0, \
+        "enqueued after its run_at: late from the enqueue (columns.due_since)"
     assert due[retrying].token != due[scheduled].token
     for job_id, claimed in due.items():
         row = job_row(db, job_id)
