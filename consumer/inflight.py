@@ -186,6 +186,10 @@ class Slots:
             return got
 
     def release(self, count: int = 1) -> None:
+        if count <= 0:
+            # A claim that used every slot it reserved gives back none: waking the other
+            # receivers (waiting on a full process) would only send them back to sleep.
+            return
         with self._cond:
             self._used -= count
             self._cond.notify_all()
