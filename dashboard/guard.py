@@ -75,6 +75,15 @@ def _is_json(content_type: str | None) -> bool:
                                             and media.endswith("+json"))
 
 
+def _charset(content_type: str | None) -> str | None:
+    """The charset parameter of a Content-Type, unquoted; None if it names none."""
+    for param in (content_type or "").split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"')
+    return None
+
+
 def _body_refusal(body: bytes, content_type: str | None, *,
                   api: bool) -> tuple[int, str] | None:
     """(status, detail) refusing a non-empty body, or None to pass it on."""
@@ -85,6 +94,12 @@ def _body_refusal(body: bytes, content_type: str | None, *,
         return 415, (f"request body must be JSON, but it was {sent}: send the header "
                      "Content-Type: application/json (curl: -H 'Content-Type: "
                      "application/json'; -d alone sends a form type)")
+    charset = _charset(content_type)
+    if charset is not None and charset.lower() not in ("utf-8", "utf8"):
+        # JSON is UTF-8 (RFC 8259); reading another charset's bytes as UTF-8 would store
+        # other text than the caller sent, or refuse it with a misleading reason.
+        return 415, (f"request body must be JSON encoded as UTF-8, but it was sent as "
+                     f"charset={charset}: send UTF-8 (Content-Type: application/json)")
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -1,8 +1,12 @@
 """Unknown query parameters are refused (400) instead of ignored: `/api/jobs?stat=dead`
-(a typo of `state`) would otherwise list every job as if it had been filtered."""
+(a typo of `state`) would otherwise list every job as if it had been filtered. So is a
+parameter given twice that takes one value: `?kind=a&kind=b` would filter on `b` alone."""
 
 from __future__ import annotations
 
+import types
+import typing
+from collections import Counter
 from urllib.parse import unquote_to_bytes
 
 from fastapi import Request
@@ -20,23 +24,35 @@ def known_query_only(request: Request) -> None:
     if not isinstance(route, APIRoute):
         return
     _utf8_query(request.scope.get("query_string", b""))
-    known = _names(route)
-    unknown = sorted(set(request.query_params.keys()) - known)
+    params = _walk(route.dependant)  # a handful: cheaper than any cache key
+    unknown = sorted(set(request.query_params.keys()) - params.keys())
     if unknown:
-        takes = ", ".join(sorted(known)) or "none"
+        takes = ", ".join(sorted(params)) or "none"
         raise InvalidInput(f"unknown query parameter {', '.join(map(repr, unknown))}; "
                            f"{request.method} {route.path} takes: {takes}")
+    given = Counter(name for name, _ in request.query_params.multi_items())
+    twice = sorted(name for name, n in given.items() if n > 1 and not params[name])
+    if twice:
+        raise InvalidInput("; ".join(
+            f"query parameter {name!r} was given {given[name]} times, but it takes one value"
+            for name in twice))
 
 
-def _names(route: APIRoute) -> set[str]:
-    return _walk(route.dependant)  # a handful of parameters: cheaper than any cache key
-
-
-def _walk(dependant: Dependant) -> set[str]:
-    names = {param.alias for param in dependant.query_params}
+def _walk(dependant: Dependant) -> dict[str, bool]:
+    """Every query parameter of the route: name -> whether it may be repeated (a list)."""
+    names = {param.alias: _repeatable(param.field_info.annotation)
+             for param in dependant.query_params}
     for sub in dependant.dependencies:
         names |= _walk(sub)
     return names
+
+
+def _repeatable(annotation: object) -> bool:
+    """Whether a parameter of this type takes several values (`list[X] | None`)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, typing.Annotated):
+        return any(_repeatable(arg) for arg in typing.get_args(annotation))
+    return origin in (list, tuple, set, frozenset)
 
 
 def _utf8_query(raw: bytes) -> None:

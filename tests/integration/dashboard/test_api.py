@@ -418,3 +418,13 @@ def test_unknown_query_parameters_are_refused_not_ignored(operator):
     res = operator.get("/api/workers", params={"x": "1"})
     assert res.status_code == 400 and "GET /api/workers takes: none" in res.json()["detail"]
     assert operator.get("/api/jobs", params={"state": "dead"}).status_code == 200
+
+
+def test_a_parameter_that_takes_one_value_is_refused_twice(operator):
+    res = operator.get("/api/jobs?kind=email&kind=sms&limit=5&limit=6")
+    assert res.status_code == 400
+    assert res.json()["detail"] == (
+        "query parameter 'kind' was given 2 times, but it takes one value; "
+        "query parameter 'limit' was given 2 times, but it takes one value")
+    assert operator.get("/api/jobs?state=dead&state=running").status_code == 200, \
+        "state is a list: repeat it to ask for several"

@@ -39,7 +39,20 @@ def test_a_body_not_sent_as_json_is_415_naming_the_header(operator, db, headers,
     assert jobs(db) == 0
 
 
+@pytest.mark.parametrize("charset", ["latin-1", '"utf-16"'])
+def test_a_json_body_in_another_charset_is_415_naming_it(operator, db, charset):
+    # "é" in Latin-1 is one byte that UTF-8 would refuse (or worse, read as other text).
+    res = operator.post("/api/jobs", content='{"kind": "café"}'.encode("latin-1"),
+                        headers={"Content-Type": f"application/json; charset={charset}"})
+    assert res.status_code == 415
+    assert res.json()["detail"] == (
+        "request body must be JSON encoded as UTF-8, but it was sent as "
+        f"charset={charset.strip(chr(34))}: send UTF-8 (Content-Type: application/json)")
+    assert jobs(db) == 0
+
+
 @pytest.mark.parametrize("headers", [JSON, {"Content-Type": "application/json; charset=utf-8"},
+                                     {"Content-Type": "application/json;charset=UTF8"},
                                      {"Content-Type": "application/merge-patch+json"}])
 def test_json_bodies_and_bodies_without_a_type_pass(operator, db, headers):
     res = operator.post("/api/jobs", content=b'{"kind": "email"}', headers=headers)
