@@ -487,22 +487,34 @@ function renderJobs(query) {
     el("label", {}, "created before (UTC)", el("input", {type: "datetime-local", name: "created_before",
                                                   value: isoToLocal(f.created_before)})),
     el("button", {type: "submit"}, "Filter"));
+  // What the form shows now, applied or not.
+  const typed = () => {
+    const data = new FormData(form);
+    return {state: data.getAll("state"), kind: data.get("kind").trim(),
+            queue: data.get("queue").trim(), tenant: data.get("tenant").trim(),
+            key: data.get("key").trim(),
+            created_after: localToIso(data.get("created_after")),
+            created_before: localToIso(data.get("created_before"))};
+  };
   form.addEventListener("submit", e => {
     e.preventDefault();
-    const data = new FormData(form);
-    const next = {state: data.getAll("state"), kind: data.get("kind").trim(),
-                  queue: data.get("queue").trim(), tenant: data.get("tenant").trim(),
-                  key: data.get("key").trim(),
-                  created_after: localToIso(data.get("created_after")),
-                  created_before: localToIso(data.get("created_before"))};
-    location.hash = `#/jobs?${filterToParams(next)}`;
+    location.hash = `#/jobs?${filterToParams(typed())}`;
   });
+  // A bulk action acts on the filter the form shows, typed but not yet applied too (the
+  // filter the list was drawn with could match far more), and the list follows it.
+  const bulkOn = action => {
+    const next = typed();
+    if (filterToParams(next).toString() !== filterToParams(f).toString()) {
+      location.hash = `#/jobs?${filterToParams(next)}`;
+    }
+    bulkAction(action, next, () => { if (!cursor) load(); });
+  };
   const bulk = el("div", {className: "actions"},
     el("button", {type: "button", className: "quiet", "data-testid": "bulk-retry",
-                  disabled: !canWrite(), onclick: () => bulkAction("retry", f)},
+                  disabled: !canWrite(), onclick: () => bulkOn("retry")},
        "Retry matching…"),
     el("button", {type: "button", className: "quiet", "data-testid": "bulk-cancel",
-                  disabled: !canWrite(), onclick: () => bulkAction("cancel", f)},
+                  disabled: !canWrite(), onclick: () => bulkOn("cancel")},
        "Cancel matching…"));
   const body = el("tbody");
   const pager = el("div", {className: "pager"});
@@ -538,14 +550,14 @@ function renderJobs(query) {
   poll(async () => { if (!cursor) await load(); }, 3000);
 }
 
-async function bulkAction(action, f) {
+async function bulkAction(action, f, done = () => {}) {
   const filter = {state: f.state, kind: f.kind || null, queue: f.queue || null,
                   tenant: f.tenant || null, key: f.key || null,
                   created_after: f.created_after || null, created_before: f.created_before || null};
   // The API wants "all": true for every job; from the page, a filter is the way to say which.
   if (!f.state.length && !Object.entries(filter).some(([k, v]) => k !== "state" && v)) {
     toast("Choose at least one filter (a state, kind, queue, tenant, key or creation time) " +
-          "and press Filter first.", true);
+          "first.", true);
     return;
   }
   try {
@@ -558,9 +570,10 @@ async function bulkAction(action, f) {
         ? "; only dead and cancelled jobs are retried" : "; only unfinished jobs are cancelled"}).` +
       " Jobs created after this count are left alone.", plan.count > 0);
     if (!ok) return;
-    const done = await api(`/api/jobs/bulk/${action}`, {method: "POST",
+    const result = await api(`/api/jobs/bulk/${action}`, {method: "POST",
       body: {filter, dry_run: false, up_to_id: plan.up_to_id}});
-    toast(`${action === "retry" ? "Retried" : "Cancelled"} ${done.count} job(s).`);
+    toast(`${action === "retry" ? "Retried" : "Cancelled"} ${result.count} job(s).`);
+    done();
   } catch (e) {
     toast(e.message, true);
   }

@@ -128,6 +128,28 @@ def test_bulk_retry_shows_its_dry_run_count_first(
     expect(page.get_by_test_id(f"job-row-{dead[0]}")).to_have_count(0)
 
 
+def test_a_bulk_action_acts_on_the_filter_typed_not_yet_applied(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    # The list shows every dead job; the operator types a kind and, without pressing
+    # Filter, asks to cancel: only that kind's jobs may be counted and cancelled.
+    flaky = client.schedule("flaky").id
+    others = [client.schedule("email").id for _ in range(2)]
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs?state=scheduled")
+    expect(page.get_by_test_id(f"job-row-{others[0]}")).to_be_visible()
+    page.locator("form.filters input[name=kind]").fill("flaky")
+    page.get_by_test_id("bulk-cancel").click()
+    expect(page.locator("#confirm-title")).to_have_text("Cancel 1 job(s)?")
+    expect(page.locator("#confirm-text")).to_contain_text("kind flaky")
+    page.locator("#confirm-yes").click()
+    expect(page.locator("#toast")).to_have_text("Cancelled 1 job(s).")
+    assert client.get(flaky).state.value == "cancelled"
+    assert [client.get(j).state.value for j in others] == ["scheduled", "scheduled"]
+    # The list follows the filter acted on.
+    expect(page.get_by_test_id(f"job-row-{others[0]}")).to_have_count(0)
+    assert "kind=flaky" in page.url
+
+
 def test_a_bulk_action_without_a_filter_asks_for_one(
         page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
     job = client.schedule("flaky").id
