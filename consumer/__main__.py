@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import sysconfig
 import traceback
@@ -69,6 +70,15 @@ def queue_names(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _working_directory_importable() -> None:
+    """Let --tasks name a module of the working directory however the consumer was started:
+    `python -m consumer` puts the directory on the import path, the `tock` script does not.
+    Last on the path, so it shadows no installed module. Handler processes inherit it."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.append(here)
+
+
 def _import_problem(module: str, exc: Exception) -> str:
     """One line naming the module and what went wrong importing it; for an error raised
     while it ran (a bad @task, a duplicate kind), also where in the task code."""
@@ -111,6 +121,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
         return EXIT_CONFIG
     configure(settings.log_format, settings.log_level, "consumer")
     modules: list[str] = list(dict.fromkeys(args.tasks))  # in order, each once
+    _working_directory_importable()
     for module in modules:
         try:
             importlib.import_module(module)

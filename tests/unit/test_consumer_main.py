@@ -78,6 +78,21 @@ def test_comma_separated_and_repeated_modules_are_all_imported_once(tmp_path):
         assert done.stderr.count(f"imported {name}") == 1, done.stderr
 
 
+def test_the_tock_script_imports_task_modules_from_the_working_directory(tmp_path):
+    # `tock consumer`, unlike `python -m consumer`, does not put the directory on the path.
+    package = tmp_path / "myapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    _announcing(package, "tasks", "myapp.one")
+    tock = Path(sys.executable).with_name("tock")
+    env = {**os.environ, "TOCK_DATABASE_URL": UNREACHABLE_DB, "TOCK_LOG_FORMAT": "human"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([str(tock), "consumer", "--tasks", "myapp.tasks"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stderr  # past the import: the database check
+    assert "imported tasks" in done.stderr
+
+
 def _refused(done: subprocess.CompletedProcess[str], module: str) -> str:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
