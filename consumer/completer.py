@@ -91,7 +91,8 @@ class Completer(Loop):
                 self._retrying = batch
                 raise
         # A lease the heartbeat found lost may be a claim lost with it: checked too.
-        unclaimed = self._claims_lost([f for f in batch if f.item.job_id not in written])
+        unclaimed, states = self._claims_lost([f for f in batch
+                                               if f.item.job_id not in written])
         by_queue: dict[str, list[str]] = defaultdict(list)
         again: dict[str, list[str]] = defaultdict(list)
         with one_write():  # the batch's job lines, in one write
@@ -99,7 +100,7 @@ class Completer(Loop):
                 if f.item.job_id in unclaimed:
                     again[f.item.queue].append(f.item.receipt)
                     continue
-                self._report(f, f.item.job_id in written)
+                self._report(f, f.item.job_id in written, states.get(f.item.job_id))
                 by_queue[f.item.queue].append(f.item.receipt)
         # Only now, after the commit: delete.
         for q, receipts in by_queue.items():
@@ -110,24 +111,26 @@ class Completer(Loop):
             if not (f.item.abandoned and not f.item.detached and not f.item.released):
                 pipe.tracker.forget(f.item)
 
-    def _claims_lost(self, discarded: list[Finished]) -> set[int]:
+    def _claims_lost(self, discarded: list[Finished]
+                     ) -> tuple[set[int], dict[int, JobState]]:
         """Jobs whose result matched no row because the claim itself was lost (a database
         crash took its asynchronous commit): still `dispatched` with this very token. Their
         message is made visible again, not deleted, so the job runs again at once instead
-        of waiting for the timer to notice a lost message."""
+        of waiting for the timer to notice a lost message. Also the state of each discarded
+        job, for its log line."""
         if not discarded:
-            return set()
+            return set(), {}
         try:
             states = self.pipe.store.job_states([f.item.job_id for f in discarded])
         except Retryable:
-            return set()  # cannot tell: delete as usual; the timer re-sends lost messages
+            return set(), {}  # cannot tell: delete as usual; the timer re-sends lost messages
         lost = {f.item.job_id for f in discarded
                 if states.get(f.item.job_id) == (JobState.DISPATCHED, f.item.lease.token)}
         for job_id in lost:
             emit(log, "claim_lost", logging.WARNING, job_id=job_id, worker=self.pipe.worker_id,
                  detail="the claim did not survive a database restart; the message is "
                         "visible again and the job runs again")
-        return lost
+        return lost, {job_id: state for job_id, (state, _) in states.items()}
 
     def _write(self, batch: list[Finished]) -> set[int]:
         pipe = self.pipe
@@ -171,14 +174,19 @@ class Completer(Loop):
                 let_go(pipe, f.item)  # if Postgres is away too: at the lease keeper's tick
         return written
 
-    def _report(self, f: Finished, written: bool) -> None:
+    def _report(self, f: Finished, written: bool, state: JobState | None = None) -> None:
         item, kind = f.item, f.item.context.kind
         worker = self.pipe.worker_id
         if not written:
+            metrics.STALE_COMPLETIONS.inc()
+            if state is JobState.CANCELLED:  # an operator's doing: as asked, no alarm
+                emit(log, "result_discarded", logging.INFO, job_id=item.job_id, kind=kind,
+                     attempt=item.attempt, worker=worker, outcome=f.result.outcome.value,
+                     detail="the job was cancelled while it ran")
+                return
             lost = LeaseLost(f"job {item.job_id} attempt {item.attempt}: the fenced write "
                              "matched no row (cancelled, or its lease expired and the job "
                              "was taken over)")
-            metrics.STALE_COMPLETIONS.inc()
             emit(log, "result_discarded", logging.WARNING, job_id=item.job_id, kind=kind,
                  attempt=item.attempt, worker=worker, error=f"LeaseLost: {lost}",
                  outcome=f.result.outcome.value)

@@ -13,7 +13,7 @@ const DEMO_KINDS = [["email", "succeeds"], ["flaky", "fails 60% of attempts"],
                     ["report", "the demo-report schedule fires it every 15 s"]];
 const OUTCOME_COLORS = {succeeded: "#2a9d5c", failed: "#d98b1c", timed_out: "#e0b040",
                         permanent: "#d1432f", no_handler: "#8e2a1d", lease_expired: "#b05ad1",
-                        released: "#9aa1ad"};
+                        released: "#9aa1ad", cancelled: "#6b7280"};
 
 let me = {role: "viewer", csrf_token: null};
 let pollTimer = null;

@@ -62,3 +62,6 @@ class AttemptOutcome(StrEnum):
     """The worker stopped heartbeating (crash); the timer rescued the job."""
     RELEASED = "released"
     """The worker shut down before the handler finished; the job runs again at once."""
+    CANCELLED = "cancelled"
+    """An operator cancelled the job while this attempt ran (written by the cancel; the
+    handler's own result is discarded)."""

@@ -423,8 +423,14 @@ def _dead(job: Job, ctx: Context) -> Explanation:
 
 def _cancelled(job: Job, ctx: Context) -> Explanation:
     at = when(job.finished_at, ctx.now) if job.finished_at else "an unknown time"
+    last = _last(job.attempts)
+    details = []
+    if last and last.outcome is AttemptOutcome.CANCELLED:
+        details.append(f"Attempt {last.attempt} was running on {last.worker or 'a worker'}; "
+                       "its handler was asked to stop (ctx.cancelled), and whatever it "
+                       "returns is discarded.")
     return Explanation(job.id, job.state, f"Cancelled at {at} by an operator or the API.",
-                       [], "Retry it to run it again.", can_retry=True)
+                       details, "Retry it to run it again.", can_retry=True)
 
 
 def _lost(job: Job, last: Attempt, ctx: Context) -> str:

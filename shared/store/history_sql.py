@@ -56,6 +56,21 @@ def to_history(gone: str) -> str:
 )"""
 
 
+def cancelled_attempt(gone: str) -> str:
+    """A CTE writing, for each job of CTE `gone` (a cancel's rows, moved to the history, with
+    `prev_state`) that was running, the attempt it was running, ended by the cancel: the
+    history keeps it although the handler's own result will be discarded."""
+    return f"""cancelled_attempt AS (
+    INSERT INTO tock_history_attempts (job_id, attempt, worker, started_at, finished_at, outcome,
+                                       error, job_state, job_finished_at)
+    SELECT g.id, g.attempt, g.lease_owner, g.started_at, g.finished_at, 'cancelled',
+           'cancelled while it ran; the handler was asked to stop (ctx.cancelled) and its '
+           || 'result is discarded', g.state, g.finished_at
+    FROM {gone} g
+    WHERE g.prev_state = 'running' AND g.attempt > 0
+)"""
+
+
 def from_history(gone: str) -> str:
     """CTEs that bring the attempts of the history rows in CTE `gone` (deleted from
     tock_history_jobs) back to tock_attempts with their ids, so their order holds."""

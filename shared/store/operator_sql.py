@@ -19,7 +19,14 @@ from psycopg import sql as pgsql
 from shared.core.filters import JobFilter
 from shared.core.states import JobState
 from shared.store.columns import JOB_COLUMNS, NOW, due_since, state_is
-from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
+from shared.store.history_sql import (
+    back_to_hot,
+    cancelled_attempt,
+    final_row,
+    from_history,
+    movable,
+    to_history,
+)
 from shared.store.lingering_sql import cancelled_running
 
 DB_NOW = "SELECT now()"
@@ -104,7 +111,7 @@ WITH picked AS (
     WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])
       AND {movable}
     RETURNING {final_row}, j.state::text AS prev_state
-), {to_history}, {lingering}
+), {to_history}, {cancelled_attempt}, {lingering}
 SELECT id FROM upd UNION ALL SELECT id FROM gone
 """
 
@@ -146,6 +153,7 @@ def bulk_batch(action: str, clause: pgsql.Composable, *, bounded: bool) -> pgsql
             where=clause, upper=upper, now=pgsql.SQL(NOW), movable=pgsql.SQL(movable("j")),
             final_row=pgsql.SQL(final_row("j", _CANCELLED)),
             to_history=pgsql.SQL(to_history("gone")),
+            cancelled_attempt=pgsql.SQL(cancelled_attempt("gone")),
             lingering=pgsql.SQL(cancelled_running("gone")))
     return pgsql.SQL(_BULK_RETRY).format(
         where=clause, upper=upper, now=pgsql.SQL(NOW),

@@ -5,7 +5,14 @@ covers both tables in one statement: a job moving meanwhile is seen on exactly o
 """
 
 from shared.store.columns import ATTEMPT_COLUMNS, JOB_COLUMNS, NOW
-from shared.store.history_sql import back_to_hot, final_row, from_history, movable, to_history
+from shared.store.history_sql import (
+    back_to_hot,
+    cancelled_attempt,
+    final_row,
+    from_history,
+    movable,
+    to_history,
+)
 from shared.store.lingering_sql import cancelled_running
 
 INSERT_JOBS = f"""
@@ -87,7 +94,7 @@ WITH upd AS (
     DELETE FROM tock_jobs j
     WHERE j.id = %(id)s AND j.state IN {_UNFINISHED} AND {movable("j")}
     RETURNING {final_row("j", _CANCELLED)}, j.state::text AS prev_state
-), {to_history("gone")}, {cancelled_running("gone")}
+), {to_history("gone")}, {cancelled_attempt("gone")}, {cancelled_running("gone")}
 SELECT {JOB_COLUMNS} FROM upd UNION ALL SELECT {JOB_COLUMNS} FROM gone
 """
 

@@ -7,6 +7,8 @@ without waiting."""
 
 from __future__ import annotations
 
+import logging
+
 import threading
 from datetime import timedelta
 
@@ -130,7 +132,8 @@ def test_heartbeats_keep_a_job_alive_past_its_lease(client, timer, registry, con
 
 
 def test_cancelling_a_running_job_signals_the_handler_and_drops_its_result(
-        client, timer, registry, consumers, clock):
+        client, timer, registry, consumers, clock, caplog):
+    caplog.set_level(logging.INFO, logger="tock.consumer")
     registry.add("long", lambda payload, ctx: None)
     job = client.schedule("long")
     consumer = consumers(clock)
@@ -142,7 +145,16 @@ def test_cancelling_a_running_job_signals_the_handler_and_drops_its_result(
     assert item.context.cancelled.is_set() and item.lease_lost
     run_all(consumer, entries)
     final = client.get(job.id, with_attempts=True)
-    assert final.state is JobState.CANCELLED and final.attempts == ()
+    assert final.state is JobState.CANCELLED
+    # The attempt it ran is kept, ended by the cancel; the handler's result is not written.
+    [attempt] = final.attempts
+    assert (attempt.attempt, attempt.worker, attempt.outcome) == (
+        1, consumer.worker_id, AttemptOutcome.CANCELLED)
+    assert attempt.started_at is not None and attempt.finished_at == final.finished_at
+    assert "cancelled while it ran" in (attempt.error or "")
+    # An operator's cancel is no alarm: the discarded result is logged at INFO.
+    [line] = [r for r in caplog.records if getattr(r, "event", "") == "result_discarded"]
+    assert line.levelname == "INFO" and "cancelled while it ran" in line.fields["detail"]
 
 
 def test_unknown_kind_is_retried_with_backoff_then_runs_where_a_handler_is(

@@ -145,3 +145,6 @@ def test_a_bulk_cancel_of_running_jobs_writes_their_lingering_rows(
     assert cancelled == [running.job_id]
     assert db.execute("SELECT worker, job_id, attempt, kind, reason FROM tock_lingering"
                       ).fetchall() == [("w1", running.job_id, 1, "bulk", "cancelled")]
+    assert db.execute("SELECT attempt, worker, outcome::text FROM tock_history_attempts "
+                      "WHERE job_id = %s", (running.job_id,)).fetchall() == [
+        (1, "w1", "cancelled")], "the attempt it was running is kept, ended by the cancel"

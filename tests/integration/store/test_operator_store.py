@@ -308,7 +308,7 @@ def test_latency_gives_start_lag_and_run_time_percentiles_of_succeeded_jobs(
         operator_store, db, now):
     def job(run_at: float, started: float | None, finished: float,
             state: str = "succeeded") -> None:
-        add_job(db, run_at=now + secs(run_at), state=state,
+        add_job(db, run_at=now + secs(run_at), state=state, created_at=now - secs(3600),
                 started_at=None if started is None else now + secs(started),
                 finished_at=now + secs(finished))
 
