@@ -42,8 +42,8 @@ def _running(limit: LimitInfo) -> str:
     # Handlers still running for jobs that left their worker hold slots too.
     lingering = f" ({limit.lingering} lingering)" if limit.lingering else ""
     if limit.scope == "kind_key":
-        return (f"{limit.in_flight} ({limit.keys_at_limit} keys full)/"
-                f"{limit.max_running} per key{lingering}")
+        full = f"{limit.keys_at_limit} key{'' if limit.keys_at_limit == 1 else 's'} full"
+        return f"{limit.in_flight} ({full})/{limit.max_running} per key{lingering}"
     return f"{limit.in_flight}/{limit.max_running}{lingering}"
 
 
@@ -70,10 +70,20 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _set(args: argparse.Namespace) -> int:
+    if all(v is None for v in (args.max_running, args.rate, args.per, args.burst)):
+        raise InvalidInput("give --max-running N, --rate R (per --per SECONDS, default 1), "
+                           "or both")
     with connect.client(args) as client:
-        limit = client.set_limit(args.scope, _key(args), max_running=args.max_running,
+        key = _key(args)
+        before = next((x for x in client.limits() if x.scope == args.scope
+                       and x.key == (key or "")), None)
+        limit = client.set_limit(args.scope, key, max_running=args.max_running,
                                  rate=args.rate, per=args.per, burst=args.burst)
         unknown = limit.scope != "tenant" and not client.known_kinds.knows(limit.key)
+    dropped = _dropped(before, limit)
+    if dropped:  # `set` replaces the whole limit: say what the new one no longer has
+        print(f"tock: note: this replaced the limit, which no longer has {dropped}; give "
+              "every part of a limit in one set", file=sys.stderr)
     audit.action("limit_set", scope=limit.scope, key=limit.key, max_running=limit.max_running,
                  rate_per_second=limit.rate_per_second, burst=limit.burst)
     if unknown:  # set all the same: its consumers may not be deployed yet
@@ -85,6 +95,18 @@ def _set(args: argparse.Namespace) -> int:
         return EXIT_OK
     print_table(["scope", "key", "running/max", "rate", "tokens", "waiting"], [_row(limit)])
     return EXIT_OK
+
+
+def _dropped(before: LimitInfo | None, after: LimitInfo) -> str:
+    """What of the limit `before` the limit `after`, which replaced it, no longer has."""
+    if before is None:
+        return ""
+    gone = []
+    if before.max_running is not None and after.max_running is None:
+        gone.append(f"max running {before.max_running}")
+    if before.rate_per_second is not None and after.rate_per_second is None:
+        gone.append(f"a rate of {before.rate_per_second:g} per second")
+    return " or ".join(gone)
 
 
 def _remove(args: argparse.Namespace) -> int:

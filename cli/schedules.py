@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     # The same options also after the action (`tock schedules list --json`).
     after = argparse.ArgumentParser(add_help=False)
     add_common(after, after_action=True)
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    # No action lists them, as `tock tenants` and `tock limits` do.
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.add_parser("list", help="every schedule, its timing and next fire time",
                        parents=[after])
     for name, text in (("show", "one schedule: definition, recent runs, slots not run"),
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with _client(args) as client:
-            if args.action == "list":
+            if args.action in (None, "list"):
                 items = client.list_schedules()
                 return _out(args, items, _table_of_schedules(items))
             if args.action == "show":

@@ -23,9 +23,11 @@ def _tenant(args: argparse.Namespace, *, with_weight: bool) -> tuple[str | None,
     expected = int(not args.no_tenant) + int(with_weight)
     if len(values) != expected:
         usage = "--no-tenant" if args.no_tenant else "TENANT"
+        missing = ("; the weight N (1..1000) is missing"
+                   if with_weight and len(values) == expected - 1 else
+                   "; give a TENANT or --no-tenant, one of the two")
         raise InvalidInput(f"expected {usage}{' N' if with_weight else ''}, got "
-                           f"{' '.join(values) or 'nothing'}; give a TENANT or "
-                           "--no-tenant, one of the two")
+                           f"{' '.join(values) or 'nothing'}{missing}")
     tenant = None if args.no_tenant else values[0]
     return tenant, _weight_of(values[-1]) if with_weight else 0
 

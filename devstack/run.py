@@ -130,8 +130,10 @@ def consumer_env(stack: Stack, database_url: str) -> dict[str, str]:
     return {
         **stack.sqs.env(),
         "TOCK_DATABASE_URL": database_url,
+        # Not TOCK_LOG_LEVEL: in the shell this line is pasted into, it would also make
+        # every `tock` command log its audit line (cli/audit.py). The stack's own
+        # processes log at DEBUG (process_env).
         "TOCK_LOG_FORMAT": "human",
-        "TOCK_LOG_LEVEL": "DEBUG",
         # Short leases so the demo shows heartbeats and crash recovery within seconds.
         "TOCK_LEASE_SECONDS": "3",
         "TOCK_HEARTBEAT_SECONDS": "1",
@@ -156,6 +158,7 @@ def process_env(stack: Stack, database_url: str) -> dict[str, str]:
     return {
         **os.environ,
         **consumer_env(stack, database_url),
+        "TOCK_LOG_LEVEL": "DEBUG",
         # After a LocalStack restart the timer sends the lost messages again after 10 s
         # instead of a minute.
         "TOCK_DISPATCH_TIMEOUT_SECONDS": "10",

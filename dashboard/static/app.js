@@ -370,7 +370,8 @@ function limitRunning(l) {
   if (l.max_running === null) return "–";
   // Handlers still running for jobs that left their worker hold slots too.
   const lingering = l.lingering ? ` (${l.lingering} lingering)` : "";
-  if (l.scope === "kind_key") return `${l.in_flight} (${l.keys_at_limit} keys full) / ${l.max_running} per key${lingering}`;
+  const keys = `${l.keys_at_limit} key${l.keys_at_limit === 1 ? "" : "s"} full`;
+  if (l.scope === "kind_key") return `${l.in_flight} (${keys}) / ${l.max_running} per key${lingering}`;
   return `${l.in_flight} / ${l.max_running}${lingering}`;
 }
 

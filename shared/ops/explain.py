@@ -82,8 +82,11 @@ def _in_sqs_detail(job: Job, ctx: Context) -> list[str]:
 
 
 def duration(seconds: float) -> str:
-    """'3 s', '4 min 5 s', '2 h 1 min', '3 d 4 h': short and exact enough for people."""
+    """'120 ms', '3 s', '4 min 5 s', '2 h 1 min', '3 d 4 h': short and exact enough for
+    people."""
     seconds = abs(seconds)
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
     if seconds < 10:
         return f"{seconds:.1f} s".replace(".0 s", " s")
     total = round(seconds)

@@ -154,6 +154,8 @@ def test_the_export_line_suits_a_consumer_with_process_isolated_kinds(monkeypatc
     assert load_settings("consumer", {**env, "TOCK_ISOLATION": "process"}, monkeypatch)
     line = export_line(env)
     assert f"TOCK_KILL_GRACE_SECONDS={env['TOCK_KILL_GRACE_SECONDS']}" in line
+    # Pasted into a shell, it must not turn on the CLI's audit logging (cli/audit.py).
+    assert "TOCK_LOG_LEVEL" not in line
 
 
 def test_make_runs_postgres_keeps_every_commit_through_a_kill_9():

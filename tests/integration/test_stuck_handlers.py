@@ -82,7 +82,7 @@ def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
         assert started.acquire(timeout=30)
         wait_for(lambda: client.get(job.id).lease_detached, message="the job detached")
         running_story = story()
-        assert running_story.summary.startswith("Stuck: its handler has run past its 0.2 s "
+        assert running_story.summary.startswith("Stuck: its handler has run past its 200 ms "
                                                 "timeout"), running_story.summary
         assert f"worker {consumer.worker_id}" in running_story.summary
         assert any(f"Worker {consumer.worker_id} is alive" in d
@@ -93,7 +93,7 @@ def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
         wait_for(lambda: db_now(db) > expires, message="the detached lease expired")
         expired = story()
         assert "stopped heartbeating" not in expired.summary, expired.summary
-        assert "ran past its 0.2 s timeout and did not return" in expired.summary
+        assert "ran past its 200 ms timeout and did not return" in expired.summary
         assert "A timer rescues it" in expired.next_step
         assert worker_status() == "alive"
 
@@ -101,7 +101,7 @@ def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
         retrying = story()
         assert client.get(job.id).state is JobState.RETRYING
         assert "stopped heartbeating" not in retrying.summary, retrying.summary
-        assert "attempt 1 of 2 was lost: its handler ran past its 0.2 s timeout" in (
+        assert "attempt 1 of 2 was lost: its handler ran past its 200 ms timeout" in (
             retrying.summary)
         lost = client.get(job.id, with_attempts=True).attempts[0].error or ""
         assert f"worker {consumer.worker_id} let the job go" in lost, \
@@ -112,7 +112,7 @@ def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
         dead = story()
         assert dead.summary.startswith("Dead since "), dead.summary
         assert "stopped heartbeating" not in dead.summary, dead.summary
-        assert ("its last attempt (2 of 2) was lost: its handler ran past its 0.2 s "
+        assert ("its last attempt (2 of 2) was lost: its handler ran past its 200 ms "
                 "timeout and did not return") in dead.summary
         assert f"worker {consumer.worker_id} kept heartbeating" in dead.summary
         assert worker_status() == "alive"

@@ -30,7 +30,7 @@ def test_set_list_and_remove(tock, db):
 
 def test_bad_limits_are_refused_with_the_reason(tock):
     for argv, says in (
-            (["kind", "email"], "give max_running, a rate, or both"),
+            (["kind", "email"], "give --max-running N, --rate R (per --per SECONDS"),
             (["kind", "email", "--max-running", "-1"], "max_running must be between 0"),
             (["kind", "email", "--burst", "3"], "burst needs a rate"),
             (["kind", "email", "--rate", "0"], "rate must be > 0"),
@@ -55,12 +55,22 @@ def test_a_per_key_limit_from_the_command_line(tock, db):
     db.execute("UPDATE tock_jobs SET state = 'running' WHERE id = %s", (job_id,))
     tock("enqueue", "sync", "--concurrency-key", "acct-1")
     code, out, _ = tock("limits", "set", "kind_key", "sync", "--max-running", "1")
-    assert code == 0 and "1 (1 keys full)/1 per key" in out, out
+    assert code == 0 and "1 (1 key full)/1 per key" in out, out
     code, out, _ = tock("show", str(job_id))
     assert "concurrency key" in out and "acct-1" in out, out
     code, _, err = tock("limits", "set", "kind_key", "sync", "--rate", "2")
     assert code == 2 and "takes max_running only" in err
     assert tock("limits", "remove", "kind_key", "sync")[1] == "kind_key sync: limit removed\n"
+
+
+def test_a_set_that_replaces_a_limit_says_what_it_no_longer_has(tock):
+    assert tock("limits", "set", "kind", "report", "--max-running", "2")[0] == 0
+    code, _, err = tock("limits", "set", "kind", "report", "--rate", "10", "--per", "60")
+    assert code == 0
+    assert err.startswith("tock: note: this replaced the limit, which no longer has max "
+                          "running 2; give every part of a limit in one set\n")
+    code, _, err = tock("limits", "set", "kind", "report", "--rate", "5", "--max-running", "1")
+    assert code == 0 and "replaced" not in err, "nothing dropped: no note"
 
 
 def test_removing_a_limit_that_does_not_exist_is_refused(tock):

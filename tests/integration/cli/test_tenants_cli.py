@@ -35,6 +35,8 @@ def test_bad_weights_and_tenants_are_refused_with_the_reason(tock):
     for written in ("many", " 5", "1_0", "\u0665"):  # int() takes the last three
         code, _, err = tock("tenants", "weight", "acme", written)
         assert code == 2 and "weight must be an integer" in err, written
+    code, _, err = tock("tenants", "weight", "acme")
+    assert code == 2 and "expected TENANT N, got acme; the weight N (1..1000) is missing" in err
     code, _, err = tock("tenants", "weight", "5")
     assert code == 2 and "expected TENANT N, got 5" in err
     code, _, err = tock("tenants", "reset")

@@ -42,7 +42,7 @@ def worker(status: str = "alive", age: float = 1.0,
 
 def test_durations_read_like_people_write_them():
     assert [duration(s) for s in (0.25, 3, 42, 65, 3600, 3720, 90000)] == [
-        "0.2 s", "3 s", "42 s", "1 min 5 s", "1 h", "1 h 2 min", "1 d 1 h"]
+        "250 ms", "3 s", "42 s", "1 min 5 s", "1 h", "1 h 2 min", "1 d 1 h"]
 
 
 def test_scheduled_not_due_and_due():

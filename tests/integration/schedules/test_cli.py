@@ -28,6 +28,8 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
     assert out.splitlines()[0].split()[:3] == ["NAME", "KIND", "WHEN"]
     assert "cron '30 2 * * *' in Europe/Berlin" in out and "overlap=skip" in out
 
+    assert run(capsys) == (code, out, ""), "no action lists them, as tock tenants does"
+
     code, out, _ = run(capsys, "--json", "list")
     data = json.loads(out)
     assert [d["name"] for d in data] == ["nightly", "pulse"]
