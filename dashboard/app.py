@@ -35,6 +35,7 @@ from dashboard.query import known_query_only
 from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
 from shared.client import Client
+from shared.core import validation
 from shared.core.errors import (
     DataRejected,
     InvalidInput,
@@ -81,9 +82,27 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+# A value of these shapes is refused in the words the Python client and the CLI use, not
+# by quoting a regular expression at the caller.
+_PATTERN_CHECKS = {validation.KIND.pattern: validation.kind,
+                   validation.QUEUE_NAME.pattern: validation.queue}
+
+
+def _worded(error: dict[str, Any]) -> dict[str, Any]:
+    check = _PATTERN_CHECKS.get((error.get("ctx") or {}).get("pattern", ""))
+    if error.get("type") != "string_pattern_mismatch" or check is None:
+        return error
+    try:
+        check(error.get("input"))
+    except InvalidInput as refused:
+        return {**error, "msg": str(refused)}
+    return error
+
+
 async def _invalid_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
-    return ErrorResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+    errors = [_worded(e) for e in exc.errors()]
+    return ErrorResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")

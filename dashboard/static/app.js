@@ -345,8 +345,8 @@ function weightForm() {
   // Outside the polled table, so typing is not undone by the next refresh.
   if (!canWrite()) return el("p", {className: "muted"}, "Log in as operator to change weights.");
   const form = el("form", {className: "inline", "data-testid": "weight-form"},
-    el("input", {name: "tenant", placeholder: "tenant (empty: jobs without one)"}),
-    el("input", {name: "weight", type: "number", min: 1, max: 1000, placeholder: "weight 1..1000"}),
+    el("input", {name: "tenant", placeholder: "tenant (empty: no tenant)", size: 22}),
+    el("input", {name: "weight", type: "number", min: 1, max: 1000, placeholder: "1..1000"}),
     el("button", {type: "submit"}, "Set weight"),
     el("button", {type: "button", className: "quiet", "data-testid": "weight-reset",
                   onclick: () => setWeight(form, true)}, "Reset to 1"));
@@ -357,7 +357,12 @@ function weightForm() {
 async function setWeight(form, reset) {
   const data = new FormData(form);
   const tenant = data.get("tenant").trim() || null;
-  const weight = reset ? null : Number(data.get("weight"));
+  const typed = data.get("weight").trim();
+  if (!reset && !typed) {  // Number("") is 0, which the server refuses as "below 1"
+    toast("Give a weight from 1 to 1000 (or Reset to 1).", true);
+    return;
+  }
+  const weight = reset ? null : Number(typed);
   try {
     const out = await api("/api/tenants/weight", {method: "PUT", body: {tenant, weight}});
     toast(`${out.tenant ?? "(no tenant)"}: weight ${out.weight}.`);
@@ -396,7 +401,7 @@ function limitForm() {
     el("select", {name: "scope"}, el("option", {value: "kind"}, "kind"),
        el("option", {value: "tenant"}, "tenant"),
        el("option", {value: "kind_key"}, "each key of kind")),
-    el("input", {name: "key", placeholder: "kind or tenant (empty tenant: none)"}),
+    el("input", {name: "key", placeholder: "kind or tenant (empty: no tenant)", size: 26}),
     el("input", {name: "max_running", type: "number", min: 0, placeholder: "max running"}),
     el("input", {name: "rate", type: "number", min: 0, step: "any", placeholder: "rate"}),
     el("input", {name: "per", type: "number", min: 0, step: "any", placeholder: "per s (1)"}),

@@ -250,6 +250,10 @@ def test_tenants_panel_shows_the_share_and_operators_change_weights(
     form.locator("button[type=submit]").click()
     expect(form.locator("[name=weight]:invalid")).to_have_count(1)
     assert client.tenant_weights() == {"acme": 5}
+    form.locator("[name=weight]").fill("")  # empty: said so, not sent as 0
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text("Give a weight from 1 to 1000 (or Reset to 1).")
+    assert client.tenant_weights() == {"acme": 5}
     page.get_by_test_id("weight-reset").click()
     expect(page.locator("#toast")).to_have_text("acme: weight 1.")
     assert client.tenant_weights() == {}

@@ -65,11 +65,12 @@ def test_idempotent_key_returns_existing_job(operator):
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
-    ({"kind": "bad kind!"}, 422, "String should match pattern"),
+    ({"kind": "bad kind!"}, 422, "kind 'bad kind!' is not a valid kind: use letters, digits"),
     ({"kind": "email", "at": "2030-01-01T00:00:00"}, 400,
      "at must be timezone-aware: 2030-01-01T00:00:00 has no timezone"),
     ({"kind": "email", "at": "2030-01-01T00:00:00Z", "delay": 5}, 400, "either at= or delay="),
-    ({"kind": "email", "queue": "no spaces"}, 422, "queue"),
+    ({"kind": "email", "queue": "no spaces"}, 422,
+     "queue 'no spaces' is not a valid queue name: 1-64 letters, digits, - or _"),
     ({"kind": "email", "tenant": "a\u0000b"}, 400, "NUL"),
     ({"kind": "email", "priority": "3"}, 422, "valid integer"),
     ({"kind": "email", "payload": "x" * 300_000}, 400, "over the limit"),
