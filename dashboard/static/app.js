@@ -636,17 +636,24 @@ function renderJob(id) {
       ["run at", `${stamp(j.run_at)} (${ago(j.run_at)})`], ["key", j.key], ["tenant", j.tenant],
       ["concurrency key", j.concurrency_key],
       ["timeout", j.timeout_seconds ? `${j.timeout_seconds} s` : null],
-      ["lease", j.lease_owner ? `${j.lease_owner} until ${stamp(j.lease_expires_at)}` : null],
+      // A finished job keeps its last owner in the row; that lease is over.
+      ["lease", j.lease_owner && j.state === "running"
+        ? `${j.lease_owner} until ${stamp(j.lease_expires_at)}` : null],
       ["dispatched", j.dispatched_at ? stamp(j.dispatched_at) : null],
       ["created", stamp(j.created_at)], ["finished", j.finished_at ? stamp(j.finished_at) : null],
       ["last error", j.last_error]].filter(([, v]) => v !== null && v !== undefined && v !== "");
     const timeline = el("ol", {className: "timeline", "data-testid": "attempts"},
-      d.attempts.map(a => el("li", {className: `s-${a.outcome}`},
+      d.attempts.flatMap((a, i) => [
+        // A retried job counts its attempts from 1 again: mark where each retry began.
+        i > 0 && a.attempt <= d.attempts[i - 1].attempt
+          ? el("li", {className: "retried muted", "data-testid": "retried"},
+               "Retried: attempts count from 1 again") : null,
+        el("li", {className: `s-${a.outcome}`},
         el("div", {}, el("strong", {}, `Attempt ${a.attempt} `), badge(a.outcome),
            ` on ${a.worker || "?"} · ${stamp(a.started_at)}`,
            a.started_at ? ` · ran ${human((new Date(a.finished_at) - new Date(a.started_at)) / 1000)}` : ""),
         a.error ? el("div", {className: "error-text"}, a.error) : null,
-        a.traceback ? el("details", {}, el("summary", {}, "traceback"), el("pre", {}, a.traceback)) : null)),
+        a.traceback ? el("details", {}, el("summary", {}, "traceback"), el("pre", {}, a.traceback)) : null)]),
       j.state === "running" ? el("li", {className: "s-running"},
         el("strong", {}, `Attempt ${j.attempt} `), badge("running"),
         ` on ${j.lease_owner} since ${stamp(j.started_at)}`) : null);

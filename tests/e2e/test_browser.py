@@ -102,6 +102,21 @@ def test_dead_jobs_retry_button_sends_it_back_to_scheduled(
     assert client.get(job.id).state.value == "scheduled"
 
 
+def test_the_attempt_timeline_marks_where_a_retry_began(
+        page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
+    job = client.schedule("flaky")
+    for n in (1, 2, 1):  # two attempts, an operator's retry, its first attempt again
+        db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, "
+                   "finished_at, outcome, error) VALUES (%s, %s, 'w1', now(), now(), "
+                   "'failed', 'boom')", (job.id, n))
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/jobs/{job.id}")
+    expect(page.get_by_test_id("attempts").locator("li")).to_have_count(4)
+    expect(page.get_by_test_id("retried")).to_have_count(1)
+    expect(page.get_by_test_id("attempts").locator("li").nth(2)).to_have_text(
+        "Retried: attempts count from 1 again")
+
+
 def test_bulk_retry_shows_its_dry_run_count_first(
         page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
     dead = [client.schedule("flaky").id for _ in range(3)]
