@@ -131,19 +131,27 @@ class ScheduleApi:
         with self._schedules().transaction() as store:
             current = _locked(store, name)
             paused = store.set_paused(name, True, Cursor(
-                current.cursor_at, current.next_slot, current.next_fire_at), now)
+                current.cursor_at, current.next_slot, current.next_fire_at,
+                current.buffered_slot), now)
             assert paused is not None
             return paused
 
     def resume_schedule(self, name: str, *, now: datetime | None = None) -> Schedule:
         """Fire again from the first slot after now; the slots that passed while paused are
-        audited as `paused` (one record for the run). Raises `ScheduleNotFound`."""
+        audited as `paused` (one record for the run), as is a slot an overlap held back
+        (buffer_one) before the pause. Raises `ScheduleNotFound`."""
         with self._schedules().transaction() as store:
             current = _locked(store, name)
             if not current.paused:
                 return replace(current, changed=False)
             t = store.db_now(now)
             _audit_unrun(store, current, t, "paused", "the schedule was paused")
+            if current.buffered_slot is not None:
+                # Held back by an overlap before the pause: as stale as the slots the
+                # pause passed over, so dropped with them (the restart buffers nothing).
+                store.insert_audit([AuditRecord(
+                    current.name, "paused", current.buffered_slot, current.buffered_slot, 1,
+                    "a buffered slot dropped: the schedule was paused before it ran")], t)
             resumed = store.set_paused(name, False, _restart(current.spec, t), now)
             assert resumed is not None
             return resumed

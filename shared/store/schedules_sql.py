@@ -59,7 +59,7 @@ RETURNING {SCHEDULE_COLUMNS}
 SET_PAUSED = f"""
 UPDATE tock_schedules
 SET paused = %(paused)s, cursor_at = %(cursor_at)s, next_slot = %(next_slot)s,
-    next_fire_at = %(next_fire_at)s, updated_at = {NOW}
+    next_fire_at = %(next_fire_at)s, buffered_slot = %(buffered_slot)s, updated_at = {NOW}
 WHERE name = %(name)s
 RETURNING {SCHEDULE_COLUMNS}
 """

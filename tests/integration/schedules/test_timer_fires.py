@@ -125,6 +125,26 @@ def test_overlap_buffer_one_runs_the_newest_waiting_slot_when_the_run_ends(
     timer.close()
 
 
+def test_a_slot_buffered_before_a_pause_does_not_run_after_the_resume(
+        client, db, transport, timer_settings):
+    client.recurring("sync", "report", every=60, overlap="buffer_one", now=T0)
+    timer = make_timer(timer_settings, transport)
+    assert timer.run_once(now=T0 + 60 * S).fired == 1
+    assert timer.run_once(now=T0 + 120 * S).fired == 0  # 12:02 waits in the buffer
+    client.pause_schedule("sync", now=T0 + 125 * S)
+    finish(db, slot_key("sync", T0 + 60 * S))  # the run ends while the schedule is paused
+    assert timer.run_once(now=T0 + 300 * S).fired == 0
+    client.resume_schedule("sync", now=T0 + 610 * S)
+    # Not 12:02, ten minutes stale: the first slot after the resume, 12:11.
+    assert timer.run_once(now=T0 + 611 * S).fired == 0
+    assert timer.run_once(now=T0 + 660 * S).fired == 1
+    assert [k for k, _, _ in jobs(db, "sync")] == [slot_key("sync", T0 + 60 * S),
+                                                   slot_key("sync", T0 + 660 * S)]
+    dropped = [e for e in client.schedule_history("sync") if e.first_slot == T0 + 120 * S]
+    assert [(e.reason, e.slot_count) for e in dropped] == [("paused", 1)]
+    timer.close()
+
+
 def test_overlap_is_judged_when_the_slot_comes_not_a_lookahead_before(
         client, db, transport, timer_settings):
     """A 2 s schedule whose runs take 1.5 s never overlaps: a timer pass half a second before
