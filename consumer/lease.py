@@ -36,6 +36,12 @@ from shared.transport.base import MAX_BATCH, EntryFailure
 
 log = logging.getLogger("tock.consumer")
 
+
+class SlotsStuck(RuntimeError):
+    """Every handler slot has been held by a stuck handler for TOCK_STUCK_EXIT_SECONDS: the
+    consumer cannot take work and cannot free a thread, so it stops (exit non-zero) for its
+    orchestrator to restart it."""
+
 TICK_SECONDS = 0.2
 """How often deadlines are checked; heartbeats go out every heartbeat_seconds."""
 UNTRACKED_AFTER_LEASES = 2
@@ -57,9 +63,11 @@ class LeaseKeeper(Loop):
         # Sub-second leases need ticks well inside a heartbeat period.
         self.idle_seconds = min(TICK_SECONDS, pipe.settings.heartbeat_seconds / 4)
         self._next_beat = time.monotonic() + pipe.settings.heartbeat_seconds
+        self._all_stuck_since: float | None = None
 
     def run_once(self, now: datetime | None = None) -> int:
         self.check_timeouts()
+        self.check_all_stuck()
         if time.monotonic() >= self._next_beat:
             self._next_beat = time.monotonic() + self.pipe.settings.heartbeat_seconds
             try:
@@ -117,6 +125,41 @@ class LeaseKeeper(Loop):
                  detail="running on this worker in the database, but not held here (a "
                         "claim's reply or an outcome was lost with a database connection); "
                         "its lease is left to expire and the timer retries it")
+
+    def stuck_slots(self) -> int:
+        """Handler slots held by handlers stuck past their deadline."""
+        return sum(1 for item in self.pipe.tracker.handlers() if item.stuck)
+
+    def check_all_stuck(self, now: float | None = None) -> None:
+        """`SlotsStuck` once every slot has been held by a stuck handler for
+        stuck_exit_seconds (0: never): no job can run here again until one returns."""
+        now = time.monotonic() if now is None else now
+        if self.stuck_slots() < self.pipe.settings.concurrency:
+            self._all_stuck_since = None
+            return
+        if self._all_stuck_since is None:
+            self._all_stuck_since = now
+            emit(log, "all_slots_stuck", logging.ERROR, worker=self.pipe.worker_id,
+                 slots=self.pipe.settings.concurrency,
+                 exit_in_s=self.pipe.settings.stuck_exit_seconds or None,
+                 detail="every handler slot is held by a handler stuck past its deadline: "
+                        "this consumer takes no work until one returns")
+        limit = self.pipe.settings.stuck_exit_seconds
+        if limit and now - self._all_stuck_since >= limit:
+            raise SlotsStuck(
+                f"every handler slot ({self.pipe.settings.concurrency}) has been held by a "
+                f"handler stuck past its deadline for {now - self._all_stuck_since:.0f} s "
+                f"(TOCK_STUCK_EXIT_SECONDS={limit:g}): stopping so the process is "
+                "restarted; their jobs were recovered elsewhere")
+
+    def unready(self, now: float) -> str | None:
+        """Not ready while its heartbeat is late (Loop.unready), or while every slot is
+        held by a stuck handler: such a consumer takes no work."""
+        why = super().unready(now)
+        if why is None and self._all_stuck_since is not None:
+            why = (f"every handler slot ({self.pipe.settings.concurrency}) is held by a "
+                   f"handler stuck past its deadline for {now - self._all_stuck_since:.0f} s")
+        return why
 
     def check_timeouts(self) -> None:
         """Signal handlers past their deadline; stop heartbeating ones stuck far past it, so

@@ -52,6 +52,8 @@ class Context:
     lease_worker: WorkerInfo | None = None
     queue_workers: int = 0
     """Live (heartbeating) consumers that receive from the job's queue."""
+    queue_slots: tuple[int, int] = (0, 0)
+    """Their handler slots: (busy, all), as their last heartbeats reported them."""
     due_ahead: int | None = None
     paused_schedule: str | None = None
     """The recurring schedule that made this job, when it is paused (no further runs)."""
@@ -270,8 +272,13 @@ def _dispatched(job: Job, ctx: Context) -> Explanation:
         details.append(f"No live consumer is receiving from queue {job.queue!r}: start one "
                        f"with `python -m consumer --tasks ... --queues {job.queue}`.")
     else:
+        busy, slots = ctx.queue_slots
+        full = (f", but every one of their handler slots was busy at their last heartbeat "
+                f"({busy}/{slots}): it waits for one to free (a handler stuck past its "
+                "deadline holds its slot until it returns; `tock workers`)"
+                if slots and busy >= slots else "")
         details.append(f"{ctx.queue_workers} live consumer(s) receive from queue "
-                       f"{job.queue!r}.")
+                       f"{job.queue!r}{full}.")
     return Explanation(
         job.id, job.state,
         f"Dispatched to SQS queue {job.queue!r} at {when(at, now)} and waiting for a "
@@ -486,7 +493,10 @@ def gather(store: OperatorStore, job: Job, *,
     lease_worker = next((w for w in live if w.id == job.lease_owner), None)
     last = _last(job.attempts)
     attempt_worker = next((w for w in live if last is not None and w.id == last.worker), None)
-    queue_workers = sum(1 for w in live if w.status == "alive" and job.queue in w.queues)
+    serving = [w for w in live if w.status == "alive" and job.queue in w.queues]
+    queue_workers = len(serving)
+    queue_slots = (sum(min(w.in_flight, w.concurrency) for w in serving),
+                   sum(w.concurrency for w in serving))
     ahead = None
     held_by = None
     in_sqs = 0
@@ -503,5 +513,5 @@ def gather(store: OperatorStore, job: Job, *,
         held_by = next((limit for limit in full if is_paused(limit)), None) or next(
             iter(full), None)
         in_sqs = flow.kind_in_sqs(job.kind, IN_SQS_CAP)
-    return Context(now, lease_worker, queue_workers, ahead, store.paused_schedule_of(job.id),
-                   held_by, in_sqs, attempt_worker)
+    return Context(now, lease_worker, queue_workers, queue_slots, ahead,
+                   store.paused_schedule_of(job.id), held_by, in_sqs, attempt_worker)

@@ -323,6 +323,13 @@ class ConsumerSettings(CommonSettings):
                     "cooperative) or a pool of `concurrency` child processes, one job each "
                     "at a time (a handler that overruns its timeout is killed and its "
                     "process replaced).")
+    stuck_exit_seconds: float = Field(
+        default=300.0, ge=0, le=86400,
+        description="Thread isolation cannot kill a handler that ignores its deadline: "
+                    "once every handler slot has been held by such a stuck handler this "
+                    "long, the consumer exits (non-zero) so its orchestrator restarts it "
+                    "(their jobs were already recovered elsewhere). It is not ready while "
+                    "every slot is stuck. 0: never exit.")
     kill_grace_seconds: float = Field(
         default=5.0, ge=0, le=300,
         description="With process isolation (this consumer's or a kind's): how long a "

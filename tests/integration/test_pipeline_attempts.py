@@ -8,7 +8,6 @@ without waiting."""
 from __future__ import annotations
 
 import logging
-
 import threading
 from datetime import timedelta
 

@@ -52,6 +52,49 @@ def test_a_stuck_thread_is_reported_and_keeps_its_slot_until_it_returns(
     assert consumer.supervisor.live()[0]
 
 
+def test_a_consumer_whose_every_slot_is_stuck_is_not_ready_then_stops(
+        client, timer, registry, running, operator_store):
+    """Nothing can free a stuck thread but a restart: with every slot stuck the consumer
+    says it takes no work (readiness, `explain` of a job waiting in SQS), and past
+    TOCK_STUCK_EXIT_SECONDS it stops, non-zero, for its orchestrator to restart it."""
+    started, let_go = threading.Semaphore(0), threading.Event()
+
+    def never_returns(payload, ctx):
+        started.release()
+        let_go.wait(60)
+
+    registry.add("stuck", never_returns)
+    registry.add("next", lambda payload, ctx: None)
+    consumer = running(concurrency=2, lease_seconds=1, heartbeat_seconds=0.2,
+                       visibility_timeout_seconds=2, stuck_exit_seconds=3,
+                       shutdown_grace_seconds=0.5)
+    try:
+        for _ in range(2):
+            client.schedule("stuck", timeout=0.2, max_attempts=1)
+        dispatch(timer)
+        assert started.acquire(timeout=30) and started.acquire(timeout=30)
+        waiting = client.schedule("next")
+        dispatch(timer)
+        def unready_reason() -> str | None:
+            ok, reason = consumer.supervisor.ready()
+            return None if ok else reason
+
+        unready = wait_for(unready_reason, message="not ready with every slot stuck")
+        assert "every handler slot (2) is held by a handler stuck past its deadline" \
+            in unready
+        row = client.get(waiting.id)
+        assert row.state is JobState.DISPATCHED
+        story = explain.explain(row, explain.gather(operator_store, row))
+        assert any("every one of their handler slots was busy" in d and "(2/2)" in d
+                   for d in story.details), story.details
+        wait_for(lambda: consumer.supervisor.fatal, timeout=30,
+                 message="the consumer stopping past TOCK_STUCK_EXIT_SECONDS")
+        assert "TOCK_STUCK_EXIT_SECONDS=3" in consumer.supervisor.fatal
+        assert consumer.supervisor.exit_code != 0 and not consumer.supervisor.live()[0]
+    finally:
+        let_go.set()
+
+
 def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
         client, timer, registry, running, operator_store, db):
     """A thread handler that never returns, on a worker that stays alive: every stage of

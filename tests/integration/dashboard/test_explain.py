@@ -72,8 +72,11 @@ def test_dispatched_says_when_no_consumer_listens():
     assert e.summary.startswith("Dispatched to SQS queue 'mail' at 2026-12-02 14:59:56 UTC "
                                 "(4 s ago) and waiting for a consumer")
     assert any("No live consumer is receiving from queue 'mail'" in d for d in e.details)
-    e = explain.explain(j, Context(NOW, queue_workers=2))
-    assert any("2 live consumer(s)" in d for d in e.details)
+    e = explain.explain(j, Context(NOW, queue_workers=2, queue_slots=(3, 8)))
+    assert "2 live consumer(s) receive from queue 'mail'." in e.details
+    e = explain.explain(j, Context(NOW, queue_workers=2, queue_slots=(8, 8)))
+    assert any("but every one of their handler slots was busy at their last heartbeat "
+               "(8/8)" in d and "stuck past its deadline" in d for d in e.details), e.details
 
 
 def test_running_leased_and_lease_expired():
