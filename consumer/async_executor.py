@@ -73,10 +73,11 @@ class AsyncRunner(Loop):
         self.loop.set_exception_handler(self._loop_error)
         self._tasks: set[asyncio.Task[BaseException | None]] = set()
         """Strong references: the loop itself keeps only weak ones to its tasks."""
+        self._slice_began: float | None = None
 
     def run_once(self, now: datetime | None = None) -> int:
         """Run the event loop for one slice (callbacks and tasks of every async job)."""
-        began = time.monotonic()
+        began = self._slice_began = time.monotonic()
         timer = self.loop.call_later(SLICE_SECONDS, self.loop.stop)
         try:
             self.loop.run_forever()
@@ -92,6 +93,7 @@ class AsyncRunner(Loop):
                  exception=describe(exc))
         finally:
             timer.cancel()
+            self._slice_began = None
         over = time.monotonic() - began - SLICE_SECONDS
         if over > BLOCKED_LOG_SECONDS:
             emit(log, "event_loop_blocked", logging.WARNING, blocked_s=round(over, 1),
@@ -106,6 +108,14 @@ class AsyncRunner(Loop):
         super().stop()
         if not self.loop.is_closed() and any(t.is_alive() for t in self._threads):
             self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def blocked_for(self) -> float:
+        """How long the event loop's current slice has overrun (0 if it has not): a
+        handler blocking the loop now, seen from another thread while it lasts."""
+        began = self._slice_began
+        if began is None:
+            return 0.0
+        return max(time.monotonic() - began - SLICE_SECONDS, 0.0)
 
     @property
     def running(self) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -69,6 +70,11 @@ stay warnings; the `tock_messages_dropped_total` counter has every reason."""
 
 RETRY_LATER_SECONDS = 1
 """Visibility given to a deferred message: it comes back after this long."""
+ASYNC_BLOCKED_SECONDS = 1.0
+"""An event loop blocked this long takes no more async jobs (Claimer._leave_async)."""
+ASYNC_DEFER_SECONDS = 5
+"""Visibility given to an async job's message left for another consumer."""
+ASYNC_DEFER_LOG_SECONDS = 10.0
 MAX_DEFERRED_RECEIVES = 5
 """A message still waiting for its dispatch commit when received this many times (or
 TOCK_DEAD_LETTER_AFTER times, if fewer) is deleted rather than deferred again: 5 receives
@@ -109,6 +115,7 @@ class Claimer(Loop):
         # At most the DLQ's maxReceiveCount (of queues tock creates): a message deferred
         # at that count would go to the DLQ at its next receive.
         self.defer_limit = min(MAX_DEFERRED_RECEIVES, settings.dead_letter_after)
+        self._async_left_logged = -ASYNC_DEFER_LOG_SECONDS
 
     explicit_success = True
     """Marked by every pass that raised nothing, so a step-by-step `receive_once` counts
@@ -134,6 +141,12 @@ class Claimer(Loop):
             # back.
             pipe.claim_store.ping()
             pipe.database_away = False
+        if self._async_blocked() and all(self._on_event_loop(t.kind)
+                                         for t in pipe.registry.tasks()):
+            # Every kind it runs would wait for the blocked event loop: receive nothing (a
+            # receive would only hand messages back), so other consumers get them at once.
+            self.wait(0.1)
+            return 0
         reserved = pipe.slots.reserve(pipe.settings.claim_batch_size, timeout=0.5)
         if not reserved:
             return 0
@@ -208,6 +221,8 @@ class Claimer(Loop):
         # copy naming another kind must not push the real one out as a duplicate).
         wanted: dict[tuple[int, UUID, str], tuple[Received, JobMessage]] = {}
         drop: list[Drop] = []
+        blocked = self._async_blocked()
+        left: list[Received] = []
         for msg in messages:
             try:
                 parsed = decode(msg.body)
@@ -218,7 +233,13 @@ class Claimer(Loop):
             if key in wanted:
                 drop.append((msg, "duplicate", f"job {parsed.job_id} twice in one batch"))
                 continue
+            if blocked and self._on_event_loop(parsed.kind) \
+                    and msg.receive_count < self.defer_limit:
+                left.append(msg)  # for another consumer, whose event loop runs
+                continue
             wanted[key] = (msg, parsed)
+        if left:
+            tidy.append(functools.partial(self._leave_async, left, blocked))
         rows: list[ClaimedJob] = []
         if wanted:
             rows, rejected = self._claim_each_if_rejected(list(wanted.values()))
@@ -294,6 +315,33 @@ class Claimer(Loop):
         return pipe.claim_store.claim_messages(
             claims, pipe.worker_id, pipe.settings.lease_seconds, pipe.clock(),
             wait_for_locks=wait_for_locks)
+
+    def _async_blocked(self) -> float:
+        """How long this consumer's event loop has been blocked, if past ASYNC_BLOCKED_SECONDS
+        (0 otherwise)."""
+        blocked = self.pipe.async_blocked_for()
+        return blocked if blocked > ASYNC_BLOCKED_SECONDS else 0.0
+
+    def _on_event_loop(self, kind: str) -> bool:
+        task = self.pipe.registry.get(kind)
+        return task is not None and task.is_async \
+            and task.runs_in(self.pipe.settings.isolation) == "thread"
+
+    def _leave_async(self, messages: list[Received], blocked: float) -> None:
+        """Async jobs received while the event loop is blocked (a handler running blocking
+        code on it): claimed here, they would only wait past their deadline and lose an
+        attempt, so their messages come back for another consumer in a few seconds (at
+        most `defer_limit` receives: then they are claimed here all the same). A consumer
+        that runs only async kinds does not receive at all meanwhile (`_pass`)."""
+        self._retry_later(messages, ASYNC_DEFER_SECONDS)
+        now = time.monotonic()
+        if now - self._async_left_logged >= ASYNC_DEFER_LOG_SECONDS:
+            self._async_left_logged = now
+            emit(log, "async_jobs_deferred", logging.WARNING, queue=self.queue,
+                 messages=len(messages), blocked_s=round(blocked, 1),
+                 worker=self.pipe.worker_id,
+                 detail="this consumer's event loop is blocked (an async handler running "
+                        "blocking code): its async jobs are left to other consumers")
 
     def _retry_later(self, messages: list[Received],
                      seconds: int = RETRY_LATER_SECONDS) -> None:

@@ -61,6 +61,9 @@ class Pipeline:
     tracker: Tracker = field(default_factory=Tracker)
     work: queues.Queue[Work] = field(default_factory=queues.Queue)
     done: queues.Queue[Finished] = field(default_factory=queues.Queue)
+    async_blocked_for: Callable[[], float] = lambda: 0.0
+    """How long the event loop of async handlers has been blocked now (AsyncRunner), so
+    the receivers leave async jobs to other consumers meanwhile."""
     database_away: bool = False
     """A claim or a heartbeat just failed for want of Postgres: the receivers ask it before
     they receive again (consumer/claimer.py), so no receive is spent on a claim that

@@ -77,6 +77,8 @@ class Consumer:
         self.claimers = {q: Claimer(self.pipe, q) for q in settings.queues}
         self.executor = Executor(self.pipe, task_modules)
         self.async_runner = self.executor.async_runner
+        if self.async_runner is not None:
+            self.pipe.async_blocked_for = self.async_runner.blocked_for
         self.completer = Completer(self.pipe)
         self.lease_keeper = LeaseKeeper(self.pipe)
         self.visibility = VisibilityKeeper(self.pipe)

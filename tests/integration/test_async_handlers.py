@@ -188,6 +188,43 @@ def test_a_handler_blocking_the_event_loop_is_reported(client, timer, registry, 
     assert line.fields["blocked_s"] >= BLOCKED_LOG_SECONDS
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["async-only", "mixed-registry"])
+def test_a_consumer_whose_event_loop_is_blocked_leaves_async_jobs_to_others(
+        client, timer, registry, running, mixed):
+    """Claimed by a consumer whose loop a handler blocks, async jobs would wait past their
+    deadline and lose an attempt, blamed on a handler that never ran; they go to a consumer
+    whose loop runs instead. One that runs only async kinds stops receiving meanwhile; one
+    with thread kinds too receives on, and hands the async jobs' messages back."""
+    blocking, release = threading.Event(), threading.Event()
+
+    async def blocks(payload, ctx):
+        blocking.set()
+        release.wait(60)  # the fault: a blocking call inside async def
+
+    async def quick(payload, ctx):
+        await asyncio.sleep(0)
+
+    registry.add("blocks", blocks)
+    registry.add("quick", quick)
+    if mixed:
+        registry.add("plain", lambda payload, ctx: None)
+    settings = dict(lease_seconds=2, heartbeat_seconds=0.2, visibility_timeout_seconds=4)
+    stuck = running(**settings)
+    try:
+        client.schedule("blocks", timeout=60)
+        dispatch(timer)
+        assert blocking.wait(30)
+        wait_for(lambda: stuck.async_runner.blocked_for() > 1.0, message="its loop blocked")
+        healthy = running(**settings)
+        jobs = [client.schedule("quick", timeout=5, max_attempts=1) for _ in range(6)]
+        for job in jobs:
+            _settle(client, timer, job.id)
+            [attempt] = client.get(job.id, with_attempts=True).attempts
+            assert attempt.worker == healthy.worker_id, "run where the loop runs"
+    finally:
+        release.set()
+
+
 def test_a_dead_event_loop_thread_stops_the_process_non_zero(
         consumer_settings, registry, transport):
     consumer = Consumer(consumer_settings, registry, transport)
