@@ -136,17 +136,18 @@ def test_list_all_of_none_is_empty(schedule_store):
 def test_set_paused_pauses_and_resumes_with_the_new_cursor(schedule_store, db, now):
     add_schedule(schedule_store, now, "tick")
     db.execute("UPDATE tock_schedules SET buffered_slot = %s WHERE name = 'tick'", (now,))
-    paused = schedule_store.set_paused("tick", True, Cursor(now + secs(10), None, None),
+    paused = schedule_store.set_paused("tick", True, Cursor(now + secs(10), None, None, now),
                                        now=now + secs(10))
     assert paused is not None
     assert (paused.paused, paused.cursor_at, paused.next_slot, paused.next_fire_at,
             paused.updated_at) == (True, now + secs(10), None, None, now + secs(10))
-    assert paused.buffered_slot == now, "the buffered slot is not the cursor's to change"
+    assert paused.buffered_slot == now, "kept by a cursor that keeps it (the pause's)"
     resumed = schedule_store.set_paused("tick", False, Cursor(now + M, now + 2 * M,
                                                               now + 2 * M), now=now + M)
     assert resumed is not None
     assert (resumed.paused, resumed.cursor_at, resumed.next_fire_at) == (
         False, now + M, now + 2 * M)
+    assert resumed.buffered_slot is None, "a restart's cursor buffers nothing (the resume's)"
     row = schedule_row(db, "tick")
     assert row is not None and (row["paused"], row["updated_at"]) == (False, now + M)
 
