@@ -35,6 +35,8 @@ class Profile:
     """Tenant A's overdue jobs when tenant B's 100 arrive."""
     fair_window: int
     """A's dispatches per rate window (before B, from B on)."""
+    fair_rounds: int
+    """Tenant B's rounds of 100 jobs, with and without A's backlog."""
     history_rows: int
     """Finished jobs put in the history before the claim is measured again at the
     smallest scale size."""
@@ -72,7 +74,7 @@ QUICK = Profile(
     burst_jobs=10_000,
     scale_sizes=(10_000, 100_000, 1_000_000), scale_due=3_000,
     hotspot_jobs=3_000,
-    fair_backlog=1_000_000, fair_window=20_000,
+    fair_backlog=1_000_000, fair_window=20_000, fair_rounds=20,
     history_rows=1_000_000,
     fair_sqs_backlog=10_000, fair_sqs_window=None, fair_sqs_compare=False,
     soak_seconds=60.0, soak_rate=200.0, peer_jobs=6_000,
@@ -87,7 +89,7 @@ FULL = Profile(
     burst_jobs=10_000,
     scale_sizes=(10_000, 100_000, 1_000_000, 5_000_000), scale_due=10_000,
     hotspot_jobs=10_000,
-    fair_backlog=1_000_000, fair_window=50_000,
+    fair_backlog=1_000_000, fair_window=50_000, fair_rounds=20,
     history_rows=10_000_000,
     fair_sqs_backlog=20_000, fair_sqs_window=None, fair_sqs_compare=True,
     soak_seconds=600.0, soak_rate=200.0, peer_jobs=20_000,
@@ -102,7 +104,7 @@ TINY = Profile(
     burst_jobs=150,
     scale_sizes=(1_000, 3_000), scale_due=600,
     hotspot_jobs=100,
-    fair_backlog=60_000, fair_window=2_000,
+    fair_backlog=60_000, fair_window=2_000, fair_rounds=5,
     history_rows=20_000,
     fair_sqs_backlog=1_000, fair_sqs_window=100, fair_sqs_compare=False,
     soak_seconds=3.0, soak_rate=20.0,
