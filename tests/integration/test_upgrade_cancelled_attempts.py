@@ -4,27 +4,15 @@ keeps the attempt it ended."""
 
 from __future__ import annotations
 
-import psycopg
-
 from shared.core.states import AttemptOutcome, JobState
 from shared.store import Database, JobStore
-from shared.store.migrate import available, migrate
-from tests.integration.store.helpers import add_running, secs
-from tests.support.drive import db_now
+from tests.integration.store.helpers import running_before_upgrade, secs
 
 BEFORE = "0012_lingering_handlers.sql"
 
 
 def test_0013_keeps_the_attempt_of_a_job_cancelled_right_after_the_upgrade(old_url):
-    with psycopg.connect(old_url, autocommit=True) as conn:
-        now = db_now(conn)
-        conn.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency, "
-                     "in_flight, started_at, last_heartbeat, lease_expires_at) "
-                     "VALUES ('w1', 'h', 1, '{default}', 4, 1, %s, %s, %s)",
-                     (now, now, now + secs(30)))
-        lease = add_running(conn, now, kind="report")
-    names = [name for name, _ in available()]
-    assert migrate(old_url) == names[names.index(BEFORE) + 1:]
+    now, lease = running_before_upgrade(old_url, BEFORE)
     db = Database(old_url)
     try:
         jobs = JobStore(db)

@@ -5,29 +5,17 @@ what the new rows hang off)."""
 
 from __future__ import annotations
 
-import psycopg
-
 from shared.core.reports import Worker
 from shared.store import Database, JobStore
 from shared.store.flow_store import FlowStore
-from shared.store.migrate import available, migrate
-from tests.integration.store.helpers import add_running, secs
-from tests.support.drive import db_now
+from tests.integration.store.helpers import running_before_upgrade, secs
 
 BEFORE = "0011_group_counts.sql"
 
 
 def test_0012_counts_the_handler_of_a_job_cancelled_right_after_the_upgrade(old_url):
     worker = Worker("w1", "h", 1, ["default"], [], 4, 1)
-    with psycopg.connect(old_url, autocommit=True) as conn:
-        now = db_now(conn)
-        conn.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency, "
-                     "in_flight, started_at, last_heartbeat, lease_expires_at) "
-                     "VALUES ('w1', 'h', 1, '{default}', 4, 1, %s, %s, %s)",
-                     (now, now, now + secs(30)))
-        lease = add_running(conn, now, kind="report")
-    names = [name for name, _ in available()]
-    assert migrate(old_url) == names[names.index(BEFORE) + 1:]
+    now, lease = running_before_upgrade(old_url, BEFORE)
     db = Database(old_url)
     try:
         jobs, flow = JobStore(db), FlowStore(db)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID, uuid4
 
+import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -54,6 +55,23 @@ def add_job(db: Any, *, run_at: datetime, kind: str = "k", state: str = "schedul
         sql.SQL(", ").join(sql.Placeholder(c) for c in values))
     job_id: int = db.execute(query, values).fetchone()[0]
     return job_id
+
+
+def running_before_upgrade(url: str, before: str) -> tuple[datetime, Lease]:
+    """On a database at an older schema: worker w1's row and a job of kind report it runs;
+    then every migration after `before`. Returns (the database's now, the job's lease)."""
+    from shared.store.migrate import available, migrate
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        now = conn.execute("SELECT now()").fetchone()[0]
+        conn.execute("INSERT INTO tock_workers (id, host, pid, queues, concurrency, "
+                     "in_flight, started_at, last_heartbeat, lease_expires_at) "
+                     "VALUES ('w1', 'h', 1, '{default}', 4, 1, %s, %s, %s)",
+                     (now, now, now + secs(30)))
+        lease = add_running(conn, now, kind="report")
+    names = [name for name, _ in available()]
+    assert migrate(url) == names[names.index(before) + 1:]
+    return now, lease
 
 
 def add_running(db: Any, now: datetime, *, worker: str = "w1", attempt: int = 1,
