@@ -5,9 +5,9 @@ are."""
 from __future__ import annotations
 
 import threading
-import time
 
 from consumer.inflight import Slots
+from tests.support.wait import wait_for
 
 WAIT = 10.0
 """A bound on each wait for another thread, far past what any step takes."""
@@ -37,10 +37,8 @@ class Reserving(threading.Thread):
 
 def waiting_on(slots: Slots, threads: int) -> None:
     """Return once `threads` threads wait on the slots' condition."""
-    deadline = time.monotonic() + WAIT
-    while len(slots._cond._waiters) < threads:  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, "no thread came to wait"
-        time.sleep(0.001)
+    wait_for(lambda: len(slots._cond._waiters) >= threads,  # type: ignore[attr-defined]
+             timeout=WAIT, interval=0.001, message=f"{threads} thread(s) waiting on the slots")
 
 
 def full(capacity: int) -> Slots:
