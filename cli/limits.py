@@ -115,7 +115,7 @@ def _remove(args: argparse.Namespace) -> int:
         removed = client.remove_limit(args.scope, key)
     audit.action("limit_removed", scope=args.scope, key=key, removed=removed)
     name = NO_TENANT_LABEL if key is None else key
-    if args.json:  # as DELETE /api/limits answers; nothing removed still exits 1 below
+    if args.json:  # nothing removed still exits 1 below (DELETE /api/limits: 404)
         print_json({"scope": args.scope, "key": key, "removed": removed})
     if not removed:  # refused, as deleting a schedule that does not exist is
         print(f"tock: {args.scope} {name} has no limit; nothing removed", file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from dashboard import models
@@ -65,7 +65,8 @@ class RemovedOut(BaseModel):
     removed: bool
 
 
-@router.delete("", response_model=RemovedOut, summary="Remove a limit")
+@router.delete("", response_model=RemovedOut, summary="Remove a limit",
+               responses={404: {"model": models.ErrorOut, "description": "No such limit"}})
 def remove_limit(who: Operator, request: Request,
                  scope: Annotated[str, Query(pattern=SCOPE_PATTERN)],
                  key: Annotated[str | None, Query(min_length=1, max_length=128,
@@ -75,4 +76,7 @@ def remove_limit(who: Operator, request: Request,
                  ) -> RemovedOut:
     removed = _client(request).remove_limit(scope, key)
     emit(log, "limit_removed", scope=scope, key=key, removed=removed, role=who.role)
-    return RemovedOut(removed=removed)
+    if not removed:  # as a schedule or job that does not exist is: a typo must not pass
+        raise HTTPException(404, f"{scope} {key if key is not None else '(no tenant)'} has "
+                                 "no limit; nothing removed")
+    return RemovedOut(removed=True)

@@ -322,6 +322,8 @@ def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
     expect(page.locator("#toast")).to_have_text("Limit removed from kind report.")
     assert client.limits() == []
     expect(page.get_by_test_id("limits-panel")).to_contain_text("No limits", timeout=15_000)
+    page.get_by_test_id("limit-remove").click()
+    expect(page.locator("#toast")).to_have_text("kind report has no limit; nothing removed")
 
 
 def test_an_operator_sets_a_per_key_limit_and_a_job_shows_its_key(

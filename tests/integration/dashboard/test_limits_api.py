@@ -22,6 +22,11 @@ def test_set_list_and_remove(operator, viewer, client):
     assert operator.delete("/api/limits", params={"scope": "tenant"}).json() == {
         "removed": True}
     assert operator.get("/api/limits").json() == []
+    gone = operator.delete("/api/limits", params={"scope": "kind", "key": "email"})
+    assert gone.status_code == 404, gone.text
+    assert gone.json()["detail"] == "kind email has no limit; nothing removed"
+    gone = operator.delete("/api/limits", params={"scope": "tenant"})
+    assert gone.json()["detail"] == "tenant (no tenant) has no limit; nothing removed"
 
 
 def test_bad_limits_say_why(operator):
