@@ -28,9 +28,10 @@ from datetime import datetime
 from typing import Any
 
 from consumer.attempt import finish
+from consumer.inflight import InFlight
 from consumer.outcomes import Backoff, Raised
 from consumer.pipeline import Pipeline, Work
-from consumer.tasks import Handler, TaskContext
+from consumer.tasks import Handler
 from shared.core.text import describe
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
@@ -44,9 +45,21 @@ BLOCKED_BOUND_SECONDS = 60.0
 CLOSE_WAIT_SECONDS = 2.0
 
 
-async def _guarded(handler: Handler, payload: Any, ctx: TaskContext) -> BaseException | None:
+class NotStarted(Exception):
+    """The job was told to stop (its deadline passed, its lease was lost) before the event
+    loop got to start its handler: another handler held the loop."""
+
+
+async def _guarded(handler: Handler, payload: Any, item: InFlight) -> BaseException | None:
     """Await the handler; whatever it raises is returned, not raised. A task that raises
-    KeyboardInterrupt or SystemExit would otherwise take the event loop down with it."""
+    KeyboardInterrupt or SystemExit would otherwise take the event loop down with it.
+    A job told to stop before its first step is not started at all: its attempt says so
+    rather than blame a handler that never ran."""
+    ctx = item.context
+    if ctx.cancelled.is_set():
+        return NotStarted(f"the handler never ran: told to stop ({item.stop_reason}) before "
+                          "the event loop was free to start it (another handler blocked "
+                          "the loop)")
     try:
         await handler(payload, ctx)
     except BaseException as exc:  # isolation: nothing a handler raises escapes
@@ -149,7 +162,7 @@ class AsyncRunner(Loop):
         item = work.item
         assert work.task is not None
         started = time.monotonic()
-        task = self.loop.create_task(_guarded(work.task.handler, work.payload, item.context),
+        task = self.loop.create_task(_guarded(work.task.handler, work.payload, item),
                                      name=f"tock-job-{item.job_id}")
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._finished(work, t, started, then))

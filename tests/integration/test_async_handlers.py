@@ -280,6 +280,34 @@ def test_step_by_step_drivers_run_async_handlers_too(client, timer, registry, co
     assert ran == [1] and client.get(job.id).state is JobState.SUCCEEDED
 
 
+def test_an_async_job_stopped_before_the_loop_started_it_never_runs_and_says_so(
+        client, timer, registry, consumers, clock):
+    # What a job claimed just before a handler blocked the event loop meets: its deadline
+    # passes before the loop can start it. Its handler must not start late, and its
+    # attempt must not blame a handler that never ran.
+    ran: list[int] = []
+
+    async def coroutine(payload, ctx):
+        ran.append(ctx.attempt)
+
+    registry.add("async", coroutine)
+    job = client.schedule("async", timeout=5, max_attempts=2)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    [entry] = receive(consumer, 1)
+    entry.item.timed_out = True  # as the lease keeper does at the deadline
+    entry.item.stop("deadline passed")
+    run_all(consumer, [entry])
+    assert ran == []
+    final = client.get(job.id, with_attempts=True)
+    assert final.state is JobState.RETRYING
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.TIMED_OUT]
+    assert final.last_error == (
+        "timed out after 5 s (NotStarted: the handler never ran: told to stop (deadline "
+        "passed) before the event loop was free to start it (another handler blocked the "
+        "loop))")
+
+
 @pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
 def test_a_stray_task_raising_systemexit_does_not_take_the_event_loop_down(
         client, timer, registry, running, raised, caplog):
