@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime
 from typing import Any
 
+from shared.core.errors import InvalidInput
 from shared.core.filters import JobFilter
 from shared.core.iso_time import parse_iso_datetime
 from shared.core.states import JobState
@@ -155,5 +156,8 @@ def add_filters(p: argparse.ArgumentParser) -> None:
 
 def filter_of(args: argparse.Namespace) -> JobFilter:
     states = ",".join(args.state)
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        raise InvalidInput(f"--since {args.since.isoformat()} is not earlier than --until "
+                           f"{args.until.isoformat()}: no job could match")
     return JobFilter.of(states=states, kind=args.kind, queue=args.queue, tenant=args.tenant,
                         key=args.key, created_after=args.since, created_before=args.until)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -155,8 +156,16 @@ class JobSummary(BaseModel):
                    finished_at=j.finished_at)
 
 
+def payload_text(payload: Any) -> str:
+    """The payload as indented JSON text, every number exactly as stored: a browser's
+    JSON.parse rounds integers past 2**53, so the dashboard shows this instead."""
+    return json.dumps(payload, indent=2, ensure_ascii=False)
+
+
 class JobOut(JobSummary):
     payload: Any
+    payload_text: str = Field(description="the payload as indented JSON text, numbers exact "
+                                          "(JavaScript's JSON.parse rounds past 2**53)")
     timeout_seconds: float | None
     lease_expires_at: datetime | None
     dispatched_at: datetime | None
@@ -167,6 +176,7 @@ class JobOut(JobSummary):
     @classmethod
     def of(cls, j: Job) -> JobOut:
         return cls(**JobSummary.of(j).model_dump(), payload=j.payload,
+                   payload_text=payload_text(j.payload),
                    timeout_seconds=j.timeout_seconds, lease_expires_at=j.lease_expires_at,
                    dispatched_at=j.dispatched_at, updated_at=j.updated_at,
                    started_at=j.started_at, created=j.created)

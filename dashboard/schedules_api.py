@@ -32,6 +32,7 @@ class ScheduleOut(BaseModel):
     kind: str
     queue: str
     payload: Any
+    payload_text: str = Field(description="the payload as JSON text, numbers exact")
     priority: int
     timing: str = Field(description="the schedule in words, e.g. cron '0 2 * * *' in UTC")
     cron: str | None
@@ -47,6 +48,7 @@ class ScheduleOut(BaseModel):
     @classmethod
     def of(cls, s: Schedule) -> ScheduleOut:
         return cls(name=s.name, kind=s.kind, queue=s.queue, payload=s.payload,
+                   payload_text=models.payload_text(s.payload),
                    priority=s.priority, timing=s.describe(), cron=s.cron,
                    every_seconds=s.every.total_seconds() if s.every else None, tz=s.tz,
                    paused=s.paused, next_slot=s.next_slot, next_fire_at=s.next_fire_at,

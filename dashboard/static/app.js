@@ -39,12 +39,13 @@ function el(tag, attrs, ...children) {
 }
 
 // Bidirectional-text controls (U+202A-202E, U+2066-2069, U+200E/200F) in a payload, tenant or
-// error would reorder what is shown around them, so that a value reads as another: they are
-// shown as their escapes instead.
-const BIDI_CONTROLS = /[\u202A-\u202E\u2066-\u2069\u200E\u200F]/g;
+// error would reorder what is shown around them, so that a value reads as another, and the
+// invisible spaces (U+200B, U+2060, U+FEFF) would make two values look the same: they are
+// shown as their escapes instead. (Joiners, U+200C/200D, shape scripts and emoji: kept.)
+const HIDDEN_CHARACTERS = /[\u202A-\u202E\u2066-\u2069\u200E\u200F\u200B\u2060\uFEFF]/g;
 
 function visible(text) {
-  return text.replace(BIDI_CONTROLS,
+  return text.replace(HIDDEN_CHARACTERS,
     c => `\\u${c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0")}`);
 }
 
@@ -115,7 +116,7 @@ function toast(text, bad) {
 async function api(path, options) {
   const opts = Object.assign({method: "GET", headers: {}}, options || {});
   if (opts.body !== undefined) {
-    opts.body = JSON.stringify(opts.body);
+    if (!opts.raw) opts.body = JSON.stringify(opts.body);  // raw: JSON text already
     opts.headers["Content-Type"] = "application/json";
   }
   if (opts.method !== "GET" && me.csrf_token) opts.headers["X-CSRF-Token"] = me.csrf_token;
@@ -660,7 +661,7 @@ function renderJob(id) {
     body.replaceChildren(explainBox, actions, el("div", {className: "grid"},
       el("div", {className: "panel"}, el("h2", {}, "Job"), el("dl", {className: "fields"},
         fields.map(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))])),
-        el("h2", {}, "Payload"), el("pre", {}, JSON.stringify(j.payload, null, 2))),
+        el("h2", {}, "Payload"), el("pre", {"data-testid": "payload"}, j.payload_text)),
       el("div", {className: "panel"}, el("h2", {}, "Attempts"),
          d.attempts.length || j.state === "running" ? timeline
            : el("p", {className: "muted"}, "No attempt yet."))));
@@ -688,15 +689,18 @@ function renderEnqueue() {
   form.addEventListener("submit", async e => {
     e.preventDefault();
     const data = new FormData(form);
-    let payload;
-    try { payload = data.get("payload").trim() ? JSON.parse(data.get("payload")) : null; }
+    const payload = data.get("payload").trim();
+    try { if (payload) JSON.parse(payload); }
     catch (err) { toast(`payload is not JSON: ${err.message}`, true); return; }
-    const body = {kind: data.get("kind").trim(), payload,
-                  delay: Number(data.get("delay") || 0), priority: Number(data.get("priority") || 0)};
-    for (const k of ["queue", "key"]) if (data.get(k).trim()) body[k] = data.get(k).trim();
-    if (data.get("max_attempts")) body.max_attempts = Number(data.get("max_attempts"));
+    const fields = {kind: data.get("kind").trim(),
+                    delay: Number(data.get("delay") || 0), priority: Number(data.get("priority") || 0)};
+    for (const k of ["queue", "key"]) if (data.get(k).trim()) fields[k] = data.get(k).trim();
+    if (data.get("max_attempts")) fields.max_attempts = Number(data.get("max_attempts"));
+    // The payload goes as typed: parsed and written again by the browser, a number past
+    // 2**53 would be rounded, 1e400 become null and a repeated key lose a value, unsaid.
+    const body = `${JSON.stringify(fields).slice(0, -1)},"payload":${payload || "null"}}`;
     try {
-      const job = await api("/api/jobs", {method: "POST", body});
+      const job = await api("/api/jobs", {method: "POST", body, raw: true});
       toast(job.created ? `Enqueued job #${job.id}.` : `Key taken: showing existing job #${job.id}.`);
       location.hash = `#/jobs/${job.id}`;
     } catch (err) { toast(err.message, true); }
@@ -760,7 +764,7 @@ function renderSchedule(name) {
       el("div", {className: "grid"},
         el("div", {className: "panel"}, el("h2", {}, "Definition"), el("dl", {className: "fields"},
           [["when", s.timing], ["kind", s.kind], ["queue", s.queue], ["priority", s.priority],
-           ["misfire", s.misfire], ["overlap", s.overlap], ["payload", JSON.stringify(s.payload)]]
+           ["misfire", s.misfire], ["overlap", s.overlap], ["payload", s.payload_text]]
             .map(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]))),
         el("div", {className: "panel"}, el("h2", {}, `Next fire times (${s.tz})`),
           s.paused ? el("p", {className: "muted"}, "Paused: nothing fires until it is resumed.")

@@ -38,7 +38,7 @@ class JobFilter:
            tenant: object = None, key: object = None, created_after: object = None,
            created_before: object = None) -> JobFilter:
         """Validate every field; raise `InvalidInput` naming the one that is wrong."""
-        return cls(
+        where = cls(
             states=parse_states(states),
             kind=validation.kind(kind) if kind not in (None, "") else None,
             queue=validation.queue(queue) if queue not in (None, "") else None,
@@ -50,6 +50,11 @@ class JobFilter:
             created_before=(validation.aware("created_before", created_before)
                             if created_before is not None else None),
         )
+        after, before = where.created_after, where.created_before
+        if after is not None and before is not None and after >= before:
+            raise InvalidInput(f"created_after ({after.isoformat()}) is not earlier than "
+                               f"created_before ({before.isoformat()}): no job could match")
+        return where
 
     def is_empty(self) -> bool:
         return self == JobFilter()

@@ -159,8 +159,11 @@ def _check_text(text: str, where: Where) -> None:
 
 
 def _check_float(number: float, where: Where) -> None:
-    if not math.isfinite(number):
-        raise InvalidInput(f"payload number at {_path(where)} is {number}, which is not JSON")
+    if math.isnan(number):
+        raise InvalidInput(f"payload number at {_path(where)} is NaN, which is not JSON")
+    if math.isinf(number):  # Python's inf, or JSON text such as 1e400, past a double's range
+        raise InvalidInput(f"payload number at {_path(where)} is infinite (or past "
+                           "1.8e308, the largest a double holds), which JSON cannot store")
     # jsonb keeps numbers as exact decimals and prints integral ones written with an
     # exponent as integers: 1e16 would come back as the int 10000000000000000, 1e23 as a
     # different value altogether.

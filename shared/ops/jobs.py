@@ -4,6 +4,7 @@ batches, and the throughput/latency timeline of the live page."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from shared.core import validation
@@ -37,9 +38,12 @@ def plan_bulk(store: OperatorStore, action: str, where: JobFilter, *,
     plan says "more than"). Retry applies to dead and cancelled jobs, cancel to unfinished
     ones, whatever else the filter says; a filter naming only states the action cannot
     apply to is refused (`InvalidInput`), rather than counted as 0."""
-    count, more, max_id = store.count_matching(where, _applicable(action, where),
-                                               cap=cap or BULK_COUNT_CAP)
-    return BulkPlan(action, count, max_id, where.describe(), more)
+    states = _applicable(action, where)
+    count, more, max_id = store.count_matching(where, states, cap=cap or BULK_COUNT_CAP)
+    # Said with the states it applies to: "retry --all" is every dead or cancelled job,
+    # not "all jobs".
+    acted_on = tuple(s for s in where.states if s in states) or states
+    return BulkPlan(action, count, max_id, replace(where, states=acted_on).describe(), more)
 
 
 def _applicable(action: str, where: JobFilter) -> tuple[JobState, ...]:

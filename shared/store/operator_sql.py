@@ -83,11 +83,11 @@ def count_matching(clause: pgsql.Composable) -> pgsql.Composed:
         " LIMIT %(cap)s + 1) h)"
         " + (SELECT count(*) FROM (SELECT 1 FROM tock_history_jobs WHERE {where}"
         " LIMIT %(cap)s + 1) x),"
-        # With no match, the newest job's id: handed back to the action, it still keeps
-        # out every job created after the dry run (a null would bound nothing).
-        " coalesce(greatest((SELECT max(id) FROM tock_jobs WHERE {where}),"
-        " (SELECT max(id) FROM tock_history_jobs WHERE {where})),"
-        " (SELECT max(id) FROM tock_jobs), (SELECT max(id) FROM tock_history_jobs), 1)"
+        # The newest job's id (matching or not): handed back to the action, it keeps out
+        # every job created after the dry run, and keeps in an older one that comes to
+        # match meanwhile (the highest matching id would leave out one newer than it).
+        " coalesce(greatest((SELECT max(id) FROM tock_jobs),"
+        " (SELECT max(id) FROM tock_history_jobs)), 1)"
     ).format(where=clause)
 
 

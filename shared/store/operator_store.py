@@ -51,7 +51,7 @@ class OperatorStore(Store):
     def count_matching(self, where: JobFilter, only_states: tuple[JobState, ...], *,
                        cap: int) -> tuple[int, bool, int | None]:
         """(how many jobs match in `only_states`, counted up to `cap`; whether more than
-        `cap` match; the highest id among them, or with none the newest job's)."""
+        `cap` match; the newest job's id, matching or not: the bound of the action)."""
         clause, params = sql.where(where, only_states=only_states)
         params["cap"] = cap
         row = self._one(sql.count_matching(clause), params)

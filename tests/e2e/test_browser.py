@@ -517,14 +517,40 @@ def test_cancelling_one_job_asks_first(
     expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
 
 
+def test_a_payload_typed_in_the_enqueue_form_is_stored_and_shown_exactly(
+        page: Page, live_server: LiveServer, db: Any) -> None:
+    # A browser's JSON.parse rounds integers past 2**53, reads 1e400 as Infinity (written
+    # back as null) and keeps the last of a repeated key: the form must send the text.
+    login(page, live_server, OPERATOR)
+    page.goto(f"{live_server.url}/#/enqueue")
+    page.fill("[name=kind]", "email")
+    page.fill("[name=delay]", "3600")
+    page.fill("[name=payload]", '{"a": 1, "a": 2}')
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+    expect(page.locator("#toast")).to_contain_text("has the key 'a' twice")
+    page.fill("[name=payload]", '{"x": 1e400}')
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+    expect(page.locator("#toast")).to_contain_text("is infinite (or past 1.8e308")
+    assert db.execute("SELECT count(*) FROM tock_jobs_all").fetchone() == (0,)
+    page.fill("[name=payload]", '{"n": 9007199254740993, "m": 12345678901234567890}')
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+    expect(page).to_have_url(f"{live_server.url}/#/jobs/1")
+    assert db.execute("SELECT payload::text FROM tock_jobs_all").fetchone() == (
+        '{"m": 12345678901234567890, "n": 9007199254740993}',)
+    expect(page.get_by_test_id("payload")).to_have_text(
+        '{\n  "m": 12345678901234567890,\n  "n": 9007199254740993\n}')
+
+
 def test_bidirectional_text_controls_are_shown_not_obeyed(
         page: Page, live_server: LiveServer, client: Client) -> None:
     # U+202E reverses what follows it: "pay <U+202E>0001 EUR" would read "pay RUE 1000".
-    job = client.schedule("email", {"note": "pay \u202e0001 EUR"}, delay=3600,
-                          tenant="acme\u2066x")
+    # A zero-width space would make "acme" and "ac<U+200B>me" look the same.
+    job = client.schedule("email", {"note": "pay \u202e0001 EUR", "to": "ac\u200bme"},
+                          delay=3600, tenant="acme\u2066x")
     login(page, live_server, OPERATOR)
     page.goto(f"{live_server.url}/#/jobs/{job.id}")
     expect(page.locator("pre")).to_contain_text("pay \\u202E0001 EUR")
+    expect(page.locator("pre")).to_contain_text("ac\\u200Bme")
     expect(page.locator("dl.fields")).to_contain_text("acme\\u2066x")
     assert "\u202e" not in page.locator("main").inner_text()
 

@@ -128,7 +128,8 @@ def test_a_long_path_keeps_its_first_steps_and_its_last():
     ({"a b": "\x00"}, "payload text at $['a b'] contains a NUL"),
     ({"x": ["ok", "\x00"]}, "payload text at $.x[1] contains a NUL"),
     ({"k\udcff": 1}, "payload text at $['k\\udcff'] is not valid UTF-8 text"),
-    ({"n": [1.5, float("inf")]}, "payload number at $.n[1] is inf"),
+    ({"n": [1.5, float("inf")]}, "payload number at $.n[1] is infinite (or past 1.8e308"),
+    ({"n": float("nan")}, "payload number at $.n is NaN, which is not JSON"),
     ({"v": (1, 2)}, "payload value at $.v is a tuple"),
 ])
 def test_payload_paths_name_keys_and_indexes(payload, says):

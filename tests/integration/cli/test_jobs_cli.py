@@ -137,8 +137,17 @@ def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
     assert code == 0 and json.loads(out)["count"] == 2
     states = dict(db.execute("SELECT id, state::text FROM tock_jobs_all").fetchall())
     assert states == {1: "scheduled", 2: "scheduled", 3: "dead"}
+    code, out, _ = tock("retry", "--all", "--dry-run")  # said with what retry applies to
+    assert code == 0 and out.strip() == "would retry 1 job(s) (state dead/cancelled)"
     code, out, _ = tock("cancel", "--all", "--yes")
     assert code == 0 and out.strip() == "cancelled 2 job(s)"
+
+
+def test_a_time_filter_that_no_job_could_match_is_refused(tock):
+    code, _, err = tock("jobs", "--since", "2030-01-01T00:00Z", "--until", "2020-01-01T00:00Z")
+    assert code == 2
+    assert ("--since 2030-01-01T00:00:00+00:00 is not earlier than --until "
+            "2020-01-01T00:00:00+00:00: no job could match") in err
 
 
 def test_a_bulk_filter_naming_only_states_the_action_cannot_touch_is_refused(tock, db):

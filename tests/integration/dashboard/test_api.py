@@ -173,6 +173,33 @@ def test_bulk_retry_dry_run_then_only_what_was_counted(operator, db):
     assert states[late] == "dead" and states[other] == "dead"
 
 
+def test_a_job_older_than_the_dry_run_that_comes_to_match_after_it_is_included(operator,
+                                                                                 db):
+    dead = enqueue(operator, kind="flaky")["id"]
+    make_dead(db, dead)
+    newer = enqueue(operator, kind="flaky")["id"]  # created before the dry run, not dead yet
+    body = {"filter": {"state": ["dead"], "kind": "flaky"}}
+    plan = operator.post("/api/jobs/bulk/retry", json=body).json()
+    assert plan["count"] == 1 and plan["up_to_id"] == newer
+    make_dead(db, newer)
+    late = enqueue(operator, kind="flaky")["id"]  # created after: left out
+    make_dead(db, late)
+    done = operator.post("/api/jobs/bulk/retry",
+                         json={**body, "dry_run": False, "up_to_id": plan["up_to_id"]}).json()
+    assert done["count"] == 2
+    states = dict(db.execute("SELECT id, state::text FROM tock_jobs_all").fetchall())
+    assert (states[dead], states[newer], states[late]) == ("scheduled", "scheduled", "dead")
+
+
+def test_a_time_filter_that_no_job_could_match_is_refused(viewer):
+    res = viewer.get("/api/jobs", params={"created_after": "2030-01-01T00:00:00Z",
+                                          "created_before": "2020-01-01T00:00:00Z"})
+    assert res.status_code == 400
+    assert res.json()["detail"] == (
+        "created_after (2030-01-01T00:00:00+00:00) is not earlier than created_before "
+        "(2020-01-01T00:00:00+00:00): no job could match")
+
+
 def test_a_dry_run_that_matches_nothing_still_bounds_the_action(operator, db):
     """Its up_to_id is the newest job's, not null: passed back, it keeps out a job that
     died after the dry run, as any dry run's does."""
