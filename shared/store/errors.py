@@ -12,7 +12,8 @@
       connections or out of resources (class 53)
     a value Postgres refuses (class 22, 23; NUL bytes,    -> DataRejected
       text that is not valid UTF-8)
-    anything else (syntax, undefined column, ...)         -> DatabaseBug
+    anything else (syntax, undefined column, ...)         -> DatabaseBug (an undefined
+      tock_ object says to run `tock migrate`)
 
 Loops retry `Retryable`, drop the input behind a `DataRejected`, and stop the process on a
 `DatabaseBug` (shared.runtime.supervisor).
@@ -40,6 +41,7 @@ _SHUTDOWN = ("57P01", "57P02", "57P03", "57P04", "57P05", "25P03")
 """admin/crash shutdown, cannot connect now, database dropped, idle session timeout, idle
 in transaction timeout: the server has ended (or will not start) the connection."""
 _TRANSIENT = ("40001", "40P01", "57014")  # serialization, deadlock, query_canceled (timeouts)
+_UNDEFINED = ("42P01", "42703", "42883", "42704")  # table, column, function, type/object
 
 
 def classify(exc: BaseException) -> DatabaseError:
@@ -70,6 +72,12 @@ def classify(exc: BaseException) -> DatabaseError:
         return Retryable(text, state)
     if state.startswith(("22", "23")):
         return DataRejected(text, state)
+    if state in _UNDEFINED and "tock_" in text:
+        # A database tock's migrations have not reached (a fresh one, or code deployed
+        # before its migration): say the fix, as the services' start-up check does.
+        return DatabaseBug(f"{text}: this database lacks tock's schema, or a migration of "
+                           f"it that this code needs: run `tock migrate` (SQLSTATE {state})",
+                           state)
     return DatabaseBug(f"{text} (SQLSTATE {state})", state)
 
 

@@ -11,13 +11,14 @@ import contextlib
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shared.client import Client
-from shared.core.errors import ConnectionLost, DatabaseUnavailable
+from shared.core.errors import ConnectionLost, DatabaseBug, DatabaseUnavailable
 from shared.runtime.settings import ClientSettings
 from shared.store.database import DOWN_RECHECK_SECONDS, Database
 from shared.store.schedule_store import ScheduleStore
@@ -104,6 +105,16 @@ def test_a_database_that_does_not_exist_is_named_with_the_servers_reason(databas
     assert str(info.value).startswith(f"cannot use the database at {url}: ")
     assert 'database "no_such_db" does not exist' in str(info.value)
     assert str(info.value).endswith(f"(check {SETTING})")
+
+
+def test_a_database_without_tocks_schema_says_to_run_migrate(pg_server):
+    url = pg_server.create_database(f"empty_{uuid.uuid4().hex[:8]}")
+    with Client(ClientSettings(database_url=url)) as client, \
+            pytest.raises(DatabaseBug) as info:
+        client.schedule("a.ok")
+    assert str(info.value) == (
+        'relation "tock_jobs" does not exist: this database lacks tock\'s schema, or a '
+        "migration of it that this code needs: run `tock migrate` (SQLSTATE 42P01)")
 
 
 def test_an_outage_is_waited_out_then_explained_then_failed_fast_until_it_ends(
