@@ -105,7 +105,8 @@ class EnqueueIn(StrictIn):
     priority: Priority = 0
     queue: Queue | None = None
     max_attempts: MaxAttempts | None = None
-    timeout: float | None = Field(default=None, gt=0, le=validation.MAX_TIMEOUT_SECONDS,
+    timeout: float | None = Field(default=None, ge=validation.MIN_TIMEOUT_SECONDS,
+                                  le=validation.MAX_TIMEOUT_SECONDS,
                                   allow_inf_nan=False,
                                   description="seconds")
     tenant: Tenant | None = None

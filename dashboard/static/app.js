@@ -357,7 +357,7 @@ function weightForm() {
 
 async function setWeight(form, reset) {
   const data = new FormData(form);
-  const tenant = data.get("tenant").trim() || null;
+  const tenant = data.get("tenant") || null;  // as typed: " acme" is not acme (refused)
   const typed = data.get("weight").trim();
   if (!reset && !typed) {  // Number("") is 0, which the server refuses as "below 1"
     toast("Give a weight from 1 to 1000 (or Reset to 1).", true);
@@ -415,7 +415,7 @@ function limitForm() {
 
 function limitTarget(form) {
   const data = new FormData(form);
-  return {data, scope: data.get("scope"), key: data.get("key").trim() || null};
+  return {data, scope: data.get("scope"), key: data.get("key") || null};  // as typed
 }
 
 async function setLimit(form) {
@@ -498,8 +498,8 @@ function renderJobs(query) {
   const typed = () => {
     const data = new FormData(form);
     return {state: data.getAll("state"), kind: data.get("kind").trim(),
-            queue: data.get("queue").trim(), tenant: data.get("tenant").trim(),
-            key: data.get("key").trim(),
+            queue: data.get("queue").trim(), tenant: data.get("tenant"),  // tenant, key:
+            key: data.get("key"),                                         // as typed
             created_after: localToIso(data.get("created_after")),
             created_before: localToIso(data.get("created_before"))};
   };
@@ -694,7 +694,8 @@ function renderEnqueue() {
     catch (err) { toast(`payload is not JSON: ${err.message}`, true); return; }
     const fields = {kind: data.get("kind").trim(),
                     delay: Number(data.get("delay") || 0), priority: Number(data.get("priority") || 0)};
-    for (const k of ["queue", "key"]) if (data.get(k).trim()) fields[k] = data.get(k).trim();
+    if (data.get("queue").trim()) fields.queue = data.get("queue").trim();
+    if (data.get("key")) fields.key = data.get("key");  // as typed: keys are exact
     if (data.get("max_attempts")) fields.max_attempts = Number(data.get("max_attempts"));
     // The payload goes as typed: parsed and written again by the browser, a number past
     // 2**53 would be rounded, 1e400 become null and a repeated key lose a value, unsaid.

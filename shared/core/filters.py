@@ -42,8 +42,7 @@ class JobFilter:
             states=parse_states(states),
             kind=validation.kind(kind) if kind not in (None, "") else None,
             queue=validation.queue(queue) if queue not in (None, "") else None,
-            tenant=validation.optional_text("tenant", tenant or None,
-                                            validation.MAX_TENANT_LENGTH),
+            tenant=validation.tenant(tenant or None),
             key=validation.optional_text("key", key or None, validation.MAX_KEY_LENGTH),
             created_after=(validation.aware("created_after", created_after)
                            if created_after is not None else None),

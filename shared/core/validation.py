@@ -18,6 +18,8 @@ KIND = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 12 * 3600.0
+MIN_TIMEOUT_SECONDS = 0.001
+"""Below a millisecond a deadline is noise: whether the handler beat it was chance."""
 MAX_KEY_LENGTH = 255
 MAX_TENANT_LENGTH = 128
 MAX_CONCURRENCY_KEY_LENGTH = 255
@@ -224,7 +226,12 @@ def run_time(at: object, delay: object) -> tuple[datetime | None, float]:
     if at is not None and delay is not None:
         raise InvalidInput("give either at= or delay=, not both")
     if at is not None:
-        return aware("at", at), 0.0
+        when = aware("at", at)
+        # As far ahead as delay= reaches: a time centuries out is a typo, not a plan.
+        if (when - datetime.now(UTC)).total_seconds() > MAX_DELAY_SECONDS:
+            raise InvalidInput(f"at must be at most 10 years from now, as delay= is, got "
+                               f"{shown(when)}")
+        return when, 0.0
     if delay is not None:
         return None, delay_seconds(delay)
     return None, 0.0
@@ -258,8 +265,8 @@ def timeout_seconds(value: object) -> float | None:
         value.total_seconds() if isinstance(value, timedelta)
         else finite_number("timeout", value)
     )
-    if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
-        raise InvalidInput(f"timeout must be > 0 and at most 12 hours, got {shown(value)}")
+    if not MIN_TIMEOUT_SECONDS <= seconds <= MAX_TIMEOUT_SECONDS:
+        raise InvalidInput(f"timeout must be from 1 ms to 12 hours, got {shown(value)}")
     return seconds
 
 
@@ -290,9 +297,21 @@ def tenant_weight(value: object) -> int:
     return value
 
 
+def tenant(value: object) -> str | None:
+    """A tenant name, or None. Blank space at either end is refused: " acme" would show
+    as acme everywhere (dashboard, CLI, logs) yet be another tenant, with its own share,
+    weight and limits."""
+    text = optional_text("tenant", value, MAX_TENANT_LENGTH)
+    if text is not None and text != text.strip():
+        what = "is only blank space" if not text.strip() else "begins or ends with blank space"
+        raise InvalidInput(f"tenant {shown(text)} {what}, which would show as another "
+                           "tenant; remove it")
+    return text
+
+
 def tenant_key(value: object) -> str:
     """A tenant as the fair share knows it: None (jobs enqueued without one) is ''."""
-    return optional_text("tenant", value, MAX_TENANT_LENGTH) or ""
+    return tenant(value) or ""
 
 
 def job_id(value: object) -> int:

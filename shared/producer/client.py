@@ -216,8 +216,7 @@ class Client:
                     timeout_seconds=validation.timeout_seconds(spec.get("timeout")),
                     unique_key=validation.optional_text(
                         "key", spec.get("key"), validation.MAX_KEY_LENGTH),
-                    tenant=validation.optional_text(
-                        "tenant", spec.get("tenant"), validation.MAX_TENANT_LENGTH),
+                    tenant=validation.tenant(spec.get("tenant")),
                     concurrency_key=validation.optional_text(
                         "concurrency_key", spec.get("concurrency_key"),
                         validation.MAX_CONCURRENCY_KEY_LENGTH))

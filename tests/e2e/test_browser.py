@@ -269,6 +269,12 @@ def test_tenants_panel_shows_the_share_and_operators_change_weights(
     form.locator("button[type=submit]").click()
     expect(page.locator("#toast")).to_have_text("Give a weight from 1 to 1000 (or Reset to 1).")
     assert client.tenant_weights() == {"acme": 5}
+    form.locator("[name=tenant]").fill("   ")  # sent as typed, not trimmed to "no tenant"
+    form.locator("[name=weight]").fill("7")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_contain_text("tenant '   ' is only blank space")
+    assert client.tenant_weights() == {"acme": 5}
+    form.locator("[name=tenant]").fill("acme")
     page.get_by_test_id("weight-reset").click()
     expect(page.locator("#toast")).to_have_text("acme: weight 1.")
     assert client.tenant_weights() == {}

@@ -45,6 +45,26 @@ def test_bad_input_is_refused_and_nothing_is_written(client, db, call):
     assert _count(db) == before
 
 
+@pytest.mark.parametrize(("tenant", "says"), [
+    (" acme", "tenant ' acme' begins or ends with blank space"),
+    ("acme\t", "tenant 'acme\\t' begins or ends with blank space"),
+    ("   ", "tenant '   ' is only blank space"),
+])
+def test_a_tenant_with_blank_space_at_an_end_is_refused_everywhere(client, db, tenant, says):
+    # " acme" would show as acme on the dashboard, in the CLI and in logs, yet be another
+    # tenant with its own share, weight and limits; the dashboard used to trim it away.
+    for call in (lambda: client.schedule("email", tenant=tenant),
+                 lambda: client.schedule_many([{"kind": "email", "tenant": tenant}]),
+                 lambda: client.recurring("r", "email", every=60, tenant=tenant),
+                 lambda: client.set_tenant_weight(tenant, 3),
+                 lambda: client.set_limit("tenant", tenant, max_running=1)):
+        with pytest.raises(InvalidInput) as info:
+            call()
+        assert says in str(info.value)
+    assert _count(db) == 0 and client.tenant_weights() == {} and client.limits() == []
+    assert client.schedule("email", tenant="a cme").tenant == "a cme"  # inside: fine
+
+
 def test_a_payload_at_the_depth_limit_and_escaped_text_are_stored_exactly(client):
     for payload in (_deep(MAX_PAYLOAD_DEPTH - 1), {"text": "\\u0000 is six characters"},
                     {"é": "ünïcödé ✓"}, {"n": 1e15, "small": 5e-324, "neg": -0.5, "one": 1.0}):

@@ -144,7 +144,10 @@ NAIVE = datetime(2030, 1, 1, 12)
     ({"priority": 10}, "priority must be between 0 and 9"),
     ({"priority": -1}, "priority must be between 0 and 9"),
     ({"priority": 1.5}, "priority must be an integer"),
-    ({"timeout": 0}, "timeout must be > 0"),
+    ({"timeout": 0}, "timeout must be from 1 ms to 12 hours, got 0"),
+    ({"timeout": 1e-300}, "timeout must be from 1 ms to 12 hours, got 1e-300"),
+    ({"at": datetime(2999, 1, 1, tzinfo=UTC)},
+     "at must be at most 10 years from now, as delay= is, got 2999-01-01T00:00:00"),
     ({"timeout": math.inf}, "timeout must be finite"),
     ({"queue": "no spaces"}, "not a valid queue name"),
     ({"key": ""}, "key must be a non-empty string"),
@@ -172,7 +175,7 @@ def test_bad_kinds_are_refused(client, db, kind, message):
 
 @pytest.mark.parametrize(("payload", "message"), [
     ({"x": math.nan}, "not JSON"),
-    ({"x": math.inf}, "not JSON"),
+    ({"x": math.inf}, "is infinite"),
     ({"x": object()}, "not JSON"),
     ({1, 2}, "not JSON"),
     ({"x": "a\x00b"}, "NUL"),
