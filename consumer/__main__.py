@@ -27,7 +27,12 @@ from shared.core.errors import ConfigError, InvalidInput
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure, emit
 from shared.runtime.settings import ConsumerSettings
-from shared.runtime.startup import EXIT_CONFIG, database_problem, report_missing_queues
+from shared.runtime.startup import (
+    EXIT_CONFIG,
+    database_problem,
+    report_missing_queues,
+    warn_unknown_settings,
+)
 
 log = logging.getLogger("tock.consumer")
 
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
         print(f"tock consumer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     configure(settings.log_format, settings.log_level, "consumer")
+    warn_unknown_settings()
     modules: list[str] = list(dict.fromkeys(args.tasks))  # in order, each once
     _working_directory_importable()
     for module in modules:

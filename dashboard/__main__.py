@@ -16,7 +16,7 @@ from shared.core.errors import ConfigError
 from shared.core.text import decimal_integer
 from shared.runtime.health import cannot_listen
 from shared.runtime.logs import configure, emit
-from shared.runtime.startup import EXIT_CONFIG, database_problem
+from shared.runtime.startup import EXIT_CONFIG, database_problem, warn_unknown_settings
 
 log = logging.getLogger("tock.dashboard")
 
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tock dashboard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     configure(settings.log_format, settings.log_level, "dashboard")
+    warn_unknown_settings()
     host, port = settings.dashboard_host, settings.dashboard_port
     try:
         sock = listening_socket(host, port)

@@ -12,7 +12,7 @@ from shared.core.errors import ConfigError
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure
 from shared.runtime.settings import TimerSettings
-from shared.runtime.startup import EXIT_CONFIG, database_problem
+from shared.runtime.startup import EXIT_CONFIG, database_problem, warn_unknown_settings
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -> int:
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -
 
 def _run(settings: TimerSettings, health: HealthServer | None) -> int:
     configure(settings.log_format, settings.log_level, "timer")
+    warn_unknown_settings()
     problem = database_problem(settings.database_url)
     if problem:
         print(f"tock timer: {problem[1]}", file=sys.stderr)

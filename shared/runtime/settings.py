@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -30,6 +31,9 @@ def _message(error: ErrorDetails) -> str:
         return f"must be a finite number, not {error['input']!r}"
     text = str(error["msg"])
     return text.removeprefix("Value error, ")
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class TockSettings(BaseSettings):
@@ -98,7 +102,7 @@ class CommonSettings(TockSettings):
         description="SQS queue name = prefix + tock queue name.",
     )
     log_format: Literal["json", "human"] = "json"
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # any case
     sqs_call_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
     visibility_timeout_seconds: int = Field(
         default=60, ge=1, le=43200,
@@ -117,6 +121,14 @@ class CommonSettings(TockSettings):
     @classmethod
     def _url(cls, value: str) -> str:
         return check_url(value)
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        """`debug` as well as `DEBUG`, `JSON` as well as `json`: the usual spellings."""
+        if not isinstance(value, str):
+            return value
+        return value.strip().upper() if value.strip().upper() in _LEVELS else value.strip().lower()
 
 
 class ClientSettings(CommonSettings):
@@ -411,3 +423,37 @@ def _queue_names(value: list[str]) -> list[str]:
     if bad:
         raise ValueError(f"queue names must match {QUEUE_NAME.pattern}: {bad}")
     return value
+
+
+READ_ELSEWHERE = frozenset({
+    # dashboard/settings.py (the dashboard's own settings class)
+    "TOCK_DASHBOARD_ALLOWED_HOSTS", "TOCK_DASHBOARD_DEV", "TOCK_DASHBOARD_FINISHED_TTL_SECONDS",
+    "TOCK_DASHBOARD_HOST", "TOCK_DASHBOARD_MAX_BODY_BYTES", "TOCK_DASHBOARD_METRICS_PUBLIC",
+    "TOCK_DASHBOARD_METRICS_TOKEN", "TOCK_DASHBOARD_OPERATOR_TOKEN", "TOCK_DASHBOARD_PORT",
+    "TOCK_DASHBOARD_SECRET_KEY", "TOCK_DASHBOARD_SECURE_COOKIES", "TOCK_DASHBOARD_SESSION_HOURS",
+    "TOCK_DASHBOARD_STATS_TTL_SECONDS", "TOCK_DASHBOARD_VIEWER_TOKEN",
+    "TOCK_DASHBOARD_WORKER_STALE_SECONDS",
+    # read by name: the log lines' process name, make run's LocalStack, the local queues
+    "TOCK_PROCESS_NAME", "TOCK_LOCALSTACK_VENV", "TOCK_DLQ_MAX_RECEIVE_COUNT",
+})
+"""The TOCK_* variables tock reads outside the settings classes above (a unit test keeps
+this list equal to what the code reads)."""
+
+
+def known_variables() -> frozenset[str]:
+    """Every TOCK_* environment variable any tock process reads."""
+    names = set(READ_ELSEWHERE)
+    for cls in (CommonSettings, ClientSettings, TimerSettings, ConsumerSettings,
+                HealthSettings):
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        names.update(prefix + field.upper() for field in cls.model_fields)
+    return frozenset(names)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The TOCK_* variables in `environ` that no tock process reads (a typo such as
+    TOCK_CONCURENCY leaves the default in force), each with the known name it is
+    closest to, if any."""
+    known = known_variables()
+    return [(name, next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.8)), None))
+            for name in sorted(environ) if name.startswith("TOCK_") and name not in known]

@@ -5,9 +5,11 @@ or a loop that fails forever."""
 from __future__ import annotations
 
 import logging
+import os
 
 from shared.core.errors import QueueMissing, TransportError
 from shared.runtime.logs import emit
+from shared.runtime.settings import unknown_variables
 from shared.store.database import probe, redacted
 from shared.store.migrate import missing_migrations
 from shared.transport.base import Transport
@@ -43,3 +45,12 @@ def report_missing_queues(transport: Transport, queues: list[str]) -> None:
         except TransportError as exc:
             emit(log, "sqs_unavailable", logging.ERROR, queue=queue, error=str(exc),
                  detail="check AWS_ENDPOINT_URL_SQS / credentials; retried until it answers")
+
+
+def warn_unknown_settings() -> None:
+    """Log each TOCK_* environment variable no tock process reads: a mistyped setting is
+    otherwise silent, and its default stays in force."""
+    for name, near in unknown_variables(os.environ):
+        emit(log, "unknown_setting", logging.WARNING, variable=name,
+             detail=(f"no tock process reads it; did you mean {near}?" if near else
+                     "no tock process reads it; see the README's Configuration"))

@@ -103,6 +103,13 @@ def sqs_client(config: Config | None = None) -> SQSClient:
     variable to fix when that configuration cannot work: no region, or an endpoint that is
     not an http(s) URL. No call is made, so a process finds out at start, not with a
     traceback (or a loop failing forever) later."""
+    region = os.environ.get("AWS_DEFAULT_REGION")
+    if region is not None and not region.strip():
+        # boto3 takes an empty region as given, and then builds an endpoint URL from it
+        # that it refuses as "Invalid endpoint" (or, with an endpoint set, signs for "").
+        raise ConfigError("AWS_DEFAULT_REGION is set but empty; set it to a region (e.g. "
+                          "AWS_DEFAULT_REGION=us-east-1) or unset it to use the AWS config "
+                          "file's")
     try:
         client: SQSClient = boto3.client("sqs", config=config)
     except NoRegionError:

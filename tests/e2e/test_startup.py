@@ -6,6 +6,7 @@ on are settings to fix too: one line naming the variable, exit 2, no traceback."
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -48,6 +49,18 @@ def test_an_unreachable_database_stops_the_process_with_the_cause(process):
     assert "TOCK_DATABASE_URL" in done.stderr and "refused" in done.stderr
     assert "secret" not in done.stderr, "the password is not printed"
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("process", sorted(PROCESSES))
+def test_a_mistyped_setting_is_named_with_the_one_meant(process):
+    # Unknown TOCK_* variables are never read: the default stays in force, unsaid.
+    url = f"postgresql://tock@127.0.0.1:{free_port()}/tock"
+    done = _run(PROCESSES[process], TOCK_DATABASE_URL=url, TOCK_DASHBOARD_DEV="1",
+                TOCK_CONCURENCY="4", TOCK_LOG_FORMAT="json")
+    assert done.returncode == 3, done.stderr
+    [line] = [json.loads(x) for x in done.stderr.splitlines() if "unknown_setting" in x]
+    assert (line["level"], line["variable"]) == ("warning", "TOCK_CONCURENCY")
+    assert line["detail"] == "no tock process reads it; did you mean TOCK_CONCURRENCY?"
 
 
 @pytest.mark.parametrize("process", sorted(PROCESSES))

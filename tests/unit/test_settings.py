@@ -221,3 +221,15 @@ def test_a_fire_cap_of_zero_or_one_and_up_loads(monkeypatch):
     for value in ("0", "1", "2.5"):
         monkeypatch.setenv("TOCK_SCHEDULE_MAX_FIRES_PER_SECOND", value)
         TimerSettings.load()
+
+
+@pytest.mark.parametrize(("level", "fmt"), [("debug", "HUMAN"), (" Warning ", "Json")])
+def test_the_log_level_and_format_take_any_case(monkeypatch, level, fmt):
+    monkeypatch.setenv("TOCK_LOG_LEVEL", level)
+    monkeypatch.setenv("TOCK_LOG_FORMAT", fmt)
+    settings = TimerSettings.load()
+    assert (settings.log_level, settings.log_format) == (level.strip().upper(),
+                                                         fmt.lower())
+    monkeypatch.setenv("TOCK_LOG_LEVEL", "verbose")
+    with pytest.raises(ConfigError, match="TOCK_LOG_LEVEL"):
+        TimerSettings.load()

@@ -53,3 +53,15 @@ def test_the_scan_covers_make_run_and_localstack() -> None:
 @pytest.mark.parametrize("variable", VARIABLES)
 def test_variable_is_documented(variable: str) -> None:
     assert f"`{variable}`" in README, f"{variable} is read but README.md never names it"
+
+
+def test_the_processes_know_every_variable_tock_reads() -> None:
+    # Else a process would warn of a real setting as unknown (or miss a typo).
+    assert settings.known_variables() == set(VARIABLES)
+
+
+def test_an_unknown_variable_is_named_with_the_closest_known_one() -> None:
+    environ = {"TOCK_CONCURENCY": "4", "TOCK_LEASE_SECONDS": "30", "TOCK_XYZZY": "1",
+               "PATH": "/bin"}
+    assert settings.unknown_variables(environ) == [("TOCK_CONCURENCY", "TOCK_CONCURRENCY"),
+                                                   ("TOCK_XYZZY", None)]

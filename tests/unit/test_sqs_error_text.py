@@ -103,6 +103,18 @@ def test_no_region_is_a_config_error_naming_the_variable(aws_env) -> None:
     assert "AWS_REGION" in str(refused.value)
 
 
+@pytest.mark.parametrize("endpoint", [None, "http://127.0.0.1:4566"])
+def test_an_empty_region_is_a_config_error_saying_so(aws_env, endpoint) -> None:
+    # boto3 took "" as the region: without an endpoint it then refused the URL it built
+    # (blamed on the config file's endpoint_url), with one it signed for region "".
+    aws_env.setenv("AWS_DEFAULT_REGION", " ")
+    if endpoint:
+        aws_env.setenv("AWS_ENDPOINT_URL_SQS", endpoint)
+    with pytest.raises(ConfigError) as refused:
+        SqsTransport()
+    assert str(refused.value).startswith("AWS_DEFAULT_REGION is set but empty")
+
+
 @pytest.mark.parametrize(("variable", "url", "says"), [
     ("AWS_ENDPOINT_URL_SQS", "not-a-url", "not a URL"),
     ("AWS_ENDPOINT_URL_SQS", "http://me:pw@[::1", "Invalid IPv6 URL"),
