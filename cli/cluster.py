@@ -66,8 +66,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     from dashboard.__main__ import main as dashboard_main
 
     argv = [*(["--host", args.host] if args.host else []),
-            *(["--port", str(args.port)] if args.port else [])]
-    return dashboard_main(argv)
+            *(["--port", str(args.port)] if args.port is not None else [])]
+    return dashboard_main(argv, prog="tock dashboard")
 
 
 def add_parser(sub: Sub) -> None:

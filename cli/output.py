@@ -12,6 +12,8 @@ from enum import Enum
 from typing import Any, Self, TextIO
 from uuid import UUID
 
+from shared.core.iso_time import formatted
+
 MAX_CELL = 60
 
 
@@ -79,7 +81,7 @@ def cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+        return formatted(value, "%Y-%m-%d %H:%M:%S %Z").strip()
     if isinstance(value, Enum):
         return str(value.value)
     text = printable(" ".join(str(value).split()))

@@ -15,6 +15,7 @@ from typing import Any
 
 from cli import audit
 from cli.arguments import add_common
+from shared.core.iso_time import formatted
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 
@@ -117,7 +118,7 @@ def _plain(value: Any) -> Any:
 
 
 def _time(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S%z").replace("+0000", "Z") if value else "-"
+    return formatted(value, "%Y-%m-%d %H:%M:%S%z").replace("+0000", "Z") if value else "-"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -143,7 +144,7 @@ def _next_fire(sched: Any) -> str:
 
 
 def _table_of_fires(fires: list[Any]) -> str:
-    rows = [(str(i), _time(f.fire_at), f.local.strftime("%Y-%m-%d %H:%M:%S %Z%z"),
+    rows = [(str(i), _time(f.fire_at), formatted(f.local, "%Y-%m-%d %H:%M:%S %Z%z"),
              f.note or "") for i, f in enumerate(fires, 1)]
     return _table(("#", "FIRES AT (UTC)", "LOCAL", "NOTE"), rows)
 

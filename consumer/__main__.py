@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
             print(f"tock consumer: {_import_problem(module, exc)}", file=sys.stderr)
             return EXIT_CONFIG
     if not registry.kinds():
-        print(f"tock consumer: no @task handlers registered by {modules}", file=sys.stderr)
+        print(f"tock consumer: no @task handlers registered by {', '.join(modules)} (a task "
+              "module defines its handlers with @task, see the README's Writing tasks)",
+              file=sys.stderr)
         return EXIT_CONFIG
     try:
         _check_process_isolation(settings)

@@ -53,9 +53,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m dashboard") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dashboard",
+        prog=prog,
         description="Serve tock's dashboard, HTTP API, /metrics, /healthz and /readyz. "
                     "Settings come from TOCK_* environment variables "
                     "(TOCK_DASHBOARD_HOST, _PORT, _OPERATOR_TOKEN, _VIEWER_TOKEN, "

@@ -64,7 +64,8 @@ def login(request: Request, auth: Annotated[Authenticator, Depends(authenticator
     if role is None:
         emit(log, "login_failed", logging.WARNING)
         fresh = auth.login_csrf()
-        response: Response = _login_page(fresh, "Wrong token.", status=401)
+        said = "Wrong token." if token.strip() else "Enter a token."
+        response: Response = _login_page(fresh, said, status=401)
         response.set_cookie(LOGIN_CSRF_COOKIE, fresh, max_age=3600, **_cookie_args(request))  # type: ignore[arg-type]
         return response
     cookie, _ = auth.make_session(role)

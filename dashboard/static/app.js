@@ -811,7 +811,11 @@ function route() {
   else if (path.startsWith("/schedules/")) {
     section = "schedules"; renderSchedule(decodeURIComponent(path.slice(11)));
   }
-  else renderOverview();
+  else {
+    renderOverview();
+    // A link that leads nowhere (#/jobs/abc, a typo) says so rather than pass silently.
+    if (path !== "/") toast(`No page at #${path}: showing the overview.`, true);
+  }
   for (const a of document.querySelectorAll("[data-nav]")) {
     a.classList.toggle("active", a.dataset.nav === section);
   }

@@ -26,3 +26,9 @@ def parse_iso_datetime(text: str) -> datetime:
     if not ISO_DATETIME.fullmatch(text):
         raise ValueError(f"not an ISO 8601 date-time: {text!r}")
     return datetime.fromisoformat(text)
+
+
+def formatted(value: datetime, fmt: str) -> str:
+    """`value.strftime(fmt)` with `%Y` always four digits: the C library writes year 1 as
+    "1", so 0001-01-01 would read as "1-01-01"."""
+    return value.strftime(fmt.replace("%Y", f"{value.year:04d}"))

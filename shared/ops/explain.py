@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+from shared.core.iso_time import formatted
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import LimitInfo, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
@@ -106,7 +107,7 @@ def duration(seconds: float) -> str:
 
 def when(at: datetime, now: datetime) -> str:
     """'15:04:05 UTC on 2026-12-02 (in 3 min)' / '(2 s ago)'."""
-    stamp = at.astimezone(now.tzinfo).strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    stamp = formatted(at.astimezone(now.tzinfo), "%Y-%m-%d %H:%M:%S %Z").strip()
     delta = (at - now).total_seconds()
     rel = f"in {duration(delta)}" if delta > 0 else f"{duration(delta)} ago"
     return f"{stamp} ({rel})"

@@ -49,6 +49,13 @@ class Client:
     def __init__(self, settings: ProducerConfig, *, now: datetime | None = None,
                  pool_timeout: float = 30.0, database_setting: str = DATABASE_SETTING,
                  call_timeout_setting: str | None = CALL_TIMEOUT_SETTING) -> None:
+        missing = [name for name in ProducerConfig.__annotations__
+                   if not hasattr(settings, name)]
+        if missing:  # Client("postgresql://...") would fail later on an attribute
+            raise InvalidInput(
+                f"Client takes settings, e.g. Client(ClientSettings(database_url=...)) "
+                f"(shared.runtime.settings), got {type(settings).__name__}, which has no "
+                f"{', '.join(missing)}")
         self.settings = settings
         self._now = now  # tests pin the database's idea of "now" through this
         # Autocommit connections: enqueue, get, cancel and retry are one statement each (or a

@@ -89,6 +89,19 @@ class HealthServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            head_only = False
+
+            def do_HEAD(self) -> None:
+                self.head_only = True
+                self.do_GET()
+
+            def _not_allowed(self) -> None:
+                # Plain text like every other answer here, not http.server's HTML 501 page.
+                self._send(405, f"{self.command} not allowed: GET (or HEAD) /healthz, "
+                                "/readyz or /metrics\n".encode(), allow="GET, HEAD")
+
+            do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -106,12 +119,16 @@ class HealthServer:
                            .encode())
 
             def _send(self, status: int, body: bytes,
-                      content_type: str = "text/plain; charset=utf-8") -> None:
+                      content_type: str = "text/plain; charset=utf-8",
+                      allow: str | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
+                if allow:
+                    self.send_header("Allow", allow)
                 self.end_headers()
-                self.wfile.write(body)
+                if not self.head_only:
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the structured logs

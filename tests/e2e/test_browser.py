@@ -523,6 +523,12 @@ def test_cancelling_one_job_asks_first(
     expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
 
 
+def test_a_link_to_no_page_says_so(page: Page, live_server: LiveServer) -> None:
+    login(page, live_server, VIEWER)
+    page.goto(f"{live_server.url}/#/jobs/abc")
+    expect(page.locator("#toast")).to_have_text("No page at #/jobs/abc: showing the overview.")
+
+
 def test_a_payload_typed_in_the_enqueue_form_is_stored_and_shown_exactly(
         page: Page, live_server: LiveServer, db: Any) -> None:
     # A browser's JSON.parse rounds integers past 2**53, reads 1e400 as Infinity (written

@@ -147,3 +147,11 @@ def test_schedule_has_one_job_and_no_number(client):
     assert str(info.value) == "delay must be a number, got True"
     with pytest.raises(InvalidInput, match=r"^priority must be between 0 and 9"):
         client.schedule("a", priority=99)
+
+
+def test_a_url_where_settings_belong_says_what_the_client_takes():
+    with pytest.raises(InvalidInput) as refused:
+        Client("postgresql://me@db/tock")  # type: ignore[arg-type]
+    assert str(refused.value).startswith(
+        "Client takes settings, e.g. Client(ClientSettings(database_url=...)) "
+        "(shared.runtime.settings), got str, which has no database_url, ")

@@ -213,3 +213,12 @@ def test_a_process_handler_that_cannot_be_sent_stops_it_before_postgres(tmp_path
     assert done.returncode == 2, done.stderr
     assert "the handler of kind 'i.nested'" in done.stderr
     assert "module-level functions" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_modules_that_register_no_handler_are_named_plainly(tmp_path):
+    _module(tmp_path, "plain_a", "X = 1\n")
+    done = _consumer(tmp_path, "plain_a", "json")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "tock consumer: no @task handlers registered by plain_a, json (a task module "
+        "defines its handlers with @task, see the README's Writing tasks)")

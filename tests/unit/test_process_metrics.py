@@ -5,6 +5,7 @@ loopback port with probes that always answer ok."""
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -87,3 +88,19 @@ def test_counting_is_unchanged_and_shows_where_it_belongs(scrape) -> None:
 
 def test_a_process_of_another_name_exports_everything(scrape) -> None:
     assert scrape("tock") >= TIMER_ONLY | CONSUMER_ONLY | SHARED
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_other_methods_get_a_plain_405_and_head_the_headers(method) -> None:
+    server = HealthServer(0, live=_ok, ready=_ok, host="127.0.0.1", process="timer").start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/healthz"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=5)
+        assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET, HEAD"
+        assert refused.value.read().decode().startswith(f"{method} not allowed: GET")
+        head = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=5) as res:
+            assert res.status == 200 and res.read() == b""
+    finally:
+        server.close()

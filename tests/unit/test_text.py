@@ -3,11 +3,14 @@ including its suffix."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from shared.core.errors import InvalidInput
+from shared.core.iso_time import formatted
 from shared.core.limits import LimitSpec
 from shared.core.text import ELLIPSIS, bounded, decimal_integer, describe, storable
 
@@ -140,3 +143,11 @@ def test_decimal_integer_refuses_what_int_would_bend(text):
 def test_an_out_of_range_count_is_not_echoed_digit_by_digit():
     with pytest.raises(InvalidInput, match=r"got an integer of about 201 digits$"):
         LimitSpec.of("kind", "email", max_running=10**200)
+
+
+def test_times_are_shown_with_four_digit_years():
+    # The C library's %Y writes year 1 as "1": "run at 1-01-01" in `tock show`.
+    assert formatted(datetime(1, 1, 1, tzinfo=UTC), "%Y-%m-%d %H:%M:%S %Z") == \
+        "0001-01-01 00:00:00 UTC"
+    assert formatted(datetime(2027, 3, 4, 5, 6, 7, tzinfo=UTC), "%Y-%m-%dT%H:%M:%S%z") == \
+        "2027-03-04T05:06:07+0000"

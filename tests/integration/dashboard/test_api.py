@@ -373,6 +373,8 @@ def test_login_session_and_csrf(anon, db):
     csrf = anon.cookies["tock_login_csrf"]
     res = anon.post("/login", data={"token": "wrong", "csrf_token": csrf})
     assert res.status_code == 401 and "Wrong token" in res.text
+    res = anon.post("/login", data={"token": " ", "csrf_token": anon.cookies["tock_login_csrf"]})
+    assert res.status_code == 401 and "Enter a token." in res.text
     session_csrf = login(anon, OPERATOR)
     page = anon.get("/")
     assert page.status_code == 200 and "/static/app.js" in page.text
