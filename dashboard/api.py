@@ -123,6 +123,10 @@ def _bulk(action: str, body: models.BulkIn, who: Principal,
     if where.is_empty() and not body.all:
         raise InvalidInput("the filter is empty: it would touch every job; narrow it, or "
                            "send \"all\": true to mean it")
+    if body.dry_run and body.up_to_id is not None:
+        # Ignored, it would count jobs the caller meant to leave out.
+        raise InvalidInput("up_to_id bounds the action (dry_run false); a dry run counts "
+                           "every matching job and returns its own up_to_id")
     if body.dry_run:
         plan = ops_jobs.plan_bulk(_store(request), action, where)
         return models.BulkOut(action=action, dry_run=True, count=plan.count, more=plan.more,

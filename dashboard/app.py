@@ -47,6 +47,7 @@ from shared.core.errors import (
 )
 from shared.runtime.logs import emit
 from shared.runtime.settings import ClientSettings
+from shared.schedules import spec
 from shared.store.database import Database, probe
 from shared.store.operator_store import OperatorStore
 
@@ -85,7 +86,8 @@ def _json_safe(value: Any) -> Any:
 # A value of these shapes is refused in the words the Python client and the CLI use, not
 # by quoting a regular expression at the caller.
 _PATTERN_CHECKS = {validation.KIND.pattern: validation.kind,
-                   validation.QUEUE_NAME.pattern: validation.queue}
+                   validation.QUEUE_NAME.pattern: validation.queue,
+                   spec.NAME.pattern: spec.schedule_name}
 
 
 def _worded(error: dict[str, Any]) -> dict[str, Any]:

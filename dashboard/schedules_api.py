@@ -17,14 +17,14 @@ from shared.client import Client
 from shared.core.schedules import Schedule
 from shared.runtime.logs import emit
 from shared.schedules.api import MAX_PREVIEW
+from shared.schedules.spec import NAME
 
 log = logging.getLogger("tock.dashboard")
 
 NOT_FOUND = {**ERRORS, 404: {"model": models.ErrorOut, "description": "No such schedule"}}
 router = APIRouter(prefix="/api/schedules", responses=ERRORS, tags=["schedules"],
                    route_class=StrictJsonRoute)
-Name = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
-                           description="schedule name")]
+Name = Annotated[str, Path(pattern=NAME.pattern, description="schedule name")]
 
 
 class ScheduleOut(BaseModel):

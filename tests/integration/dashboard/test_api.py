@@ -191,6 +191,13 @@ def test_a_job_older_than_the_dry_run_that_comes_to_match_after_it_is_included(o
     assert (states[dead], states[newer], states[late]) == ("scheduled", "scheduled", "dead")
 
 
+def test_a_dry_run_given_a_bound_is_refused_not_counted_without_it(operator):
+    res = operator.post("/api/jobs/bulk/retry", json={"filter": {"state": ["dead"]},
+                                                      "up_to_id": 5})
+    assert res.status_code == 400
+    assert "up_to_id bounds the action (dry_run false)" in res.text
+
+
 def test_a_time_filter_that_no_job_could_match_is_refused(viewer):
     res = viewer.get("/api/jobs", params={"created_after": "2030-01-01T00:00:00Z",
                                           "created_before": "2020-01-01T00:00:00Z"})

@@ -27,7 +27,11 @@ def test_unknown_and_invalid_names(operator):
     res = operator.get("/api/schedules/nope")
     assert res.status_code == 404 and "no schedule named 'nope'" in res.json()["detail"]
     assert operator.post("/api/schedules/nope/pause").status_code == 404
-    assert operator.get("/api/schedules/bad:name").status_code == 422
+    res = operator.get("/api/schedules/bad:name")
+    assert res.status_code == 422
+    assert res.json()["detail"][0]["msg"] == (
+        "schedule name 'bad:name' is not valid: 1-100 letters, digits and . _ - (starting "
+        "with a letter or digit)")  # in words, not the regular expression
     assert operator.get("/api/schedules/beat/preview", params={"n": 0}).status_code == 422
 
 
