@@ -130,6 +130,9 @@ class Sink:
     def depth(self, queue: str) -> int:
         return 0
 
+    def counts(self, queue: str) -> tuple[int, int]:
+        return 0, 0
+
     def created_at(self, queue: str) -> datetime | None:
         return None
 

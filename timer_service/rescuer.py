@@ -17,12 +17,18 @@ ends, before the workers' own renewals.
 
 A dispatched job nobody claimed for `dispatch_timeout_seconds` is sent again only on
 evidence that its message is gone: its SQS queue holds fewer messages than it has
-dispatched jobs (a running job's message is not counted on: it may have been deleted as a
-redelivered copy). A long backlog therefore resends
-nothing, however old; a purged or recreated queue, or messages moved to the dead-letter
-queue, resend as many of the oldest stuck jobs as messages are missing. A recreated queue
-is evidence of its own: every job dispatched before its creation time lost its message,
-even while the messages of running jobs in the new queue make the count look whole.
+dispatched jobs. The messages waiting (visible) are the dispatched jobs'; those in flight
+are first the running jobs' (each holds its message until its outcome is written), and
+only what is in flight beyond one per running job may be a dispatched job's (received,
+its claim under way, or deferred). So a lost message is found while the queue is busy
+too: counting every message in flight as a dispatched job's let each running job hide one
+lost message for as long as work flowed. A running job whose message was deleted as a
+redelivered copy makes the count a little high, at worst one extra message for a job
+already older than the timeout (never a second run: the resend changes the token). A
+long backlog therefore resends nothing, however old; a purged or recreated queue, or
+messages moved to the dead-letter queue, resend as many of the oldest stuck jobs as
+messages are missing. A recreated queue is evidence of its own: every job dispatched well
+before its creation time lost its message.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from shared.core.backoff import backoff_seconds
 from shared.core.errors import QueueMissing, TransportError
@@ -50,6 +56,12 @@ have been frozen: nothing is rescued in that pass, and workers get a whole lease
 then to renew. A freeze the pass does not see as one is shorter than this plus a
 maintenance interval (the pass may start late in it): 3 s by default, well within the
 slack of the default lease (30 s, renewed every 10 s: 20 s)."""
+
+
+CREATED_SLACK = timedelta(seconds=60)
+"""A job dispatched this long before its queue's creation time went with the old queue for
+sure: a dispatch's sends, retries included, end well within it (its claim's `now()` is
+`dispatched_at`, and a sender that finds the queue missing creates it first)."""
 
 
 class Rescuer(Loop):
@@ -174,30 +186,25 @@ class Rescuer(Loop):
 
     def _missing_messages(self, queue: str) -> int:
         """How many messages `queue` lacks; 0 when SQS cannot tell (no evidence, no resend).
-
-        Only the dispatched jobs are counted on: a running job's message may be gone
-        already, deleted as a redelivery (its visibility lapsed, during an SQS partition
-        say, and another receiver dropped the copy), so counting one in flight per running
-        job took those for lost messages of waiting jobs and re-sent waiting jobs whose
-        messages were still queued. Messages of running jobs still held only make the
-        count low: the rest of a real loss is found once those jobs finish, or at once when the
-        queue was made after those jobs were sent."""
-        dispatched, _running = self.store.queue_expected(queue)
+        See the module's docstring for the arithmetic."""
+        dispatched, running = self.store.queue_expected(queue)
         created = None
         try:
-            held = self.transport.depth(queue)
+            waiting, in_flight = self.transport.counts(queue)
             created = self.transport.created_at(queue)
         except QueueMissing:
-            held = 0  # the queue is gone, and every message with it
+            waiting = in_flight = 0  # the queue is gone, and every message with it
         except TransportError as exc:
             emit(log, "queue_depth_unknown", logging.WARNING, queue=queue, error=str(exc))
             return 0
-        missing = max(dispatched - held, 0)
+        missing = max(dispatched - waiting - max(in_flight - running, 0), 0)
         if created is not None:
             # Made again (a restarted LocalStack, a queue deleted and created): what was
-            # sent before went with the old queue, though running jobs' messages in the
-            # new one would hide it from the count until they finish.
-            missing = max(missing, self.store.dispatched_before(queue, created))
+            # sent well before went with the old queue. A job dispatched just before may
+            # have been sent just after (the timer creates a missing queue as it sends):
+            # those the count above judges.
+            missing = max(missing, self.store.dispatched_before(
+                queue, created - CREATED_SLACK))
         return missing
 
 

@@ -72,6 +72,11 @@ class Transport(Protocol):
         """Messages in the queue (visible, in flight, delayed); approximate on SQS."""
         ...
 
+    def counts(self, queue: str) -> tuple[int, int]:
+        """(waiting, in flight): messages visible or delayed, and messages received and
+        not yet deleted or visible again; approximate on SQS."""
+        ...
+
     def created_at(self, queue: str) -> datetime | None:
         """When the queue was created (None: not known, or it was never lost): a message
         sent before then went to a queue that is gone."""

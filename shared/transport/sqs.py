@@ -288,12 +288,17 @@ class SqsTransport:
 
     def depth(self, queue: str) -> int:
         """Messages in the queue: visible, in flight and delayed (SQS's approximations)."""
+        return sum(self.counts(queue))
+
+    def counts(self, queue: str) -> tuple[int, int]:
+        """(visible or delayed, in flight): SQS's approximate attributes."""
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
                  "ApproximateNumberOfMessagesDelayed"]
         resp = self._call("GetQueueAttributes", queue, self.client.get_queue_attributes,
                           AttributeNames=names)
-        attrs = resp.get("Attributes", {})
-        return sum(int(attrs.get(n, "0")) for n in names)
+        visible, in_flight, delayed = (int(resp.get("Attributes", {}).get(n, "0"))
+                                       for n in names)
+        return visible + delayed, in_flight
 
     def created_at(self, queue: str) -> datetime | None:
         """SQS's CreatedTimestamp of the queue (whole seconds). A queue deleted and created

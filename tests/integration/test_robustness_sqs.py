@@ -436,6 +436,44 @@ def test_a_running_jobs_message_deleted_as_a_redelivery_resends_no_waiting_job(
     assert {j.id: client.get(j.id).dispatch_token for j in waiting} == tokens, "none resent"
 
 
+def test_a_lost_message_is_resent_while_running_jobs_hold_messages_of_their_own(
+        client, timer, transport, registry, consumers, clock, clock_now):
+    """Each running job holds its message in flight until its outcome is written. Counted
+    as dispatched jobs' messages, those hid one lost message each: a job whose message
+    was purged waited minutes while work flowed (found by a fault walkthrough)."""
+    registry.add("work", lambda p, c: None)
+    running_job = client.schedule("work")
+    dispatch(timer, clock_now)
+    consumer = consumers(clock)
+    assert [i.job_id for i in (e.item for e in receive(consumer, 1))] == [running_job.id]
+    waiting = client.schedule("work")
+    dispatch(timer, clock_now)
+    sent = client.get(waiting.id).dispatch_token
+    [message] = transport.receive("default", 1, 0, 30)  # lost: someone else deleted it
+    assert transport.delete_batch("default", [message.receipt]) == []
+    later = clock_now + timedelta(minutes=10)
+    assert timer.rescuer.redispatch_stuck(later) == 1
+    again = client.get(waiting.id)
+    assert again.state is JobState.SCHEDULED and again.dispatch_token != sent
+
+
+def test_a_queue_made_as_its_first_batch_is_sent_resends_nothing(
+        client, timer, transport, clock_now):
+    """The claim's now() (dispatched_at) comes before the queue the send creates: judged
+    by the queue's creation time alone, the whole first batch looked lost and went twice."""
+    early = clock_now - timedelta(seconds=5)
+    jobs = client.schedule_many([{"kind": "work", "queue": "fresh", "at": early}
+                                 for _ in range(3)])
+    transport.create_queue("fresh", visibility_timeout=60)
+    try:
+        assert dispatch(timer, early) == 3
+        tokens = {j.id: client.get(j.id).dispatch_token for j in jobs}
+        assert timer.rescuer.redispatch_stuck(clock_now + timedelta(minutes=10)) == 0
+        assert {j.id: client.get(j.id).dispatch_token for j in jobs} == tokens
+    finally:
+        transport.client.delete_queue(QueueUrl=transport.url("fresh"))
+
+
 def test_messages_lost_with_a_recreated_queue_are_resent_while_running_jobs_hold_others(
         client, db, timer, transport, registry, consumers, clock, clock_now):
     """A queue deleted and created again (a LocalStack restart) loses what was sent to it.
