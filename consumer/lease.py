@@ -167,7 +167,9 @@ class LeaseKeeper(Loop):
         now = time.monotonic()
         for item in self.pipe.tracker.items():
             over = now - item.started - item.timeout_seconds
-            if over > 0 and not item.timed_out:
+            # A handler that returned in time is not timed out by a slow write of its
+            # outcome (a row lock, a stalled Postgres or SQS delete) after it.
+            if over > 0 and not item.timed_out and not item.handler_done:
                 item.timed_out = True
                 item.stop("deadline passed")
                 emit(log, "job_timeout", logging.WARNING, job_id=item.job_id,

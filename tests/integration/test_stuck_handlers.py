@@ -5,12 +5,14 @@ Real consumer, real Postgres and SQS."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 from shared.core.states import AttemptOutcome, JobState
 from shared.ops import explain
 from tests.integration.readings import metric
-from tests.support.drive import db_now, dispatch
+from tests.support.drive import db_now, dispatch, receive
 from tests.support.wait import wait_for
 
 
@@ -161,3 +163,25 @@ def test_explain_says_a_stuck_handler_not_a_dead_worker_lost_the_job(
         assert worker_status() == "alive"
     finally:
         let_go.set()
+
+
+def test_a_handler_that_returned_is_not_timed_out_while_its_outcome_waits(
+        client, timer, registry, consumers, clock, caplog):
+    # Its outcome's write can wait past the deadline (a row lock, a stalled Postgres, a
+    # hung delete): that is no timeout of the handler, which returned in time.
+    registry.add("quick", lambda payload, ctx: None)
+    job = client.schedule("quick", timeout=0.2)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    [entry] = receive(consumer, 1)
+    consumer.executor.run(entry)  # returned; its outcome not written yet
+    item = entry.item
+    wait_for(lambda: time.monotonic() - item.started > item.timeout_seconds,
+             message="past the deadline")
+    caplog.set_level(logging.WARNING, logger="tock.consumer")
+    consumer.check_timeouts()
+    assert not item.timed_out and not item.context.cancelled.is_set()
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "job_timeout"]
+    while consumer.complete_pending():
+        pass
+    assert client.get(job.id).state is JobState.SUCCEEDED
