@@ -61,8 +61,9 @@ class Context:
     held_by: LimitInfo | None = None
     """The limit (of its kind, its tenant or its concurrency key) that has no room for it
     now, if it is due."""
-    in_sqs: int = 0
-    """Jobs of its kind sent to SQS and not yet claimed, if it is due (up to IN_SQS_CAP)."""
+    in_sqs: dict[str, int] = field(default_factory=dict)
+    """Jobs of its kind sent to SQS and not yet claimed, by queue, if it is due (up to
+    IN_SQS_CAP in all)."""
     attempt_worker: WorkerInfo | None = None
     """The worker of the job's last finished attempt, if it reported in the last hour:
     whether its lease outlasted that attempt tells a stuck or abandoned handler from a
@@ -77,11 +78,20 @@ def _in_sqs_detail(job: Job, ctx: Context) -> list[str]:
     """Why a due job may wait although no limit holds it: its kind's dispatch window."""
     if not ctx.in_sqs:
         return []
-    more = "+" if ctx.in_sqs >= IN_SQS_CAP else ""
-    return [f"{ctx.in_sqs}{more} job(s) of kind {job.kind} are in SQS waiting for a consumer. "
-            "A timer keeps at most its dispatch window (TOCK_DISPATCH_WINDOW) of a kind "
-            "there and sends more as consumers claim them, so a backlog waits here, in "
-            "priority and fair-share order."]
+    total = sum(ctx.in_sqs.values())
+    more = "+" if total >= IN_SQS_CAP else ""
+    where = ", ".join(f"{queue} ({n})" for queue, n in list(ctx.in_sqs.items())[:5])
+    lines = [f"{total}{more} job(s) of kind {job.kind} are in SQS waiting for a consumer, "
+             f"on queue(s) {where}. A timer keeps at most its dispatch window "
+             "(TOCK_DISPATCH_WINDOW) of a kind there and sends more as consumers claim them, "
+             "so a backlog waits here, in priority and fair-share order."]
+    others = [queue for queue in ctx.in_sqs if queue != job.queue]
+    if others:
+        lines.append(f"The window counts kind {job.kind} on every queue together: its jobs "
+                     f"waiting on {', '.join(others[:5])} hold this one back too, until "
+                     "their consumers claim them (give each queue kinds of its own to keep "
+                     "them apart).")
+    return lines
 
 
 def duration(seconds: float) -> str:
@@ -500,7 +510,7 @@ def gather(store: OperatorStore, job: Job, *,
                    sum(w.concurrency for w in serving))
     ahead = None
     held_by = None
-    in_sqs = 0
+    in_sqs: dict[str, int] = {}
     if job.state in (JobState.SCHEDULED, JobState.RETRYING) and job.run_at <= now:
         ahead = store.due_ahead(job, now)
         flow = store.sibling(FlowStore)

@@ -344,7 +344,12 @@ FROM k CROSS JOIN LATERAL (
 WHERE k.kind IS NOT NULL
 """
 
-KIND_IN_SQS = f"SELECT count(*) FROM {_IN_SQS_OF.replace('%(kind_ref)s', '%(kind)s')} s"
+KIND_IN_SQS = f"""
+SELECT s.queue, count(*) FROM (
+    SELECT j.queue FROM tock_jobs j
+    WHERE {IN_FLIGHT} AND j.kind = %(kind)s AND j.state = 'dispatched'
+    ORDER BY j.kind, {TENANT_KEY} LIMIT %(cap)s) s
+GROUP BY s.queue ORDER BY count(*) DESC, s.queue"""
 
 # --- tenant weights ----------------------------------------------------------------------------
 

@@ -94,10 +94,10 @@ class FlowStore(Store):
         rows = self._rows(sql.IN_SQS, {"cap": cap, "age": waited_seconds, "now": now})
         return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
-    def kind_in_sqs(self, kind: str, cap: int) -> int:
-        """Jobs of `kind` waiting in SQS, counted up to `cap`."""
-        row = self._one(sql.KIND_IN_SQS, {"kind": kind, "cap": cap})
-        return int(row[0]) if row is not None else 0
+    def kind_in_sqs(self, kind: str, cap: int) -> dict[str, int]:
+        """Jobs of `kind` waiting in SQS by queue, most first, counted up to `cap` in all."""
+        return {r[0]: int(r[1]) for r in self._rows(sql.KIND_IN_SQS, {"kind": kind,
+                                                                        "cap": cap})}
 
     # --- configuration ------------------------------------------------------------------
 

@@ -213,7 +213,14 @@ def test_explain_says_the_kinds_window_is_full(db, database, client, windowed, c
     with store.transaction() as tx:
         job = client.get(waiting)
         text = explain.explain(job, explain.gather(tx, job)).text()
-    assert f"{WINDOW} job(s) of kind k are in SQS waiting for a consumer" in text, text
+    assert (f"{WINDOW} job(s) of kind k are in SQS waiting for a consumer, on queue(s) "
+            f"default ({WINDOW})") in text, text
+    assert "on every queue together" not in text
+    db.execute("UPDATE tock_jobs SET queue = 'bulk' WHERE state = 'dispatched'")
+    with store.transaction() as tx:
+        text = explain.explain(job, explain.gather(tx, job)).text()
+    assert ("The window counts kind k on every queue together: its jobs waiting on bulk "
+            "hold this one back too") in text, text
 
 
 def test_window_zero_sends_every_due_job(db, timer_settings, transport, clock):

@@ -212,7 +212,10 @@ def test_in_sqs_counts_each_kinds_dispatched_jobs_up_to_the_cap(flow, db, now):
                                           ("other", "t"): (5, 3)}  # ids 31-35
     assert flow.in_sqs(10, 0.5, now)[("k", "")][0] == 10
     assert flow.in_sqs(100, 5, now) == {("k", ""): (30, 0), ("other", "t"): (5, 0)}
-    assert flow.kind_in_sqs("k", cap=100) == 30 and flow.kind_in_sqs("due", cap=100) == 0
+    assert flow.kind_in_sqs("k", cap=100) == {"default": 30}
+    assert flow.kind_in_sqs("due", cap=100) == {}
+    db.execute("UPDATE tock_jobs SET queue = 'bulk' WHERE kind = 'k' AND id <= 12")
+    assert flow.kind_in_sqs("k", cap=100) == {"default": 18, "bulk": 12}
 
 
 def test_the_window_count_reads_the_in_flight_rows_not_the_kinds_backlog(flow, db, now):
