@@ -196,11 +196,17 @@ def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | 
     # would have the platform restart the consumer for an outage, over and over.
     report_missing_queues(consumer.pipe.transport, settings.queues)
     try:
-        return consumer.run_forever()
+        code = consumer.run_forever()
     except ConfigError as exc:  # a handler process could not start
         print(f"tock consumer: {exc}", file=sys.stderr)
         consumer.close()
         return EXIT_CONFIG
+    if consumer.cut_short:
+        # A thread is still blocked on the database (or SQS): the interpreter's exit would
+        # wait for the pools it holds. Leave now; the leases expire and the timer recovers.
+        logging.shutdown()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

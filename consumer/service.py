@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Sequence
 
@@ -40,6 +41,12 @@ log = logging.getLogger("tock.consumer")
 
 SETTLE_SECONDS = 10.0
 """After the grace period: how long shutdown waits for outcomes to be written."""
+LAST_WRITES_SECONDS = 15.0
+"""After the grace period: the longest shutdown waits for its last writes (the release,
+the outcomes left, the worker row) in all. A database that does not answer (frozen,
+partitioned: no error comes) is not waited for: the jobs' leases expire and the timer
+recovers them, as if the process had been killed. Grace (20 s) plus this stays under
+ECS's default stop timeout (30 s) and Kubernetes' grace period (tock's manifests: 45 s)."""
 
 
 class Consumer:
@@ -83,6 +90,9 @@ class Consumer:
         self.lease_keeper = LeaseKeeper(self.pipe)
         self.visibility = VisibilityKeeper(self.pipe)
         self.stop_flag = StopFlag()
+        self.cut_short = False
+        """Shutdown stopped without its last writes (LAST_WRITES_SECONDS): the process
+        should exit at once, not wait for threads blocked on the database."""
         self.supervisor = Supervisor("consumer", self.stop_flag)
         self.supervisor.watch(self.lease_keeper, self.visibility, self.completer)
         if self.async_runner is not None:
@@ -151,7 +161,27 @@ class Consumer:
             claimer.stop()
         for claimer in self.claimers.values():
             claimer.join(max(deadline - time.monotonic(), 0.0))
-        if not pipe.slots.wait_idle(max(deadline - time.monotonic(), 0.0)):
+        idle = pipe.slots.wait_idle(max(deadline - time.monotonic(), 0.0))
+        last = threading.Thread(target=self._last_writes, args=(idle,), daemon=True,
+                                name="tock-shutdown")
+        last.start()
+        last.join(LAST_WRITES_SECONDS)
+        if last.is_alive():
+            self.cut_short = True
+            emit(log, "shutdown_cut_short", logging.ERROR, worker=self.worker_id,
+                 in_flight=len(pipe.tracker),
+                 detail=f"the last writes did not end within {LAST_WRITES_SECONDS:g} s "
+                        "(the database or SQS does not answer); stopping without them: "
+                        "the jobs still held here are recovered by the timer once their "
+                        "leases expire, as after a kill")
+        emit(log, "consumer_stopped", worker=self.worker_id,
+             exit_code=self.supervisor.exit_code, cut_short=self.cut_short)
+
+    def _last_writes(self, idle: bool) -> None:
+        """Release what still runs (unless every slot is idle), write the outcomes left,
+        mark the worker stopped, close. Each step waits on Postgres or SQS."""
+        pipe = self.pipe
+        if not idle:
             self._release_unfinished()
         pipe.tracker.wait_settled(SETTLE_SECONDS)
         self.executor.stop()
@@ -165,8 +195,6 @@ class Consumer:
         with contextlib.suppress(Retryable):  # else the row goes stale; the dashboard says so
             pipe.store.stop_worker(self.worker_id, pipe.clock())
         self.close()
-        emit(log, "consumer_stopped", worker=self.worker_id,
-             exit_code=self.supervisor.exit_code)
 
     def _drain(self) -> None:
         """Write outcomes still queued (the completer thread has stopped)."""

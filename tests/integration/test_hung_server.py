@@ -7,6 +7,7 @@ is real: every process of the test's own Postgres server is stopped with SIGSTOP
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -141,3 +142,43 @@ def test_a_timer_logs_its_loops_stalled_on_a_frozen_server_and_resumed_after(
         wait_for(lambda: "loop_resumed" in caplog.text, timeout=30,
                  message="the stalled pass's end logged once Postgres answers")
         assert timer.supervisor.live()[0], timer.supervisor.live()[1]
+
+
+def test_a_consumer_stopping_while_the_server_hangs_stops_within_its_bound(
+        server, consumer_settings, timer_settings, registry, transport, monkeypatch, caplog):
+    """SIGTERM with a job still running releases it, which writes to Postgres: with every
+    Postgres process stopped, that write never ended, and the consumer outlived its grace
+    by as long as the freeze (found by a fault walkthrough). It now stops at the bound,
+    leaving the job to its lease, as a kill would."""
+    from consumer import service
+
+    monkeypatch.setattr(service, "LAST_WRITES_SECONDS", 2.0)
+    started, let_go = threading.Event(), threading.Event()
+
+    def slow(payload: Any, ctx: Any) -> None:
+        started.set()
+        let_go.wait(60)
+
+    registry.add("slow", slow)
+    url = server.url()
+    consumer = service.Consumer(
+        consumer_settings.model_copy(update={"database_url": url,
+                                             "shutdown_grace_seconds": 0.5}),
+        registry, transport)
+    client = Client(ClientSettings(database_url=url))
+    try:
+        consumer.start()
+        job = client.schedule("slow")
+        with timer_running(timer_settings.model_copy(update={"database_url": url}),
+                           transport):
+            assert started.wait(30)
+        caplog.set_level(logging.ERROR, logger="tock.consumer")
+        with frozen(server):
+            stopped = _in_thread(consumer.shutdown)
+            wait_for(lambda: stopped, timeout=0.5 + 2.0 + 15, message="shutdown ended")
+        assert consumer.cut_short
+        assert [r for r in caplog.records if getattr(r, "event", None) == "shutdown_cut_short"]
+        assert client.get(job.id).state is JobState.RUNNING, "left to its lease"
+    finally:
+        let_go.set()
+        client.close()
