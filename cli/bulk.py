@@ -11,7 +11,7 @@ from cli import audit, connect
 from cli.arguments import Sub, add_common, add_filters, filter_of, job_id_type
 from cli.output import print_json
 from shared.client import Client
-from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.core.errors import DatabaseError, InvalidInput, InvalidTransition, JobNotFound
 from shared.core.filters import CANCELLABLE_STATES, RETRYABLE_STATES, JobFilter
 from shared.ops import jobs as ops_jobs
 
@@ -82,8 +82,16 @@ def _change_filter(action: str, where: JobFilter, args: argparse.Namespace) -> i
             print("nothing changed")
             return EXIT_REFUSED
 
-    with connect.operator_store(args) as store:
-        count = ops_jobs.run_bulk(store, action, where, up_to_id=plan.up_to_id)
+    done = [0]
+    try:
+        with connect.operator_store(args) as store:
+            count = ops_jobs.run_bulk(store, action, where, up_to_id=plan.up_to_id,
+                                      committed=lambda total: done.__setitem__(0, total))
+    except DatabaseError:
+        if done[0]:  # committed batches are changes too: audited as such
+            audit.action(f"bulk_{action}", jobs=done[0], filter=plan.description,
+                         up_to_id=plan.up_to_id, interrupted=True)
+        raise
     audit.action(f"bulk_{action}", jobs=count, filter=plan.description, up_to_id=plan.up_to_id)
     if args.json:
         print_json({"dry_run": False, "action": action, "count": count,

@@ -17,7 +17,7 @@ from dashboard.bodies import StrictJsonRoute
 from dashboard.models import MAX_ID
 from dashboard.stats import StatsCache, state_totals
 from shared.client import Client
-from shared.core.errors import InvalidInput
+from shared.core.errors import DatabaseError, InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobFilter
 from shared.core.states import JobState
 from shared.ops import explain
@@ -131,7 +131,16 @@ def _bulk(action: str, body: models.BulkIn, who: Principal,
         plan = ops_jobs.plan_bulk(_store(request), action, where)
         return models.BulkOut(action=action, dry_run=True, count=plan.count, more=plan.more,
                               up_to_id=plan.up_to_id, description=plan.description)
-    done = ops_jobs.run_bulk(_store(request), action, where, up_to_id=body.up_to_id)
+    progress = [0]
+    try:
+        done = ops_jobs.run_bulk(_store(request), action, where, up_to_id=body.up_to_id,
+                                 committed=lambda total: progress.__setitem__(0, total))
+    except DatabaseError:
+        if progress[0]:  # committed batches are changes too: logged as such
+            emit(log, f"bulk_{action}", logging.WARNING, jobs=progress[0],
+                 filter=where.describe(), up_to_id=body.up_to_id, role=who.role,
+                 interrupted=True)
+        raise
     emit(log, f"bulk_{action}", jobs=done, filter=where.describe(), up_to_id=body.up_to_id,
          role=who.role)
     return models.BulkOut(action=action, dry_run=False, count=done, up_to_id=body.up_to_id,

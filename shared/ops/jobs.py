@@ -4,11 +4,12 @@ batches, and the throughput/latency timeline of the live page."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 from shared.core import validation
-from shared.core.errors import InvalidInput
+from shared.core.errors import DatabaseError, InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, JobFilter, action_states, page_size
 from shared.core.reports import Bucket, BulkPlan, Page
 from shared.core.states import JobState
@@ -58,24 +59,39 @@ def _applicable(action: str, where: JobFilter) -> tuple[JobState, ...]:
 
 
 def run_bulk(store: OperatorStore, action: str, where: JobFilter, *,
-             up_to_id: int | None = None, batch_size: int = BULK_BATCH_SIZE) -> int:
+             up_to_id: int | None = None, batch_size: int = BULK_BATCH_SIZE,
+             committed: Callable[[int], None] | None = None) -> int:
     """Apply `action` to every matching job, `batch_size` rows per transaction, in id
     order; returns how many changed. Each batch re-checks the state under the row lock, so
-    a job that finished or was claimed meanwhile is left alone."""
+    a job that finished or was claimed meanwhile is left alone. `committed(total)` is
+    called after each batch commits: a caller that meets an error still knows (and can
+    log) what was done; the error's message says it too."""
     states = _applicable(action, where)
     if up_to_id is not None:
         validation.job_id(up_to_id)
     after, total = 0, 0
     while True:
-        with store.transaction() as tx:
-            ids = tx.bulk_batch(action, where, states, after=after, up_to_id=up_to_id,
-                                batch_size=batch_size)
-            if ids and action == "retry":
-                tx.sibling(JobStore).notify_due()
+        try:
+            with store.transaction() as tx:
+                ids = tx.bulk_batch(action, where, states, after=after, up_to_id=up_to_id,
+                                    batch_size=batch_size)
+                if ids and action == "retry":
+                    tx.sibling(JobStore).notify_due()
+        except DatabaseError as exc:
+            if not total:
+                raise
+            # The batches before committed: an error that says only "database unavailable"
+            # would pass for nothing done. Same type, so callers answer it as before.
+            done = "retried" if action == "retry" else "cancelled"
+            raise type(exc)(f"{exc}; {total} job(s) were {done} before it (each batch of "
+                            f"{batch_size} commits on its own): run the same action again "
+                            "to finish", exc.sqlstate) from exc
         if not ids:
             return total
         total += len(ids)
         after = max(ids)
+        if committed is not None:
+            committed(total)
 
 
 def timeline(store: OperatorStore, *, now: datetime, window_seconds: int = 600,

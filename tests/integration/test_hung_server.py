@@ -16,13 +16,17 @@ from typing import Any
 
 import psutil
 import psycopg
+import pytest
 
 from devstack.postgres import PostgresServer
 from shared.client import Client
 from shared.core.errors import ConnectionLost, DatabaseUnavailable, Retryable
+from shared.core.filters import JobFilter
 from shared.core.states import JobState
+from shared.ops import jobs as ops_jobs
 from shared.runtime.settings import ClientSettings
 from shared.store.database import Database
+from shared.store.operator_store import OperatorStore
 from shared.store.watchdog import GRACE_SECONDS
 from tests.support.drive import timer_running
 from tests.support.wait import wait_for
@@ -181,4 +185,35 @@ def test_a_consumer_stopping_while_the_server_hangs_stops_within_its_bound(
         assert client.get(job.id).state is JobState.RUNNING, "left to its lease"
     finally:
         let_go.set()
+        client.close()
+
+
+def test_a_bulk_action_cut_off_by_a_crash_says_how_much_it_did(server):
+    """Each batch commits on its own: an error that said only "database unavailable" read
+    as nothing done, though thousands of jobs were cancelled (fault walkthrough). The error
+    now says how many, and the caller hears of each commit (it logs the partial action)."""
+    url = server.url()
+    database = Database(url, name="tock-test-bulk", timeout=2)
+    client = Client(ClientSettings(database_url=url))
+    try:
+        client.schedule_many([{"kind": "far", "delay": 3600} for _ in range(5)])
+        committed: list[int] = []
+
+        def crash_after_the_first(total: int) -> None:
+            committed.append(total)
+            server.stop("immediate")
+
+        with pytest.raises(DatabaseUnavailable) as info:
+            ops_jobs.run_bulk(OperatorStore(database), "cancel", JobFilter.of(kind="far"),
+                              batch_size=2, committed=crash_after_the_first)
+        assert committed == [2]
+        assert ("; 2 job(s) were cancelled before it (each batch of 2 commits on its own): "
+                "run the same action again to finish") in str(info.value)
+        server.start()
+        states = [client.get(j).state for j in range(1, 6)]
+        assert states.count(JobState.CANCELLED) == 2
+    finally:
+        if not server.running():
+            server.start()
+        database.close()
         client.close()
