@@ -285,7 +285,8 @@ def _stop_extending(pipe: Pipeline, queue: str, items: list[InFlight]) -> None:
         item.message_gone = True
     emit(log, "visibility_extend_stopped", logging.INFO, queue=queue,
          job_ids=[i.job_id for i in items],
-         detail="SQS says the message no longer exists (a redelivered copy was deleted); "
+         detail="SQS says the message no longer exists (a redelivered copy was deleted, or "
+                "its queue was deleted and made again); "
                 "the job runs on under its database lease")
 
 

@@ -18,11 +18,19 @@ log = logging.getLogger("tock.startup")
 
 EXIT_CONFIG, EXIT_UNAVAILABLE = 2, 3
 
+_FULL = ("too many clients", "remaining connection slots are reserved")
+"""What Postgres says when max_connections is reached (53300)."""
+
 
 def database_problem(url: str) -> tuple[int, str] | None:
     """(exit code, message) if the process cannot use the database at `url`, else None."""
     reason = probe(url, timeout=5.0)
     if reason is not None:
+        if any(full in reason for full in _FULL):  # the URL is right: the server is full
+            return EXIT_UNAVAILABLE, (
+                f"the database at {redacted(url)} takes no more connections: {reason} "
+                "(max_connections is reached; it is retried, and other clients' idle "
+                "connections, or a pooler, are the fix, not TOCK_DATABASE_URL)")
         return EXIT_UNAVAILABLE, f"TOCK_DATABASE_URL: cannot use {redacted(url)}: {reason}"
     pending = missing_migrations(url)
     if pending:
