@@ -183,13 +183,19 @@ class ScheduleApi:
         return preview(sched.timing, sched.name, sched.spread_seconds, start, n)
 
     def schedule_history(self, name: str, limit: int = 50) -> list[ScheduleEvent]:
-        """The audit records of slots that did not become jobs, newest first."""
+        """The audit records of slots that did not become jobs, newest first. Raises
+        `ScheduleNotFound` (its records go with a deleted schedule)."""
         schedule_name(name)
         _limit(limit)
-        return self._schedules().audit(name, limit)
+        store = self._schedules()
+        events = store.audit(name, limit)
+        if not events and store.get(name) is None:
+            raise ScheduleNotFound(f"no schedule named {name!r}")
+        return events
 
     def schedule_runs(self, name: str, limit: int = 20) -> list[ScheduleRun]:
-        """The latest jobs the schedule made, newest slot first."""
+        """The latest jobs the schedule made, newest slot first; also of a deleted schedule
+        (its jobs are left alone), so a name that never had one gives an empty list."""
         schedule_name(name)
         _limit(limit)
         return self._schedules().runs(name, limit)

@@ -51,6 +51,9 @@ def test_update_get_list_delete(client):
         client.get_schedule("a")
     with pytest.raises(ScheduleNotFound):
         client.delete_schedule("a")
+    with pytest.raises(ScheduleNotFound):  # its audit records went with it
+        client.schedule_history("a")
+    assert client.schedule_runs("a") == [] and client.schedule_history("b") == []
     with pytest.raises(InvalidInput, match="unknown schedule argument"):
         client.update_schedule("b", colour="red")
     with pytest.raises(InvalidSchedule, match="malformed"):
