@@ -364,10 +364,13 @@ class Claimer(Loop):
             metrics.MESSAGES_DROPPED.labels("dispatch_uncommitted").inc()
             emit(log, "deferred_message_deleted", logging.WARNING, job_id=parsed.job_id,
                  message_id=msg.message_id, queue=self.queue, receives=msg.receive_count,
-                 detail="its dispatch has not committed (a timer stalled between send and "
-                        "commit?); deleted before SQS moves it to the dead-letter queue. "
-                        "If the dispatch commits, the timer sends the job again after its "
-                        "dispatch timeout; if it rolls back, the job is due again")
+                 detail="its job's row stayed locked through every receive: a dispatch "
+                        "not committed (a timer stalled between send and commit), or "
+                        "another transaction holding the row (the job's own outcome being "
+                        "written, an operator's session); deleted before SQS moves it to "
+                        "the dead-letter queue. A dispatch that commits is sent again after "
+                        "the dispatch timeout; one that rolls back leaves the job due; a "
+                        "running job goes on under its lease")
         self.pipe.delete(self.queue, [m.receipt for m, _ in spent])
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]) -> list[Drop]:
