@@ -63,8 +63,20 @@ RETURNING k.unique_key
 """
 
 # LIMIT 1: the hot table answers first and, holding the job, spares the history's probes.
+# A running job's lease hangs off its worker's row (one heartbeat per worker renews them
+# all), so its own lease_expires_at is only the floor the claim set: the lease in force is
+# the later of the two, unless the job was detached (then its own lease is the one).
+_LEASE_IN_FORCE = ("CASE WHEN j.state <> 'running' OR j.lease_detached "
+                   "OR w.lease_expires_at IS NULL "
+                   "THEN j.lease_expires_at "
+                   "ELSE greatest(j.lease_expires_at, w.lease_expires_at) END")
+_HOT_JOB_COLUMNS = ", ".join(_LEASE_IN_FORCE if c == "lease_expires_at" else f"j.{c}"
+                             for c in JOB_COLUMNS.split(", "))
+
 SELECT_JOB = f"""
-SELECT {JOB_COLUMNS} FROM tock_jobs WHERE id = %(id)s
+SELECT {_HOT_JOB_COLUMNS} FROM tock_jobs j
+LEFT JOIN tock_workers w ON w.id = j.lease_owner
+WHERE j.id = %(id)s
 UNION ALL
 SELECT {JOB_COLUMNS} FROM tock_history_jobs WHERE id = %(id)s
 LIMIT 1

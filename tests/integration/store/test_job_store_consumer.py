@@ -156,6 +156,16 @@ def test_heartbeat_renews_the_worker_lease_and_writes_no_job_row(job_store, db, 
     assert {x.job_id: job_row(db, x.job_id) for x in (a, b)} == before, "one row, the worker's"
 
 
+def test_a_running_job_reads_with_the_lease_its_worker_renewed(job_store, db, now):
+    # Its own row keeps the claim's expiry; `get()`, `tock show` and the API showed that,
+    # long past, beside an explanation that read the worker's renewed lease.
+    a = add_running(db, now, worker="w1", lease_until=now + secs(10))
+    job_store.heartbeat(_w(), [a], 30, now=now + secs(5))
+    assert job_store.get_job(a.job_id).lease_expires_at == now + secs(35)
+    db.execute("UPDATE tock_jobs SET lease_detached = true WHERE id = %s", (a.job_id,))
+    assert job_store.get_job(a.job_id).lease_expires_at == now + secs(10), "its own, detached"
+
+
 @pytest.mark.parametrize("case", ["owner", "attempt", "token", "state", "detached"])
 def test_heartbeat_reports_only_the_leases_still_held(job_store, db, now, case):
     good = add_running(db, now, worker="w1")
