@@ -171,6 +171,19 @@ def _scheduled(job: Job, ctx: Context) -> Explanation:
         more = "+" if ctx.due_ahead >= DUE_AHEAD_CAP else ""
         ahead = f" {ctx.due_ahead}{more} due job(s) go before it (higher priority or older)."
     details += _in_sqs_detail(job, ctx)
+    waiting_here = ctx.in_sqs.get(job.queue, 0)
+    if waiting_here and not ctx.queue_workers:
+        # The window holds the kind because nothing takes its jobs from SQS: the timer
+        # is not the one to check.
+        return Explanation(
+            job.id, job.state,
+            f"Due since {when(job.run_at, now)} and held in Postgres: {waiting_here} job(s) "
+            f"of kind {job.kind} already wait in SQS on queue {job.queue!r}, and no live "
+            "consumer receives from it, so the timers send no more of them until one "
+            f"does.{ahead}",
+            details, f"Start a consumer for queue {job.queue!r} (tock consumer --tasks ... "
+            f"--queues {job.queue}); the timers send the rest as it claims them.",
+            can_cancel=True)
     details.append("If this lasts, check that a timer is running (GET /healthz on its "
                    "health port) and that it can reach Postgres and SQS.")
     return Explanation(

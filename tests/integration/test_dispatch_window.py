@@ -216,6 +216,12 @@ def test_explain_says_the_kinds_window_is_full(db, database, client, windowed, c
     assert (f"{WINDOW} job(s) of kind k are in SQS waiting for a consumer, on queue(s) "
             f"default ({WINDOW})") in text, text
     assert "on every queue together" not in text
+    # No consumer takes them: that, not the timer, is what to fix.
+    assert text.startswith("Due since ") and (
+        f"held in Postgres: {WINDOW} job(s) of kind k already wait in SQS on queue "
+        "'default', and no live consumer receives from it") in text, text
+    assert "Next: Start a consumer for queue 'default'" in text
+    assert "check that a timer is running" not in text
     db.execute("UPDATE tock_jobs SET queue = 'bulk' WHERE state = 'dispatched'")
     with store.transaction() as tx:
         text = explain.explain(job, explain.gather(tx, job)).text()
