@@ -101,12 +101,11 @@ GAP_NOTES: dict[str, str] = {
         "At a steady rate well under capacity nothing queues, so the p99 is one job's trip: "
         "the producer's commit, the timer's wake-up on the insert's NOTIFY (the "
         "due-to-dispatch column), the SQS server's send-to-receive time and the "
-        "consumer's claim. The same code measured p99 33-59 ms at 100-200 jobs/s in 15 "
-        "trial windows of 10-30 s here, one of them after every earlier phase of this "
-        "profile had run; some full runs land at 117-186 ms, and in the one looked at the "
-        "due-to-dispatch leg was slower by a similar factor (p50 16 ms against 2-3 ms): "
-        "the whole machine was slower then, not one part of tock. "
-        "Compare the due-to-dispatch p99 between runs to see which side moved."
+        "consumer's claim. On these shared 2-core machines that p99 moves with the machine's "
+        "load from run to run (33 ms to over 250 ms has been measured for the same code; "
+        "the phase table gives the load average at each phase), so one run's figure is "
+        "not a verdict on its own. Compare the due-to-dispatch p99 between runs to see "
+        "which side moved."
     ),
     "latency.simultaneous": (
         "The `latency.simultaneous.floor` figure is the p99 the raw SQS path alone allows "
@@ -164,8 +163,9 @@ GAP_NOTES: dict[str, str] = {
         "work plus a batch (B's own jobs go out ahead of any more of A's: fair share levels "
         "the tenants' jobs in SQS), so B's p99 behind A is B's p99 alone plus about a "
         "third of a second; the ratio is met only while B alone is slower than that. On "
-        "LocalStack, whose own send-to-receive time is 0.15-0.25 s at p99 here, it lands "
-        "between 2x and 3x from run to run; without the window (the `no_window` figure) B waits "
+        "LocalStack, whose own send-to-receive time is 0.15-0.25 s at p99 here, it has "
+        "measured from 2x to about 5x between runs; without the window (the `no_window` "
+        "figure) B waits "
         "behind every message of A's already sent. A shorter age shortens the wait but, "
         "on an SQS whose send-to-receive time is near it, holds back sends that consumers "
         "would have taken: the consumers need about one receive round of A's messages "
@@ -286,9 +286,11 @@ def _run_cpu(figures: Figures, cores: int) -> str:
         return text + ("The machine's cores were busy: tock's and Postgres's CPU per job "
                        "bound the rate.")
     return text + ("Neither the one process (at most a core of Python, under the GIL) nor "
-                   "the machine was out of CPU, so waits bound the rate below what the CPU "
-                   "per job allows; the `cores` figures say what the target's rate would "
-                   "take even without them.")
+                   "tock and Postgres together used all the CPU there was, so waits between "
+                   "threads, or whatever else ran on the machine (the phase table's load "
+                   "average counts everything), bound the rate below what the CPU per job "
+                   "allows; the `cores` figures say what the target's rate would take even "
+                   "without them.")
 
 
 def _target_cores(figures: Figures, cores: int) -> str:
