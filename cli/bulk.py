@@ -24,8 +24,10 @@ def _change(action: str) -> Callable[[argparse.Namespace], int]:
         if args.job_ids and not where.is_empty():
             raise InvalidInput("give job ids or a filter, not both")
         if not args.job_ids and where.is_empty() and not args.all:
+            example = ("--state dead --kind email" if action == "retry"
+                       else "--state scheduled --kind email")
             raise InvalidInput(f"say which jobs to {action}: job ids, a filter such as "
-                               "--state dead --kind email, or --all")
+                               f"{example}, or --all")
         if args.job_ids:
             with connect.client(args) as client:
                 return _change_ids(client, action, args)

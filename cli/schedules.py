@@ -68,10 +68,16 @@ def run(args: argparse.Namespace) -> int:
                 return _out(args, fires, text)
             if args.action == "pause":
                 sched = client.pause_schedule(args.name)
+                if not sched.changed:
+                    return _out(args, sched, f"{sched.name} was already paused; nothing "
+                                             "changed")
                 audit.action("schedule_paused", schedule=sched.name)
                 return _out(args, sched, f"paused {sched.name}")
             if args.action == "resume":
                 sched = client.resume_schedule(args.name)
+                if not sched.changed:
+                    return _out(args, sched, f"{sched.name} was not paused; nothing changed "
+                                             f"(next fire {_time(sched.next_fire_at)})")
                 audit.action("schedule_resumed", schedule=sched.name)
                 return _out(args, sched, f"resumed {sched.name}; next fire "
                                          f"{_time(sched.next_fire_at)}")

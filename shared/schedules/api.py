@@ -127,9 +127,12 @@ class ScheduleApi:
         return self._schedules().list_all()
 
     def pause_schedule(self, name: str, *, now: datetime | None = None) -> Schedule:
-        """Stop firing. Jobs already made are left alone. Raises `ScheduleNotFound`."""
+        """Stop firing. Jobs already made are left alone. Pausing a paused schedule changes
+        nothing (`changed` is False). Raises `ScheduleNotFound`."""
         with self._schedules().transaction() as store:
             current = _locked(store, name)
+            if current.paused:  # as resume of a running schedule: nothing to do, said so
+                return replace(current, changed=False)
             paused = store.set_paused(name, True, Cursor(
                 current.cursor_at, current.next_slot, current.next_fire_at,
                 current.buffered_slot), now)

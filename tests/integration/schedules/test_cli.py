@@ -50,6 +50,8 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
     assert code == 0 and len(out.splitlines()) == 3
 
     assert run(capsys, "pause", "pulse")[:2] == (0, "paused pulse\n")
+    assert run(capsys, "pause", "pulse")[:2] == (
+        0, "pulse was already paused; nothing changed\n")
     code, out, _ = run(capsys, "--json", "show", "pulse")
     assert json.loads(out)["schedule"]["paused"] is True
     # Paused, it fires nothing: no stale next fire time, and a preview says so.
@@ -62,6 +64,8 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
                                     "`tock schedules resume pulse`"), out
     code, out, _ = run(capsys, "resume", "pulse")
     assert code == 0 and out.startswith("resumed pulse; next fire")
+    code, out, _ = run(capsys, "resume", "pulse")
+    assert code == 0 and out.startswith("pulse was not paused; nothing changed (next fire")
     assert run(capsys, "delete", "pulse")[:2] == (0, "deleted pulse\n")
 
 
