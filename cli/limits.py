@@ -13,7 +13,7 @@ from cli import audit, connect
 from cli.arguments import Sub, add_common
 from cli.output import Count, print_json, print_table
 from shared.core.errors import InvalidInput
-from shared.core.limits import SCOPES
+from shared.core.limits import SCOPES, rate_text
 from shared.core.reports import LimitInfo
 from shared.core.text import decimal_integer
 
@@ -49,7 +49,7 @@ def _running(limit: LimitInfo) -> str:
 
 def _row(limit: LimitInfo) -> list[object]:
     running = _running(limit)
-    rate = "-" if limit.rate_per_second is None else f"{limit.rate_per_second:g}/s"
+    rate = "-" if limit.rate_per_second is None else rate_text(limit.rate_per_second)
     tokens = "-" if limit.tokens is None else f"{limit.tokens:.1f}/{limit.burst}"
     waiting = Count(limit.waiting, limit.waiting_shown)
     return [limit.scope, _label(limit), running, rate, tokens, waiting]
@@ -105,7 +105,7 @@ def _dropped(before: LimitInfo | None, after: LimitInfo) -> str:
     if before.max_running is not None and after.max_running is None:
         gone.append(f"max running {before.max_running}")
     if before.rate_per_second is not None and after.rate_per_second is None:
-        gone.append(f"a rate of {before.rate_per_second:g} per second")
+        gone.append(f"a rate of {rate_text(before.rate_per_second)}")
     return " or ".join(gone)
 
 

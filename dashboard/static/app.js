@@ -390,7 +390,7 @@ function limitTable(list) {
       el("td", {}, l.scope), el("td", {}, limitName(l)),
       el("td", {className: "num", "data-testid": "limit-running"},
          limitRunning(l)),
-      el("td", {className: "num"}, l.rate_per_second === null ? "–" : `${+l.rate_per_second.toFixed(3)}/s`),
+      el("td", {className: "num"}, l.rate_per_second === null ? "–" : rateText(l.rate_per_second)),
       el("td", {className: "num"}, l.tokens === null ? "–" : `${l.tokens.toFixed(1)} / ${l.burst}`),
       el("td", {className: "num", "data-testid": "limit-waiting"},
          l.waiting_more ? `more than ${l.waiting}` : l.waiting)))));
@@ -438,6 +438,13 @@ async function removeLimit(form) {
     await api(`/api/limits?${query}`, {method: "DELETE"});  // 404 when there was none
     toast(`Limit removed from ${scope} ${key ?? "(no tenant)"}.`);
   } catch (e) { toast(e.message, true); }
+}
+
+// A rate as people set it: 5/s, 30/min, 1/h (not 0.000278/s).
+function rateText(perSecond) {
+  for (const [unit, secs] of [["s", 1], ["min", 60], ["h", 3600]]) {
+    if (perSecond * secs >= 1 || unit === "h") return `${+(perSecond * secs).toPrecision(3)}/${unit}`;
+  }
 }
 
 function workerTable(list, now) {

@@ -99,3 +99,12 @@ def _count(name: str, value: object, low: int, high: int) -> int | None:
     if not low <= value <= high:
         raise InvalidInput(f"{name} must be between {low} and {high:,}, got {shown(value)}")
     return value
+
+
+def rate_text(per_second: float) -> str:
+    """A rate as people set it: '5/s', '30/min', '1/h' (3 significant digits), not
+    '0.000277778/s'."""
+    for unit, seconds in (("s", 1), ("min", 60), ("h", 3600)):
+        if per_second * seconds >= 1 or unit == "h":
+            return f"{per_second * seconds:.3g}/{unit}"
+    raise AssertionError("unreachable")

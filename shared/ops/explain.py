@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from shared.core.iso_time import formatted
 from shared.core.jobs import Attempt, Job
+from shared.core.limits import rate_text
 from shared.core.reports import LimitInfo, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
 from shared.store.flow_store import FlowStore
@@ -258,7 +259,7 @@ def _held(job: Job, ctx: Context, limit: LimitInfo, details: list[str]) -> Expla
         rate = limit.rate_per_second or 0.0
         wait = limit.seconds_to_next_token or 0.0
         summary = (f"Due since {when(job.run_at, ctx.now)} and waiting for a rate token of "
-                   f"{name} (limit {rate:g} per second; the next token in {duration(wait)}).")
+                   f"{name} (limit {rate_text(rate)}; the next token in {duration(wait)}).")
         step = "A timer dispatches it as tokens come, oldest first."
     if limit.waiting > 1:
         details.append(f"{limit.waiting_shown} due job(s) of {name} are waiting for it.")

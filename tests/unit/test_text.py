@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from shared.core.errors import InvalidInput
 from shared.core.iso_time import formatted
-from shared.core.limits import LimitSpec
+from shared.core.limits import LimitSpec, rate_text
 from shared.core.text import ELLIPSIS, bounded, decimal_integer, describe, storable
 
 # st.text() leaves out surrogates; mix in what handlers really put in exceptions.
@@ -151,3 +151,10 @@ def test_times_are_shown_with_four_digit_years():
         "0001-01-01 00:00:00 UTC"
     assert formatted(datetime(2027, 3, 4, 5, 6, 7, tzinfo=UTC), "%Y-%m-%dT%H:%M:%S%z") == \
         "2027-03-04T05:06:07+0000"
+
+
+@pytest.mark.parametrize(("per_second", "shown_as"), [
+    (5, "5/s"), (2.5, "2.5/s"), (1, "1/s"), (0.5, "30/min"), (1 / 60, "1/min"),
+    (1 / 3600, "1/h"), (2 / 86400, "0.0833/h")])
+def test_rates_read_as_they_were_set(per_second, shown_as):
+    assert rate_text(per_second) == shown_as

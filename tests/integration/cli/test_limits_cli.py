@@ -22,7 +22,11 @@ def test_set_list_and_remove(tock, db):
     code, out, _ = tock("limits")
     lines = out.splitlines()
     assert lines[0].split() == ["SCOPE", "KEY", "RUNNING/MAX", "RATE", "TOKENS", "WAITING"]
-    assert lines[2].split()[:4] == ["tenant", "(no", "tenant)", "-"]
+    assert lines[2].split()[:5] == ["tenant", "(no", "tenant)", "-", "1.67/s"]
+    tock("limits", "set", "kind", "report", "--rate", "1", "--per", "3600")
+    [report] = [r.split() for r in tock("limits")[1].splitlines() if "report" in r]
+    assert report[3] == "1/h"  # not 0.000277778/s
+    tock("limits", "remove", "kind", "report")
     assert tock("limits", "remove", "kind", "email")[1] == "kind email: limit removed\n"
     assert tock("limits", "remove", "tenant", "--no-tenant")[0] == 0
     assert "no limits" in tock("limits", "list")[1]
@@ -71,6 +75,8 @@ def test_a_set_that_replaces_a_limit_says_what_it_no_longer_has(tock):
                           "running 2; give every part of a limit in one set\n")
     code, _, err = tock("limits", "set", "kind", "report", "--rate", "5", "--max-running", "1")
     assert code == 0 and "replaced" not in err, "nothing dropped: no note"
+    code, _, err = tock("limits", "set", "kind", "report", "--max-running", "1")
+    assert "no longer has a rate of 5/s" in err
 
 
 def test_removing_a_limit_that_does_not_exist_is_refused(tock):
