@@ -17,6 +17,7 @@ from shared.core.iso_time import formatted
 from shared.core.jobs import Attempt, Job
 from shared.core.limits import rate_text
 from shared.core.reports import LimitInfo, WorkerInfo
+from shared.core.schedules import slot_of
 from shared.core.states import AttemptOutcome, JobState
 from shared.store.flow_store import FlowStore
 from shared.store.operator_store import DUE_AHEAD_CAP, OperatorStore
@@ -57,8 +58,8 @@ class Context:
     queue_slots: tuple[int, int] = (0, 0)
     """Their handler slots: (busy, all), as their last heartbeats reported them."""
     due_ahead: int | None = None
-    paused_schedule: str | None = None
-    """The recurring schedule that made this job, when it is paused (no further runs)."""
+    schedule: tuple[str, bool, bool] | None = None
+    """The recurring schedule that made this job: (name, paused now, deleted since)."""
     held_by: LimitInfo | None = None
     """The limit (of its kind, its tenant or its concurrency key) that has no room for it
     now, if it is due."""
@@ -136,10 +137,16 @@ def explain(job: Job, ctx: Context) -> Explanation:
     """The plain-words story of where `job` is now and why."""
     refused = job.dispatch_failures and job.state in (JobState.SCHEDULED, JobState.RETRYING)
     found = _refused(job, ctx) if refused else _BY_STATE[job.state](job, ctx)
-    if ctx.paused_schedule:
-        found = replace(found, details=[*found.details, (
-            f"It was made by recurring schedule {ctx.paused_schedule!r}, which is paused: "
-            "the schedule makes no further jobs until it is resumed.")])
+    if ctx.schedule is not None:
+        name, paused, deleted = ctx.schedule
+        slot = slot_of(job.unique_key)
+        made = f"It was made by recurring schedule {name!r}" + (
+            f" for its slot {when(slot, ctx.now)}" if slot else "")
+        if paused:
+            made += ", which is paused: the schedule makes no further jobs until it is resumed"
+        elif deleted:
+            made += ", since deleted"
+        found = replace(found, details=[*found.details, made + "."])
     return found
 
 
@@ -539,4 +546,4 @@ def gather(store: OperatorStore, job: Job, *,
             iter(full), None)
         in_sqs = flow.kind_in_sqs(job.kind, IN_SQS_CAP)
     return Context(now, lease_worker, queue_workers, queue_slots, ahead,
-                   store.paused_schedule_of(job.id), held_by, in_sqs, attempt_worker)
+                   store.schedule_of(job.id), held_by, in_sqs, attempt_worker)

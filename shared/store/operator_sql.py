@@ -273,11 +273,11 @@ SELECT count(*) FROM (
 ) x
 """
 
-PAUSED_SCHEDULE = """
-SELECT s.name FROM (
+JOB_SCHEDULE = """
+SELECT j.schedule_name, coalesce(s.paused, false), s.name IS NULL FROM (
     SELECT schedule_name FROM tock_jobs WHERE id = %(id)s
     UNION ALL
     SELECT schedule_name FROM tock_history_jobs WHERE id = %(id)s
-) j JOIN tock_schedules s ON s.name = j.schedule_name
-WHERE s.paused
+) j LEFT JOIN tock_schedules s ON s.name = j.schedule_name
+WHERE j.schedule_name IS NOT NULL
 """

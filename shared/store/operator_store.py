@@ -253,7 +253,8 @@ class OperatorStore(Store):
                                         "run_at": job.run_at, "cap": DUE_AHEAD_CAP})
         return int(row[0]) if row else 0
 
-    def paused_schedule_of(self, job_id: int) -> str | None:
-        """The schedule that made the job, if it is paused now."""
-        row = self._one(sql.PAUSED_SCHEDULE, {"id": job_id})
-        return str(row[0]) if row else None
+    def schedule_of(self, job_id: int) -> tuple[str, bool, bool] | None:
+        """(name, paused now, deleted since) of the recurring schedule that made the job;
+        None if no schedule made it."""
+        row = self._one(sql.JOB_SCHEDULE, {"id": job_id})
+        return (str(row[0]), bool(row[1]), bool(row[2])) if row else None

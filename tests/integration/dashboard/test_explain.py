@@ -264,7 +264,7 @@ def test_gather_reads_workers_queue_and_paused_schedule(client, db, operator_sto
     db.execute("UPDATE tock_jobs SET run_at = now() - interval '1 min' WHERE id = %s",
                (older.id,))
     ctx = explain.gather(operator_store, client.get(mine.id))
-    assert ctx.due_ahead == 1 and ctx.queue_workers == 1 and ctx.paused_schedule is None
+    assert ctx.due_ahead == 1 and ctx.queue_workers == 1 and ctx.schedule is None
     # A worker whose lease has expired (kill -9 under short leases) is no live consumer,
     # however recently it beat.
     db.execute("UPDATE tock_workers SET last_heartbeat = now() - interval '4 s', "
@@ -273,10 +273,16 @@ def test_gather_reads_workers_queue_and_paused_schedule(client, db, operator_sto
     client.recurring("nightly", "report", every=3600)
     made = client.schedule("report", key="nightly:2026-12-02T02:00:00+00:00")
     db.execute("UPDATE tock_jobs SET schedule_name = 'nightly' WHERE id = %s", (made.id,))
+    job_ = client.get(made.id)
+    e = explain.explain(job_, explain.gather(operator_store, job_))
+    assert ("It was made by recurring schedule 'nightly' for its slot 2026-12-02 02:00:00 "
+            "UTC") in " ".join(e.details), e.details
     client.pause_schedule("nightly")
     job_ = client.get(made.id)
     e = explain.explain(job_, explain.gather(operator_store, job_))
-    assert any("recurring schedule 'nightly', which is paused" in d for d in e.details)
+    assert any("recurring schedule 'nightly' for its slot 2026-12-02 02:00:00 UTC (" in d
+               and d.endswith(" ago), which is paused: the schedule makes no further jobs "
+                              "until it is resumed.") for d in e.details), e.details
 
 
 def test_gather_finds_the_worker_of_the_last_attempt(client, db, operator_store):

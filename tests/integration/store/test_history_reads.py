@@ -188,12 +188,12 @@ def test_throughput_and_latency_read_the_history(operator_store, db, now):
     assert stats[1][:3] == (1, pytest.approx(5.0), pytest.approx(5.0))
 
 
-def test_paused_schedule_of_a_job_in_the_history(operator_store, schedule_store, db, now):
+def test_the_schedule_of_a_job_in_the_history(operator_store, schedule_store, db, now):
     schedule_store.insert(make_spec("nightly", "report", every=60), Cursor(now, now + M, now + M),
                           now)
     db.execute("UPDATE tock_schedules SET paused = true")
     moved = add_finished(db, state="succeeded", finished_at=now, schedule_name="nightly")
-    assert operator_store.paused_schedule_of(moved) == "nightly"
+    assert operator_store.schedule_of(moved) == ("nightly", True, False)
 
 
 def test_schedule_runs_read_both_sides_newest_slot_first(schedule_store, db, now):

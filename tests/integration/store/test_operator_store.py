@@ -327,7 +327,7 @@ def test_latency_gives_start_lag_and_run_time_percentiles_of_succeeded_jobs(
                         pytest.approx(10.0))
 
 
-# --- due_ahead / paused_schedule_of -----------------------------------------------------------
+# --- due_ahead / schedule_of -----------------------------------------------------------------
 
 
 def test_due_ahead_counts_due_jobs_the_timer_takes_first(operator_store, job_store, db, now):
@@ -344,7 +344,7 @@ def test_due_ahead_counts_due_jobs_the_timer_takes_first(operator_store, job_sto
     assert operator_store.due_ahead(target, now) == 3
 
 
-def test_paused_schedule_of_names_the_paused_schedule_that_made_the_job(
+def test_schedule_of_names_the_schedule_that_made_the_job_and_its_state(
         operator_store, schedule_store, db, now):
     for name in ("paused", "running"):
         schedule_store.insert(make_spec(name, "report", every=60),
@@ -352,11 +352,13 @@ def test_paused_schedule_of_names_the_paused_schedule_that_made_the_job(
     db.execute("UPDATE tock_schedules SET paused = true WHERE name = 'paused'")
     of_paused = add_job(db, run_at=now, schedule_name="paused")
     of_running = add_job(db, run_at=now, schedule_name="running")
+    of_deleted = add_job(db, run_at=now, schedule_name="gone")
     plain = add_job(db, run_at=now)
-    assert operator_store.paused_schedule_of(of_paused) == "paused"
-    assert operator_store.paused_schedule_of(of_running) is None
-    assert operator_store.paused_schedule_of(plain) is None
-    assert operator_store.paused_schedule_of(plain + 1000) is None
+    assert operator_store.schedule_of(of_paused) == ("paused", True, False)
+    assert operator_store.schedule_of(of_running) == ("running", False, False)
+    assert operator_store.schedule_of(of_deleted) == ("gone", False, True)
+    assert operator_store.schedule_of(plain) is None
+    assert operator_store.schedule_of(plain + 1000) is None
 
 
 def test_a_stale_or_stopped_worker_shows_the_jobs_it_still_holds_not_its_last_report(
