@@ -116,6 +116,12 @@ class Claimer(Loop):
         # at that count would go to the DLQ at its next receive.
         self.defer_limit = min(MAX_DEFERRED_RECEIVES, settings.dead_letter_after)
         self._async_left_logged = -ASYNC_DEFER_LOG_SECONDS
+        self._found_empty = False
+        """The last receive from this queue returned nothing: the next reserves only
+        `_idle_share` slots."""
+        self._idle_share = max(1, settings.concurrency
+                               // (self.threads * max(len(settings.queues), 1)))
+        """Every receiver of every queue can long-poll at once with this many slots."""
 
     explicit_success = True
     """Marked by every pass that raised nothing, so a step-by-step `receive_once` counts
@@ -125,10 +131,17 @@ class Claimer(Loop):
         """Receive one batch, claim it, hand the claimed jobs to the executor; returns how
         many were claimed."""
         claimed = self._pass(wait_seconds)
+        if claimed is None:
+            # No slot, and not for handlers holding them all (then the process is busy,
+            # which is fine): other receivers hold them. This queue was not received from,
+            # so readiness must not say it was.
+            return 0
         self.mark_ok()
         return claimed
 
-    def _pass(self, wait_seconds: int | None) -> int:
+    def _pass(self, wait_seconds: int | None) -> int | None:
+        """One receive and claim: how many jobs were claimed; None if no handler slot
+        could be had while not every slot was running a handler."""
         pipe = self.pipe
         if len(pipe.tracker) >= pipe.max_tracked:
             # Outcomes are waiting to be written (database slow?): do not take more.
@@ -147,14 +160,20 @@ class Claimer(Loop):
             # receive would only hand messages back), so other consumers get them at once.
             self.wait(0.1)
             return 0
-        reserved = pipe.slots.reserve(pipe.settings.claim_batch_size, timeout=0.5)
+        # A queue found empty is long-polled with its receiver's share of the slots, not
+        # a whole batch: its receivers would otherwise hold every slot for their long
+        # polls, and another queue's receivers would wait for them. The next receive after
+        # one that found messages takes a batch again.
+        most = self._idle_share if self._found_empty else pipe.settings.claim_batch_size
+        reserved = pipe.slots.reserve(most, timeout=0.5)
         if not reserved:
-            return 0
+            return 0 if pipe.slots.running_only else None
         claimed: list[Work] = []
         tidy: list[Callable[[], None]] = []
         try:
             wait = pipe.settings.receive_wait_seconds if wait_seconds is None else wait_seconds
             messages = self._receive(reserved, wait)
+            self._found_empty = not messages
             if messages and self.stopping:
                 # Shutting down: this process may be past its grace already (a receive
                 # that hung). Hand the messages back at once rather than start them.
@@ -172,7 +191,7 @@ class Claimer(Loop):
                     self._retry_later(messages, pipe.settings.receive_wait_seconds + 1)
                     raise
         finally:
-            pipe.slots.release(reserved - len(claimed))
+            pipe.slots.settle(reserved, len(claimed))
         for entry in claimed:
             pipe.work.put(entry)
         # Only now the SQS calls for the messages that claimed nothing (deletes, deferrals):

@@ -3,6 +3,8 @@ table of them (`Tracker`), and the free handler slots (`Slots`)."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -165,25 +167,56 @@ class Tracker:
 
 class Slots:
     """How many more handlers may start. Receivers reserve slots before they receive, so
-    a process never holds more messages than it can run."""
+    a process never holds more messages than it can run.
+
+    Receivers are served in the order they asked (first come, first served): a receiver
+    that gives its slots back and asks again at once would otherwise take them again
+    before a receiver of another queue, woken by the release, could, and that queue would
+    go unreceived for as long as the first one kept polling (minutes, seen with two
+    queues)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._used = 0
+        self._receiving = 0
+        """Of `_used`: reserved by receivers and not yet settled (`settle`)."""
+        self._line: collections.deque[int] = collections.deque()
+        self._tickets = itertools.count()
         self._cond = threading.Condition()
 
     def reserve(self, most: int, timeout: float) -> int:
-        """Take up to `most` free slots, waiting up to `timeout` for one; 0 if none."""
+        """Take up to `most` free slots, waiting up to `timeout` for one (and for the
+        receivers that asked earlier to be served); 0 if none."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._used >= self.capacity:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return 0
-                self._cond.wait(left)
-            got = min(most, self.capacity - self._used)
-            self._used += got
-            return got
+            if not self._line and self._used < self.capacity:  # the usual case: no wait
+                return self._take(most)
+            ticket = next(self._tickets)
+            self._line.append(ticket)
+            try:
+                while self._line[0] != ticket or self._used >= self.capacity:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return 0
+                    self._cond.wait(left)
+                return self._take(most)
+            finally:
+                self._line.remove(ticket)
+                if self._line:
+                    self._cond.notify_all()  # the next in line: its turn, maybe a slot
+
+    def _take(self, most: int) -> int:
+        got = min(most, self.capacity - self._used)
+        self._used += got
+        self._receiving += got
+        return got
+
+    def settle(self, reserved: int, kept: int) -> None:
+        """A receiver is done with `reserved` slots: `kept` now run claimed jobs (each
+        freed by `release` when its handler returns), the rest are free again."""
+        with self._cond:
+            self._receiving -= reserved
+        self.release(reserved - kept)
 
     def release(self, count: int = 1) -> None:
         if count <= 0:
@@ -193,6 +226,13 @@ class Slots:
         with self._cond:
             self._used -= count
             self._cond.notify_all()
+
+    @property
+    def running_only(self) -> bool:
+        """Every slot is held by a handler (none reserved by a receiver): the process is
+        busy, not kept from receiving by another receiver."""
+        with self._cond:
+            return self._used - self._receiving >= self.capacity
 
     @property
     def used(self) -> int:

@@ -83,3 +83,26 @@ def test_wait_idle_returns_when_the_last_slot_frees():
     slots.release()
     waiter.join(WAIT)
     assert idle.is_set()
+
+
+def test_a_receiver_that_gives_slots_back_and_asks_again_waits_its_turn():
+    # Two queues, one slot: the receiver of the first gives its slot back and asks again
+    # at once; the receiver of the second, waiting since before, must get it. Taken again
+    # by the first, the second queue went unreceived for minutes.
+    slots = Slots(1)
+    assert slots.reserve(1, 0) == 1
+    other = Reserving(slots, 1)
+    other.start()
+    slots.settle(1, 0)  # the first receiver's long poll found nothing
+    assert slots.reserve(1, timeout=0.05) == 0, "its turn comes after the other's"
+    assert other.returned() == 1
+
+
+def test_settled_slots_tell_a_busy_process_from_one_whose_receivers_hold_them():
+    slots = Slots(2)
+    assert slots.reserve(2, 0) == 2
+    assert not slots.running_only, "a receiver holds them for its receive"
+    slots.settle(2, kept=2)  # both claimed: now handlers run
+    assert slots.running_only
+    slots.release()
+    assert not slots.running_only and slots.used == 1
