@@ -30,7 +30,7 @@ from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import emit
 from shared.runtime.settings import TimerSettings
 from shared.runtime.supervisor import Supervisor
-from shared.store.database import Database
+from shared.store.database import SERVICE_IDLE_IN_TRANSACTION_SECONDS, Database
 from shared.store.job_store import JobStore
 from shared.store.operator_store import OperatorStore
 from shared.store.retention_store import RetentionStore
@@ -74,9 +74,13 @@ class Timer:
         # Every write of the timer is recoverable if a database crash loses it after commit
         # (a lost dispatch leaves a token no job carries: stale; a lost rescue or slot fire
         # is simply done again), so its commits need not wait for the WAL flush.
-        self.database = Database.for_service(settings.database_url,
-                                             max_size=8 if settings.cloudwatch_namespace else 7,
-                                             name="tock-timer", synchronous_commit=False)
+        # A dispatch's transaction stays open through its sends: past SQS's retries (3
+        # tries of the call timeout) the server may end it, never before.
+        self.database = Database.for_service(
+            settings.database_url, max_size=8 if settings.cloudwatch_namespace else 7,
+            name="tock-timer", synchronous_commit=False,
+            idle_in_transaction_seconds=max(SERVICE_IDLE_IN_TRANSACTION_SECONDS,
+                                            4 * settings.sqs_call_timeout_seconds + 20))
         self.transport = transport or SqsTransport(
             settings.queue_prefix, call_timeout_seconds=settings.sqs_call_timeout_seconds,
             create_missing=settings.create_queues,

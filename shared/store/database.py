@@ -37,6 +37,14 @@ DOWN_RECHECK_SECONDS = 1.0
 """While a pool that fails fast knows its database is down, it asks again at most this
 often; calls in between fail at once with the last answer."""
 
+SERVICE_IDLE_IN_TRANSACTION_SECONDS = 120.0
+"""A timer or consumer that stops talking inside a transaction (frozen: SIGSTOP, a hung
+host) would hold its row locks for as long as it is stopped: a due job claimed, a schedule
+locked, skipped by every other timer meanwhile (11 minutes in a fault walkthrough). The
+server ends such a session after this long, and the locks go with it. Well past the
+longest a transaction waits on purpose: a dispatch's sends, SQS retries included (3 tries
+of TOCK_SQS_CALL_TIMEOUT_SECONDS; the timer raises the bound with a longer one)."""
+
 LINK_OPTIONS: dict[str, Any] = {
     "connect_timeout": 5,
     # A server that vanished without closing the connection (a partition, a dead host) is
@@ -84,7 +92,8 @@ class Database:
                  autocommit: bool = True, synchronous_commit: bool = True,
                  timeout: float = 30.0, reconnect_timeout: float = 300.0,
                  setting: str | None = None, answer_timeout: float | None = None,
-                 answer_setting: str | None = None) -> None:
+                 answer_setting: str | None = None,
+                 idle_in_transaction_seconds: float | None = None) -> None:
         self.url = url
         self.name = name
         self.timeout = timeout
@@ -106,6 +115,9 @@ class Database:
                    f"-c synchronous_commit={'on' if synchronous_commit else 'off'}",
                    *([f"-c statement_timeout={round(answer_timeout * 1000)}"]
                      if answer_timeout is not None else []),
+                   *([f"-c idle_in_transaction_session_timeout="
+                      f"{round(idle_in_transaction_seconds * 1000)}"]
+                     if idle_in_transaction_seconds is not None else []),
                    str(conninfo_to_dict(url).get("options") or "")]
         kwargs["options"] = " ".join(o for o in options if o)
         self._kwargs = kwargs
@@ -157,11 +169,16 @@ class Database:
 
     @classmethod
     def for_service(cls, url: str, *, name: str, max_size: int,
-                    synchronous_commit: bool = True) -> Database:
+                    synchronous_commit: bool = True,
+                    idle_in_transaction_seconds: float = SERVICE_IDLE_IN_TRANSACTION_SECONDS
+                    ) -> Database:
         """A pool for a timer or consumer loop (see above): no checkout checks, a 2 s wait
-        for a connection, reconnection driven by the loops' own retries."""
+        for a connection, reconnection driven by the loops' own retries, and transactions
+        the server ends when the process stops talking in one (see
+        SERVICE_IDLE_IN_TRANSACTION_SECONDS)."""
         return cls(url, max_size=max_size, name=name, check=False, timeout=2.0,
-                   reconnect_timeout=1.0, synchronous_commit=synchronous_commit)
+                   reconnect_timeout=1.0, synchronous_commit=synchronous_commit,
+                   idle_in_transaction_seconds=idle_in_transaction_seconds)
 
     def open(self) -> None:
         """Start the pool (idempotent); connections are made in the background. A pool that

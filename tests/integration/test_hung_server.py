@@ -217,3 +217,38 @@ def test_a_bulk_action_cut_off_by_a_crash_says_how_much_it_did(server):
             server.start()
         database.close()
         client.close()
+
+
+def test_a_service_stopped_inside_a_transaction_does_not_hold_its_locks_for_ever(
+        database_url, db, client):
+    """A timer frozen (SIGSTOP, a hung host) in its dispatch transaction held the job's row
+    lock for as long as it stayed frozen: every other timer skipped the job (11 minutes in
+    a fault walkthrough). The server now ends a service's session that sits idle inside a
+    transaction, and the lock goes with it. (Here the transaction is left idle on purpose;
+    the bound is shortened from its default, SERVICE_IDLE_IN_TRANSACTION_SECONDS.)"""
+    job = client.schedule("k")
+    database = Database.for_service(database_url, name="tock-test-idle", max_size=1,
+                                    idle_in_transaction_seconds=0.5)
+    try:
+        with database.connection() as conn:
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == (
+                "500ms",)
+            conn.execute("BEGIN")
+            conn.execute("SELECT id FROM tock_jobs WHERE id = %s FOR UPDATE", (job.id,))
+            # ... and the process stops talking: another session gets the row once the
+            # server has ended this one.
+            wait_for(lambda: db.execute(
+                "SELECT count(*) FROM (SELECT id FROM tock_jobs WHERE id = %s "
+                "FOR UPDATE SKIP LOCKED) t", (job.id,)).fetchone() == (1,),
+                timeout=15, message="the lock released by the server")
+            with pytest.raises(psycopg.OperationalError):
+                conn.execute("SELECT 1")
+    except DatabaseUnavailable:
+        pass  # the pool's own words for the same cut
+    finally:
+        database.close()
+    default = Database.for_service(database_url, name="tock-test-default", max_size=1)
+    try:
+        assert "-c idle_in_transaction_session_timeout=120000" in default._kwargs["options"]
+    finally:
+        default.close()
