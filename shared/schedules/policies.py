@@ -182,9 +182,17 @@ def _overlap(spec: ScheduleSpec, state: ScheduleState, candidates: list[Fire],
     buffered = state.buffered_slot
     fires: list[Fire] = []
     if buffered is not None and not active:
-        fires.append(Fire(buffered, max(now, buffered + offset), "buffered"))
+        if now - (buffered + offset) > timedelta(seconds=spec.misfire_grace_seconds):
+            # Held back by the overlap, then the timers were away past the grace (an
+            # outage): as stale as the slots the outage passed over, so not run now.
+            audits.append(AuditEntry(
+                "missed", buffered, buffered, 1,
+                "held back by an earlier run (overlap='buffer_one'), then not reached "
+                "within the misfire grace"))
+        else:
+            fires.append(Fire(buffered, max(now, buffered + offset), "buffered"))
+            active = True
         buffered = None
-        active = True
     for fire in candidates:
         if spec.overlap is Overlap.ALLOW or not active:
             fires.append(fire)
@@ -194,10 +202,21 @@ def _overlap(spec: ScheduleSpec, state: ScheduleState, candidates: list[Fire],
                                      "an earlier run had not finished"))
         else:
             if buffered is not None:
-                audits.append(AuditEntry("overlap_replaced", buffered, buffered, 1,
-                                         "a newer slot took its place in the buffer"))
+                _replaced(audits, buffered)
             buffered = fire.slot
     return fires, buffered
+
+
+def _replaced(audits: list[AuditEntry], slot: datetime) -> None:
+    """Audit `slot` as pushed out of the buffer; one record for a run of them (an outage's
+    slots within the grace replace one another in a single pass)."""
+    last = audits[-1] if audits else None
+    if last is not None and last.reason == "overlap_replaced" and last.slot_count is not None:
+        audits[-1] = AuditEntry("overlap_replaced", last.first_slot, slot,
+                                last.slot_count + 1, last.detail)
+    else:
+        audits.append(AuditEntry("overlap_replaced", slot, slot, 1,
+                                 "a newer slot took its place in the buffer"))
 
 
 def _append_run(audits: list[AuditEntry], reason: str, slot: datetime) -> None:

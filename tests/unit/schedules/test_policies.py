@@ -123,3 +123,30 @@ def test_an_outage_longer_than_the_scan_limit_is_one_uncounted_range():
     assert audit.slot_count is None and audit.first_slot == T0 + S
     assert "not counted" in audit.detail
     assert p.cursor == now
+
+
+def test_a_slot_buffered_before_an_outage_is_not_run_after_it():
+    # Held back by an overlap, then every timer was away past the grace: running it at
+    # the recovery, 86 s late, went against misfire='latest' (fault walkthrough).
+    buf = every(2, overlap="buffer_one", misfire="latest")
+    slot = T0 + 2 * S
+    now = T0 + 88 * S  # 86 s past the buffered slot; the grace is 60 s
+    p = plan(buf, ScheduleState(slot, slot, False), now)
+    assert "buffered" not in [f.why for f in p.fires]
+    stale = [a for a in p.audits if a.first_slot == slot]
+    assert [(a.reason, a.slot_count) for a in stale] == [("missed", 1)]
+    assert "overlap='buffer_one'" in stale[0].detail
+    # The slots within the grace (T0+28 s to T0+88 s): the first runs, the last waits in
+    # the buffer, and the 29 between replace one another there: one record, not 29.
+    assert [(f.slot, f.why) for f in p.fires] == [(T0 + 28 * S, "late")]
+    assert p.buffered_slot == now
+    replaced = [(a.first_slot, a.last_slot, a.slot_count) for a in p.audits
+                if a.reason == "overlap_replaced"]
+    assert replaced == [(T0 + 30 * S, T0 + 86 * S, 29)]
+
+
+def test_a_buffered_slot_within_the_grace_still_runs():
+    buf = every(60, overlap="buffer_one")
+    slot = T0 + 60 * S
+    p = plan(buf, ScheduleState(slot, slot, False), slot + 30 * S)
+    assert [(f.slot, f.why) for f in p.fires] == [(slot, "buffered")]
