@@ -43,7 +43,9 @@ def _stats(args: argparse.Namespace) -> int:
     print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
         [q.queue, q.kind, *(approx(n, q.estimated)
                             for n in (q.due, q.dispatched, q.running, q.future)),
-         age(q.oldest_due_age_seconds, q.due)] for q in queues])
+         # The age counts the jobs waiting in SQS too (dispatched, unclaimed), as the
+         # API's and the gauge's do: a queue no consumer takes shows its age.
+         age(q.oldest_due_age_seconds, q.due + q.dispatched)] for q in queues])
     return EXIT_OK
 
 

@@ -126,9 +126,12 @@ class HealthServer:
                 self.send_header("Content-Length", str(len(body)))
                 if allow:
                     self.send_header("Allow", allow)
-                self.end_headers()
-                if not self.head_only:
-                    self.wfile.write(body)
+                try:
+                    self.end_headers()
+                    if not self.head_only:
+                        self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the prober gave up first (its timeout): nothing to tell it
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the structured logs

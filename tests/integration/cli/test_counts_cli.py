@@ -60,3 +60,14 @@ def test_estimated_counts_stay_right_aligned(tock, backlog, command):
     for row in table[1:]:
         if not row.startswith("(~"):  # the footnote
             assert row[end - 1].isdigit() and row[end:end + 1] in ("", " "), table
+
+
+def test_stats_shows_the_age_of_jobs_waiting_in_sqs(tock, db):
+    # Nothing due, but jobs sent long ago and never claimed (a queue no consumer takes):
+    # their age is the one to see, as the API and the gauge give it.
+    db.execute("INSERT INTO tock_jobs (kind, queue, state, run_at, payload, dispatched_at) "
+               "VALUES ('k', 'orphan', 'dispatched', now() - interval '10 minutes', '{}', "
+               "now() - interval '10 minutes')")
+    out = tock("stats")[1]
+    [row] = [r.split() for r in out.splitlines() if r.startswith("orphan")]
+    assert row[:4] == ["orphan", "k", "0", "1"] and float(row[-1]) >= 599, out
