@@ -202,30 +202,23 @@ def _overlap(spec: ScheduleSpec, state: ScheduleState, candidates: list[Fire],
                                      "an earlier run had not finished"))
         else:
             if buffered is not None:
-                _replaced(audits, buffered)
+                # One record for a run of them: an outage's slots within the grace
+                # replace one another in a single pass.
+                _append_run(audits, "overlap_replaced", buffered,
+                            "a newer slot took its place in the buffer")
             buffered = fire.slot
     return fires, buffered
 
 
-def _replaced(audits: list[AuditEntry], slot: datetime) -> None:
-    """Audit `slot` as pushed out of the buffer; one record for a run of them (an outage's
-    slots within the grace replace one another in a single pass)."""
-    last = audits[-1] if audits else None
-    if last is not None and last.reason == "overlap_replaced" and last.slot_count is not None:
-        audits[-1] = AuditEntry("overlap_replaced", last.first_slot, slot,
-                                last.slot_count + 1, last.detail)
-    else:
-        audits.append(AuditEntry("overlap_replaced", slot, slot, 1,
-                                 "a newer slot took its place in the buffer"))
-
-
-def _append_run(audits: list[AuditEntry], reason: str, slot: datetime) -> None:
+def _append_run(audits: list[AuditEntry], reason: str, slot: datetime,
+                detail: str | None = None) -> None:
+    """Audit `slot` for `reason`, extending the last record if it is a run of the same."""
     last = audits[-1] if audits else None
     if last is not None and last.reason == reason and last.slot_count is not None:
         audits[-1] = AuditEntry(reason, last.first_slot, slot, last.slot_count + 1, last.detail)
     else:
-        detail = "local time does not exist (DST gap), dst_gap='skip'" \
-            if reason == "dst_nonexistent" else None
+        if reason == "dst_nonexistent":
+            detail = "local time does not exist (DST gap), dst_gap='skip'"
         audits.append(AuditEntry(reason, slot, slot, 1, detail))
 
 
