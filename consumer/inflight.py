@@ -214,9 +214,11 @@ class Slots:
     def settle(self, reserved: int, kept: int) -> None:
         """A receiver is done with `reserved` slots: `kept` now run claimed jobs (each
         freed by `release` when its handler returns), the rest are free again."""
-        with self._cond:
+        with self._cond:  # one lock for both: this runs once per receive
             self._receiving -= reserved
-        self.release(reserved - kept)
+            if reserved > kept:
+                self._used -= reserved - kept
+                self._cond.notify_all()
 
     def release(self, count: int = 1) -> None:
         if count <= 0:

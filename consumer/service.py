@@ -162,10 +162,21 @@ class Consumer:
         for claimer in self.claimers.values():
             claimer.join(max(deadline - time.monotonic(), 0.0))
         idle = pipe.slots.wait_idle(max(deadline - time.monotonic(), 0.0))
-        last = threading.Thread(target=self._last_writes, args=(idle,), daemon=True,
-                                name="tock-shutdown")
+        failed: list[BaseException] = []
+
+        def last_writes() -> None:
+            try:
+                self._last_writes(idle)
+            except BaseException as exc:  # raised below, on the caller's thread
+                failed.append(exc)
+
+        last = threading.Thread(target=last_writes, daemon=True, name="tock-shutdown")
         last.start()
         last.join(LAST_WRITES_SECONDS)
+        if failed:
+            # What shutdown did not expect fails it as before the bound (exit non-zero,
+            # with its traceback), not a thread dying unnoticed.
+            raise failed[0]
         if last.is_alive():
             self.cut_short = True
             emit(log, "shutdown_cut_short", logging.ERROR, worker=self.worker_id,

@@ -252,3 +252,23 @@ def test_a_service_stopped_inside_a_transaction_does_not_hold_its_locks_for_ever
         assert "-c idle_in_transaction_session_timeout=120000" in default._kwargs["options"]
     finally:
         default.close()
+
+
+def test_an_unexpected_error_in_shutdowns_last_writes_is_raised_not_lost(
+        consumer_settings, registry, transport, monkeypatch):
+    """The last writes run on a thread of their own (to bound them); an error there must
+    still fail the shutdown, as it did on the caller's thread, not die with the thread."""
+    from consumer import service
+
+    registry.add("k", lambda payload, ctx: None)
+    consumer = service.Consumer(consumer_settings, registry, transport)
+    consumer.start()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the worker row could not be written")
+
+    monkeypatch.setattr(consumer.pipe.store, "stop_worker", broken)
+    with pytest.raises(RuntimeError, match="the worker row could not be written"):
+        consumer.shutdown()
+    assert not consumer.cut_short
+    consumer.close()
