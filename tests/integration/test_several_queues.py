@@ -28,3 +28,22 @@ def test_an_idle_queue_does_not_keep_the_other_from_being_received(
                      message=f"job {job.id} on {job.queue} run")
     finally:
         transport.client.delete_queue(QueueUrl=transport.url("second"))
+
+
+def test_a_queue_kept_from_receiving_goes_not_ready_and_back(running, registry):
+    """A pass that got no slot because other receivers held them all is no receive: the
+    probe used to count it as one, and said a queue never polled had just been received."""
+    registry.add("tick", lambda payload, ctx: None)
+    consumer = running(concurrency=1, receive_wait_seconds=1, sqs_call_timeout_seconds=1)
+    wait_for(lambda: consumer.supervisor.ready()[0], timeout=30, message="ready")
+    # Another receiver holds the only slot (as one long-polling an empty queue did).
+    held = wait_for(lambda: consumer.pipe.slots.reserve(1, timeout=0.5), timeout=30,
+                    message="the slot held")
+    try:
+        wait_for(lambda: not consumer.supervisor.ready()[0], timeout=30,
+                 message="not ready")
+        why = consumer.supervisor.ready()[1]
+        assert "claim-default" in why, why
+    finally:
+        consumer.pipe.slots.settle(held, 0)
+    wait_for(lambda: consumer.supervisor.ready()[0], timeout=30, message="ready again")
