@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from cli import audit, connect
 from cli.arguments import Sub, add_common, add_filters, filter_of, job_id_type
-from cli.output import print_json
+from cli.output import job_json, print_json
 from shared.client import Client
 from shared.core.errors import DatabaseError, InvalidInput, InvalidTransition, JobNotFound
 from shared.core.filters import CANCELLABLE_STATES, RETRYABLE_STATES, JobFilter
@@ -57,7 +57,7 @@ def _change_ids(client: Client, action: str, args: argparse.Namespace) -> int:
         if not args.json:
             print(f"job {job.id}: {job.state}")
     if args.json and not args.dry_run:
-        print_json(done)
+        print_json([job_json(job) for job in done])
     return status
 
 

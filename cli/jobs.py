@@ -17,7 +17,7 @@ from cli.arguments import (
     nonempty,
     parse_time,
 )
-from cli.output import cell, print_json, print_table, printable
+from cli.output import cell, job_json, print_json, print_table, printable
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from shared.core.text import shown
@@ -99,7 +99,7 @@ def _enqueue(args: argparse.Namespace) -> int:
                               tenant=args.tenant, concurrency_key=args.concurrency_key)
     audit.action("job_enqueued", job_id=job.id, kind=job.kind, created=job.created)
     if args.json:
-        print_json(job)
+        print_json({**job_json(job), "created": job.created})
     elif job.created:
         print(f"enqueued job {job.id} ({job.kind}) on queue {job.queue}, due "
               f"{job.run_at.isoformat(timespec='seconds')}")
@@ -114,7 +114,7 @@ def _jobs(args: argparse.Namespace) -> int:
     with connect.operator_store(args) as store:
         page = ops_jobs.list_jobs(store, where, limit=args.limit, before_id=args.before_id)
     if args.json:
-        print_json({"jobs": page.jobs, "next_cursor": page.next_cursor})
+        print_json({"jobs": [job_json(j) for j in page.jobs], "next_cursor": page.next_cursor})
         return EXIT_OK
     print_table(["id", "kind", "queue", "state", "attempt", "run at", "last error"], [
         [j.id, j.kind, j.queue, j.state,
@@ -133,7 +133,7 @@ def _show(args: argparse.Namespace) -> int:
         with store.transaction() as tx:
             why = explain.explain(job, explain.gather(tx, job))
     if args.json:
-        print_json({"job": job, "explanation": why})
+        print_json({"job": job_json(job), "explanation": why})
         return EXIT_OK
     print(f"job {job.id}  {job.kind}  [{job.state}]")
     print()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from cli import audit
 from cli.arguments import add_common
+from cli.output import print_json
 from shared.core.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -57,8 +58,12 @@ def _migrate(args: argparse.Namespace) -> int:
                                       if args.database_url else {}))
     check_reachable(settings.database_url, migrated=False)
     if args.dry_run:
-        return _list_migrations(settings.database_url)
+        return _list_migrations(settings.database_url, as_json=args.json)
     applied = migrate(settings.database_url)
+    if args.json:
+        print_json({"applied": applied, "moves_history": HISTORY_MIGRATION in applied
+                    and applied[0] != "0001_core.sql"})
+        return EXIT_OK
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied
                                                     else "; database is up to date"))
     if HISTORY_MIGRATION in applied and applied[0] != "0001_core.sql":
@@ -68,7 +73,7 @@ def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _list_migrations(database_url: str) -> int:
+def _list_migrations(database_url: str, *, as_json: bool = False) -> int:
     """`tock migrate --dry-run`: what is applied and what is pending; applies nothing."""
     import psycopg
 
@@ -80,6 +85,10 @@ def _list_migrations(database_url: str) -> int:
         done = applied(conn)
     shipped = [name for name, _ in available()]
     pending = [name for name in shipped if name not in done]
+    if as_json:
+        print_json({"applied": done, "pending": pending,
+                    "not_shipped": [name for name in done if name not in shipped]})
+        return EXIT_OK
     for name in done:
         print(f"applied  {name}" + ("" if name in shipped
                                     else "  (not shipped with this version of tock)"))
@@ -111,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate", help="apply database migrations (idempotent)",
                        description=MIGRATE_DESCRIPTION)
-    add_common(p, json_flag=False)
+    add_common(p)
     p.add_argument("--dry-run", "--list", dest="dry_run", action="store_true",
                    help="list the applied and pending migrations; apply nothing")
     p.set_defaults(func=_migrate)

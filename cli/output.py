@@ -13,17 +13,20 @@ from typing import Any, Self, TextIO
 from uuid import UUID
 
 from shared.core.iso_time import formatted
+from shared.core.jobs import Job
 
 MAX_CELL = 60
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """`value` as JSON types: dataclasses as dicts, datetimes as ISO 8601 text, enums as
+    their values, UUIDs as text."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, Enum):
@@ -33,9 +36,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def job_json(job: Job) -> dict[str, Any]:
+    """A job for `--json`, its fields named as the HTTP API names them (`key`, not the
+    column's `unique_key`); `created` is added by enqueue alone, the one read it means
+    something to."""
+    fields = plain(job)
+    fields.pop("created")
+    return {("key" if name == "unique_key" else name): value
+            for name, value in fields.items()}
+
+
 def print_json(value: Any, out: TextIO | None = None) -> None:
     """One JSON document: dataclasses, datetimes (ISO 8601), enums and UUIDs included."""
-    print(json.dumps(_plain(value), indent=2, sort_keys=False), file=out or sys.stdout)
+    print(json.dumps(plain(value), indent=2, sort_keys=False), file=out or sys.stdout)
 
 
 class Count(int):

@@ -76,16 +76,16 @@ def me(who: Viewer) -> models.MeOut:
     return models.MeOut(role=who.role, csrf_token=who.csrf_token)
 
 
-@router.post("/jobs", status_code=201, response_model=models.JobOut, summary="Enqueue a job",
+@router.post("/jobs", status_code=201, response_model=models.EnqueuedOut, summary="Enqueue a job",
              responses=ERRORS)
-def enqueue(body: models.EnqueueIn, who: Operator, request: Request) -> models.JobOut:
+def enqueue(body: models.EnqueueIn, who: Operator, request: Request) -> models.EnqueuedOut:
     job = _client(request).schedule(
         body.kind, body.payload, at=body.at, delay=body.delay, key=body.key,
         priority=body.priority, queue=body.queue, max_attempts=body.max_attempts,
         timeout=body.timeout, tenant=body.tenant, concurrency_key=body.concurrency_key)
     emit(log, "job_enqueued", job_id=job.id, kind=job.kind, created=job.created,
          via="api", role=who.role)
-    return models.JobOut.of(job)
+    return models.EnqueuedOut.of(job)
 
 
 def _filter(*, state: list[JobState] | None, kind: str | None, queue: str | None,

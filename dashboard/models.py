@@ -172,7 +172,6 @@ class JobOut(JobSummary):
     dispatched_at: datetime | None
     updated_at: datetime
     started_at: datetime | None
-    created: bool = Field(description="False when an existing job with the key was returned")
 
     @classmethod
     def of(cls, j: Job) -> JobOut:
@@ -180,7 +179,17 @@ class JobOut(JobSummary):
                    payload_text=payload_text(j.payload),
                    timeout_seconds=j.timeout_seconds, lease_expires_at=j.lease_expires_at,
                    dispatched_at=j.dispatched_at, updated_at=j.updated_at,
-                   started_at=j.started_at, created=j.created)
+                   started_at=j.started_at)
+
+
+class EnqueuedOut(JobOut):
+    """The answer to an enqueue: the job, and whether this request made it."""
+
+    created: bool = Field(description="False when an existing job with the key was returned")
+
+    @classmethod
+    def of(cls, j: Job) -> EnqueuedOut:
+        return cls(**JobOut.of(j).model_dump(), created=j.created)
 
 
 class ExplanationOut(BaseModel):

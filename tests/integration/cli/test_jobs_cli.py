@@ -21,9 +21,16 @@ def test_enqueue_list_and_show(tock, db):
                         "--tenant", "acme")
     assert code == 0 and out.startswith("enqueued job 1 (email) on queue default")
     code, out, _ = tock("enqueue", "report", "--key", "r:1", "--json")
-    assert code == 0 and json.loads(out)["id"] == 2
+    made = json.loads(out)
+    assert code == 0 and (made["id"], made["key"], made["created"]) == (2, "r:1", True)
+    assert "unique_key" not in made, "named as the HTTP API names it"
+    code, out, _ = tock("enqueue", "report", "--key", "r:1", "--json")
+    assert (json.loads(out)["id"], json.loads(out)["created"]) == (2, False)
     code, out, _ = tock("enqueue", "report", "--key", "r:1")
     assert code == 0 and "already exists" in out
+    code, out, _ = tock("show", "2", "--json")
+    shown = json.loads(out)["job"]
+    assert shown["key"] == "r:1" and "created" not in shown, "a read creates nothing"
     code, out, _ = tock("jobs")
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["ID", "KIND", "QUEUE", "STATE"]
@@ -31,6 +38,7 @@ def test_enqueue_list_and_show(tock, db):
     code, out, _ = tock("jobs", "--tenant", "acme", "--json")
     listed = json.loads(out)
     assert [j["id"] for j in listed["jobs"]] == [1] and listed["next_cursor"] is None
+    assert listed["jobs"][0]["tenant"] == "acme" and "created" not in listed["jobs"][0]
     code, out, _ = tock("jobs", "--limit", "1")
     assert "more: add --before-id 2" in out
     code, out, _ = tock("jobs", "--limit", "1", "--before-id", "2", "--json")
@@ -69,7 +77,7 @@ def test_control_and_bidi_characters_in_job_data_are_shown_as_escapes(tock, db, 
     assert "k\\x1b[2K\\x1b[1Astate: succeeded\\x07\\u202egnp.exe" in out
     assert "acme\\x9b" in out
     _, out, _ = tock("show", str(job.id), "--json")  # JSON escapes them itself
-    assert json.loads(out)["job"]["unique_key"] == key
+    assert json.loads(out)["job"]["key"] == key
 
 
 @pytest.mark.parametrize(("argv", "code", "words"), [
@@ -121,6 +129,7 @@ def test_retry_and_cancel_by_id(tock, db):
     assert code == 0 and out.strip() == "job 1: cancelled"
     code, out, _ = tock("retry", "1", "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "scheduled"
+    assert "created" not in json.loads(out)[0] and "key" in json.loads(out)[0]
 
 
 def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):

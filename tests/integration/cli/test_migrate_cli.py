@@ -4,6 +4,7 @@ happens next. Against the session's real Postgres, each test on a database of it
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -68,6 +69,19 @@ def test_an_upgrade_past_the_history_migration_lists_then_applies_and_says_what_
     code, out, _ = tock("migrate", "--dry-run", "--database-url", empty_url)
     assert code == 0 and _listed(out, "applied") == SHIPPED and _listed(out, "pending") == []
     assert out.endswith(f"{len(SHIPPED)} applied, 0 pending: the database is up to date\n")
+
+
+def test_json_lists_and_applies_for_scripts(tock, empty_url):
+    migrate(empty_url, up_to=BEFORE_HISTORY)
+    done = SHIPPED[:SHIPPED.index(BEFORE_HISTORY) + 1]
+    code, out, _ = tock("migrate", "--dry-run", "--json", "--database-url", empty_url)
+    assert code == 0 and json.loads(out) == {"applied": done, "pending": SHIPPED[len(done):],
+                                             "not_shipped": []}
+    code, out, _ = tock("migrate", "--json", "--database-url", empty_url)
+    assert code == 0 and json.loads(out) == {"applied": SHIPPED[len(done):],
+                                             "moves_history": True}
+    code, out, _ = tock("migrate", "--json", "--database-url", empty_url)
+    assert code == 0 and json.loads(out) == {"applied": [], "moves_history": False}
 
 
 def test_a_fresh_install_has_nothing_to_move(tock, empty_url):

@@ -27,6 +27,7 @@ def test_enqueue_get_and_explain(operator):
     detail = operator.get(f"/api/jobs/{job['id']}").json()
     assert detail["job"]["payload"] == {"to": "a@b"}
     assert detail["job"]["tenant"] == "acme"
+    assert "created" not in detail["job"], "only an enqueue says whether it made the job"
     assert detail["attempts"] == []
     assert detail["explanation"]["summary"].startswith("Not due until ")
     assert detail["explanation"]["can_cancel"] is True
