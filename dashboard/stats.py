@@ -44,11 +44,23 @@ seconds is kept for at least c / BUSY_SHARE, so a big hot table slows the refres
 than keeping a Postgres core busy for the dashboard."""
 
 
+SERVE_STALE_FOR_SECONDS = 120.0
+"""While another caller computes a snapshot, the last one is served if it is no older than
+this; past it, callers wait for the computation (the API) or report the statistics down
+(/metrics), rather than show numbers minutes old as current."""
+
+
+class StatsStale(DatabaseError):
+    """The statistics are being computed, and the last snapshot is too old to serve."""
+
+
 class StatsCache:
     """Computes a `Snapshot` when the last one is older than `ttl_seconds` (or, when that
     is longer, ten times what the last one took, or the one before it if that was quicker:
-    see BUSY_SHARE); concurrent callers wait for the one computation instead of each
-    running it. `ttl_seconds=0` computes every time.
+    see BUSY_SHARE); one caller computes it, and the others meanwhile get the last one
+    (up to SERVE_STALE_FOR_SECONDS old) instead of waiting: a scrape must not wait out a
+    computation that a lock or a slow Postgres holds up. `ttl_seconds=0` computes every
+    time.
 
     Only the quicker of the last two computations counts: one that took long because
     Postgres hung or was restarting while it ran (it then takes as long as the outage)
@@ -63,7 +75,8 @@ class StatsCache:
         self.ttl_seconds = ttl_seconds
         self.finished_ttl_seconds = max(finished_ttl_seconds, ttl_seconds)
         self.stale_after_seconds = stale_after_seconds
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the fields below
+        self._computing = threading.Lock()  # held by the one caller computing
         self._snapshot: Snapshot | None = None
         self._taken = 0.0
         self._previous_compute_seconds: float | None = None
@@ -82,15 +95,48 @@ class StatsCache:
             took = min(took, self._previous_compute_seconds)
         return max(self.ttl_seconds, took / BUSY_SHARE)
 
-    def get(self) -> Snapshot:
+    @property
+    def age_seconds(self) -> float:
+        """How long ago the current snapshot was taken (0 before the first)."""
         with self._lock:
-            if self._snapshot is None or self.clock() - self._taken >= self.refresh_seconds:
-                previous = self._snapshot
-                self._snapshot = self._compute()
-                if previous is not None:
-                    self._previous_compute_seconds = previous.compute_seconds
-                self._taken = self.clock()
-            return self._snapshot
+            return self.clock() - self._taken if self._snapshot is not None else 0.0
+
+    def get(self, *, wait: bool = True) -> Snapshot:
+        """The current snapshot, computed first when it is due. While another caller
+        computes one, the last is returned at once if it is at most
+        SERVE_STALE_FOR_SECONDS old; otherwise this waits for it, or with `wait=False`
+        raises StatsStale."""
+        fresh = self._fresh()
+        if fresh is not None:
+            return fresh
+        with self._lock:
+            stale = self._snapshot
+            servable = (stale is not None
+                        and self.clock() - self._taken <= SERVE_STALE_FOR_SECONDS)
+        if not self._computing.acquire(blocking=wait and not servable):
+            if servable and stale is not None:
+                return stale
+            raise StatsStale("the cluster statistics are being computed, and the last were "
+                             f"taken more than {SERVE_STALE_FOR_SECONDS:.0f} s ago")
+        try:
+            fresh = self._fresh()  # another caller may have computed it while this waited
+            if fresh is not None:
+                return fresh
+            snapshot = self._compute()
+            with self._lock:
+                if self._snapshot is not None:
+                    self._previous_compute_seconds = self._snapshot.compute_seconds
+                self._snapshot, self._taken = snapshot, self.clock()
+            return snapshot
+        finally:
+            self._computing.release()
+
+    def _fresh(self) -> Snapshot | None:
+        with self._lock:
+            if self._snapshot is not None and (
+                    self.clock() - self._taken < self.refresh_seconds):
+                return self._snapshot
+            return None
 
     def _compute(self) -> Snapshot:
         started = self.clock()
@@ -126,7 +172,7 @@ class ClusterCollector(Collector):
         up = GaugeMetricFamily("tock_cluster_stats_up",
                                "1 if the cluster statistics could be read from Postgres")
         try:
-            snap = self.cache.get()
+            snap = self.cache.get(wait=False)
         except DatabaseError:
             up.add_metric([], 0)
             yield up
@@ -181,6 +227,10 @@ class ClusterCollector(Collector):
         yield GaugeMetricFamily("tock_cluster_stats_seconds",
                                 "Time the last statistics computation took",
                                 value=snap.compute_seconds)
+        yield GaugeMetricFamily("tock_cluster_stats_age_seconds",
+                                "How long ago these statistics were computed (a scrape "
+                                "during a refresh gets the previous ones)",
+                                value=self.cache.age_seconds)
         yield GaugeMetricFamily("tock_cluster_stats_refresh_seconds",
                                 "How long a statistics snapshot is kept (the TTL, or ten "
                                 "times its computation when that is longer)",
