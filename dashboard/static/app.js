@@ -406,6 +406,9 @@ function limitForm() {
     el("input", {name: "max_running", type: "number", min: 0, placeholder: "max running"}),
     el("input", {name: "rate", type: "number", min: 0, step: "any", placeholder: "rate"}),
     el("input", {name: "per", type: "number", min: 0, step: "any", placeholder: "per s (1)"}),
+    el("input", {name: "burst", type: "number", min: 1, step: 1,
+                 placeholder: "burst (1 s worth)",
+                 title: "tokens the bucket holds (default: a second's worth of the rate)"}),
     el("button", {type: "submit"}, "Set limit"),
     el("button", {type: "button", className: "quiet", "data-testid": "limit-remove",
                   onclick: () => removeLimit(form)}, "Remove"));
@@ -421,7 +424,7 @@ function limitTarget(form) {
 async function setLimit(form) {
   const {data, scope, key} = limitTarget(form);
   const body = {scope, key};
-  for (const k of ["max_running", "rate", "per"]) {
+  for (const k of ["max_running", "rate", "per", "burst"]) {
     if (data.get(k) !== "") body[k] = Number(data.get(k));
   }
   try {

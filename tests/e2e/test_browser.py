@@ -321,6 +321,14 @@ def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
     form.locator("button[type=submit]").click()
     expect(page.locator("#toast")).to_have_text("Limit set on kind report.")
     expect(row.get_by_test_id("limit-running")).to_have_text("0 / 2", timeout=15_000)
+    for name, value in (("rate", "30"), ("per", "60"), ("burst", "7")):
+        form.locator(f"[name={name}]").fill(value)
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text("Limit set on kind report.")
+    (limit,) = client.limits()
+    assert (limit.max_running, limit.rate_per_second, limit.burst) == (2, 0.5, 7)
+    for name in ("rate", "per", "burst"):
+        form.locator(f"[name={name}]").fill("")
     form.locator("[name=max_running]").fill("")
     form.locator("button[type=submit]").click()
     expect(page.locator("#toast")).to_contain_text("give max_running, a rate, or both")
