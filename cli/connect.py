@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from shared.client import Client
 from shared.core.errors import ConfigError, DatabaseUnavailable
 from shared.runtime.settings import ClientSettings
-from shared.store.database import Database, probe, redacted
+from shared.store.database import Database, probe, redacted, url_refused
 from shared.store.migrate import missing_migrations
 from shared.store.operator_store import OperatorStore
 
@@ -34,6 +34,9 @@ def check_reachable(url: str, *, migrated: bool = True) -> None:
     if url in _reachable:
         return
     reason = probe(url, timeout=PROBE_SECONDS)
+    if reason is not None and url_refused(reason):
+        raise ConfigError(f"the database at {redacted(url)} refuses what the URL asks for: "
+                          f"{reason} (fix TOCK_DATABASE_URL or --database-url)")
     if reason is not None:
         raise DatabaseUnavailable(f"cannot use the database at {redacted(url)}: {reason} "
                                   "(set TOCK_DATABASE_URL or --database-url)")

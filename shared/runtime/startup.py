@@ -10,7 +10,7 @@ import os
 from shared.core.errors import QueueMissing, TransportError
 from shared.runtime.logs import emit
 from shared.runtime.settings import unknown_variables
-from shared.store.database import probe, redacted
+from shared.store.database import probe, redacted, url_refused
 from shared.store.migrate import missing_migrations
 from shared.transport.base import Transport
 
@@ -31,6 +31,9 @@ def database_problem(url: str) -> tuple[int, str] | None:
                 f"the database at {redacted(url)} takes no more connections: {reason} "
                 "(max_connections is reached; it is retried, and other clients' idle "
                 "connections, or a pooler, are the fix, not TOCK_DATABASE_URL)")
+        if url_refused(reason):  # a wrong option, user or password: retrying will not help
+            return EXIT_CONFIG, (f"TOCK_DATABASE_URL: the database at {redacted(url)} refuses "
+                                 f"what the URL asks for: {reason}")
         return EXIT_UNAVAILABLE, f"TOCK_DATABASE_URL: cannot use {redacted(url)}: {reason}"
     pending = missing_migrations(url)
     if pending:

@@ -451,7 +451,25 @@ def reason(exc: psycopg.Error) -> str:
     authentication failed, a host that does not resolve ...)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()
              and not line.strip().startswith("Is the server running")]
-    return "; ".join(lines) or type(exc).__name__
+    # libpq tries each address (and SSL, then not) and says the same of each: once is enough
+    parts: dict[str, str] = {}
+    for line in lines:
+        parts.setdefault(line.removeprefix("connection failed: "), line)
+    return "; ".join(parts.values()) or type(exc).__name__
+
+
+_URL_REFUSED = ("invalid value for parameter", "unrecognized configuration parameter",
+                "invalid connection option", "invalid sslmode value",
+                "invalid integer value", "password authentication failed",
+                "does not exist", "no pg_hba.conf entry")
+"""What libpq or the server says of a URL whose settings, user, password or database are
+wrong, in Postgres's English messages (another lc_messages reads as unavailable)."""
+
+
+def url_refused(reason: str) -> bool:
+    """Whether a failed connection's `reason` (see `reason`) says the URL itself is wrong,
+    which waiting will not mend, rather than that the server is down or busy."""
+    return any(words in reason for words in _URL_REFUSED)
 
 
 def primary_only(url: str) -> dict[str, Any]:

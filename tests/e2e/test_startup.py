@@ -52,6 +52,23 @@ def test_an_unreachable_database_stops_the_process_with_the_cause(process):
 
 
 @pytest.mark.parametrize("process", sorted(PROCESSES))
+@pytest.mark.parametrize(("query", "words"), [
+    ("?options=-c%20statement_timeout%3Dabc", 'invalid value for parameter "statement_timeout"'),
+    ("?options=-c%20no_such_setting%3D1", 'unrecognized configuration parameter'),
+])
+def test_a_url_whose_settings_the_server_refuses_is_a_settings_error(process, database_url,
+                                                                     query, words):
+    """It exited 3 ("unavailable"), which an orchestrator retries for ever and an operator
+    reads as Postgres being down; the URL is what is wrong."""
+    done = _run(PROCESSES[process], TOCK_DATABASE_URL=database_url + query,
+                TOCK_DASHBOARD_DEV="1")
+    assert done.returncode == 2, done.stderr
+    assert "TOCK_DATABASE_URL" in done.stderr and words in done.stderr
+    assert "refuses what the URL asks for" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count(words) == 1, "libpq's repeats of one failure are said once"
+
+
+@pytest.mark.parametrize("process", sorted(PROCESSES))
 def test_a_mistyped_setting_is_named_with_the_one_meant(process):
     # Unknown TOCK_* variables are never read: the default stays in force, unsaid.
     url = f"postgresql://tock@127.0.0.1:{free_port()}/tock"

@@ -243,6 +243,17 @@ def test_database_down_exits_3_naming_the_cause_and_the_setting(tock):
     assert "secret" not in err
 
 
+def test_a_url_the_server_refuses_exits_2_not_3(tock, database_url):
+    base = database_url.rsplit("/", 1)[0]
+    for url, words in [(f"{database_url}?options=-c%20statement_timeout%3Dabc",
+                        'invalid value for parameter "statement_timeout"'),
+                       (f"{base}/no_such_database_here", "does not exist")]:
+        code, _, err = tock("jobs", "--database-url", url)
+        assert code == 2, err
+        assert "refuses what the URL asks for" in err and words in err
+        assert "(fix TOCK_DATABASE_URL or --database-url)" in err
+
+
 @pytest.mark.parametrize("command", [("schedules", "list"), ("schedules", "show", "x"),
                                      ("schedules", "pause", "x")])
 def test_schedule_commands_check_the_database_as_every_command_does(tock, pg_server, command):
