@@ -148,7 +148,7 @@ GAP_NOTES: dict[str, str] = {
         "the loops spread more than the table moves them: on one 5M-row table here, eight "
         "loops gave 23,900-30,800 jobs/s, against 29,190 at 10k in one run. The claim "
         "probes `tock_jobs_due_idx` once per priority level (`sql.DUE_LEVELS`), walks the "
-        "(kind, tenant) pairs with due work through `tock_jobs_fair_idx` (`sql.DUE_PAIRS_*`, "
+        "(kind, queue, tenant) with due work through `tock_jobs_fair_idx` (`sql.DUE_PAIRS_*`, "
         "one probe per step) and takes each pair's oldest rows (`sql.CLAIM_PAIRS`), so "
         "pending rows cost it one B-tree level per 100x. At 5M pending the table and its "
         "indexes (about 2 GB) outgrow `shared_buffers` (1 GB here) and each claimed row "

@@ -45,7 +45,7 @@ MIGRATE_DESCRIPTION = (
     "by the retention loop of a timer of this version, in bounded batches "
     "(TOCK_RETENTION_BATCH_SIZE rows per transaction, every TOCK_RETENTION_INTERVAL_SECONDS), "
     "never holding a long lock. "
-    "0010 and 0011 build an index on tock_jobs each, holding back writes to it for about a "
+    "0010, 0011 and 0014 build an index on tock_jobs each, holding back writes to it for about a "
     "second per million unfinished jobs: with a large backlog, apply them at a quiet moment.")
 
 

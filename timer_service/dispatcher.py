@@ -65,6 +65,9 @@ BACKLOGGED_FOR_SECONDS = 1.0
 WINDOW_RECOUNT_SECONDS = 0.02
 """How stale a count of the jobs waiting in SQS a pass may use; between counts, the jobs
 this timer sent are added to it."""
+LANES_COUNTED = 8
+"""A kind's jobs in SQS are counted up to this many windows' worth (its queues together):
+past that its every queue counts as full, as when the window was per kind."""
 WINDOW_POLL_SECONDS = 0.05
 """While a kind's dispatch window is full: how often to look again (consumers claiming
 its jobs free room, which nothing announces)."""
@@ -83,22 +86,20 @@ PairAt = tuple[int, str, str]
 
 @dataclass(frozen=True)
 class WindowHeld:
-    """What the dispatch window holds back as of its last count: the (kind, tenant) pairs
-    with a batch of jobs waited in SQS past the window's age, and the kinds with the whole
-    window in SQS. The dispatch threads look again at them every WINDOW_POLL_SECONDS; the
-    due watcher serves everything else meanwhile."""
+    """What the dispatch window holds back as of its last count: the (kind, queue, tenant)
+    triples with a batch of jobs waited in SQS past the window's age, and the (kind,
+    queue) lanes with the whole window in SQS. The dispatch threads look again at them
+    every WINDOW_POLL_SECONDS; the due watcher serves everything else meanwhile."""
 
-    pairs: frozenset[tuple[str, str]] = frozenset()
-    kinds: frozenset[str] = frozenset()
+    waited: frozenset[tuple[str, str, str]] = frozenset()
+    lanes: frozenset[fair_share.Lane] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self.pairs or self.kinds)
+        return bool(self.waited or self.lanes)
 
-    def __contains__(self, pair: object) -> bool:
-        if not isinstance(pair, tuple) or len(pair) != 3:
-            return False
-        _, kind, tenant = pair
-        return kind in self.kinds or (kind, tenant) in self.pairs
+    def holds(self, kind: str, queue: str, tenant: str) -> bool:
+        """Whether the window holds back this kind's jobs of `tenant` on `queue`."""
+        return (kind, queue) in self.lanes or (kind, queue, tenant) in self.waited
 
 
 @dataclass
@@ -157,10 +158,11 @@ class Dispatcher(Loop):
         self.transport = transport
         self.batch_size = batch_size
         self.dispatch_window = dispatch_window
-        """Most jobs of a kind waiting in SQS (dispatched, not yet claimed); 0: no cap."""
+        """Most jobs of a kind waiting in one SQS queue (dispatched, not yet claimed); 0: no
+        cap."""
         self.dispatch_window_seconds = dispatch_window_seconds
-        """A (kind, tenant) of which a batch of jobs has waited in SQS longer than this gets
-        no more until consumers catch up; 0: only the count applies."""
+        """A (kind, queue, tenant) of which a batch of jobs has waited in SQS longer than
+        this gets no more until consumers catch up; 0: only the count applies."""
         self.max_idle_seconds = max_idle_seconds
         self.ready_within_seconds = max(10.0, 5 * max_idle_seconds)
         self._executor = ThreadPoolExecutor(send_concurrency, thread_name_prefix="tock-send")
@@ -170,18 +172,19 @@ class Dispatcher(Loop):
         self._reported: dict[str, float] = {}
         self._refusals: dict[str, int] = {}
         self._cursors: dict[int, str | None] = {}  # per level: the last tenant served
-        # Per (level, kind, tenant) with a per-key limit: the last concurrency key looked at.
-        self._key_cursors: dict[tuple[int, str, str], str] = {}
+        # Per (level, kind, queue, tenant) with a per-key limit: the last key looked at.
+        self._key_cursors: dict[tuple[int, str, str, str], str] = {}
         self._turn = 0  # passes so far: who goes first round a limit with little room
         # pair -> (since, last): the full batches whose share it filled, without a break
         self._filling: dict[PairAt, tuple[float, float]] = {}
         self.monotonic: Callable[[], float] = time.monotonic  # tests age the backlog with it
-        # kind -> its jobs waiting in SQS: the last count, plus what this timer sent since
-        self._in_sqs: dict[str, int] = {}
-        # the same per (kind, tenant): fair share tops the tenants with fewest up first
-        self._pairs_in_sqs: Counter[tuple[str, str]] = Counter()
-        # (kind, tenant) pairs with a batch of jobs in SQS past the window's age
-        self._waited: set[tuple[str, str]] = set()
+        # (kind, queue) -> its jobs waiting in SQS: the last count, plus what this timer
+        # sent since
+        self._in_sqs: dict[fair_share.Lane, int] = {}
+        # the same per (kind, queue, tenant): fair share tops the tenants with fewest up
+        self._pairs_in_sqs: Counter[tuple[str, str, str]] = Counter()
+        # (kind, queue, tenant) with a batch of jobs in SQS past the window's age
+        self._waited: set[tuple[str, str, str]] = set()
         self._counted_at = -WINDOW_RECOUNT_SECONDS
         # Open unless the due watcher is running a pass: then backlog passes wait for it
         # (priority_pass), so its claim does not queue for the CPU behind theirs.
@@ -286,13 +289,14 @@ class Dispatcher(Loop):
         if not self.dispatch_window:
             return WindowHeld()
         with self._lock:
-            full = frozenset(k for k, n in self._in_sqs.items() if n >= self.dispatch_window)
+            full = frozenset(lane for lane, n in self._in_sqs.items()
+                             if n >= self.dispatch_window)
             return WindowHeld(frozenset(self._waited), full)
 
     def _filled(self, level: int, pairs: list[fair_share.Pair]) -> None:
         """A full batch at `level` in which `pairs` took their whole share."""
         now = self.monotonic()
-        filled = {(level, kind, tenant) for kind, tenant, _ in pairs}
+        filled = {(level, kind, tenant) for kind, _, tenant, _ in pairs}
         with self._lock:
             for pair in [p for p in self._filling if p[0] == level and p not in filled]:
                 del self._filling[pair]
@@ -321,11 +325,12 @@ class Dispatcher(Loop):
         if failed:
             self._report_stuck(due, streaks, failed)
         if self.dispatch_window:
-            sent_of = Counter((job.kind, job.tenant_key) for job in due if job.id not in failed)
+            sent_of = Counter((job.kind, job.queue, job.tenant_key) for job in due
+                              if job.id not in failed)
             with self._lock:
-                for (kind, tenant), n in sent_of.items():
-                    self._in_sqs[kind] = self._in_sqs.get(kind, 0) + n
-                    self._pairs_in_sqs[(kind, tenant)] += n
+                for (kind, queue, tenant), n in sent_of.items():
+                    self._in_sqs[(kind, queue)] = self._in_sqs.get((kind, queue), 0) + n
+                    self._pairs_in_sqs[(kind, queue, tenant)] += n
         for job in due:
             if job.id not in failed:
                 metrics.DUE_TO_DISPATCH.observe(max(job.lag_seconds, 0.0))
@@ -336,9 +341,10 @@ class Dispatcher(Loop):
     def claim_batch(self, tx: JobStore, now: datetime | None, *,
                     skip: frozenset[PairAt] | None = None) -> Batch:
         """One batch, in the caller's transaction: priority levels highest first; within a
-        level the (kind, tenant) pairs with due work share it (fair_share.plan), no kind or
-        tenant past its limit, and what a pair with little due work leaves over goes to the
-        pairs that filled their share.
+        level the (kind, queue, tenant) pairs with due work share it (fair_share.plan), no
+        kind or tenant past its limit nor (kind, queue) lane past its dispatch window, and
+        what a pair with little due work leaves over goes to the pairs that filled their
+        share.
 
         With `skip` (the due watcher's pass) the pairs in it are left out, the walk starts
         from the first tenant and the round-robin cursors are left as they are; without,
@@ -346,10 +352,8 @@ class Dispatcher(Loop):
         flow = tx.sibling(FlowStore)
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
-        window_rooms, waited, in_sqs = self._window_rooms(flow, now)
-        for kind, room in window_rooms.items():
-            kind_room[kind] = min(kind_room.get(kind, room), room)
-        window_full = bool(waited) or any(room <= 0 for room in window_rooms.values())
+        lane_room, waited, in_sqs = self._window_rooms(flow, now)
+        window_full = bool(waited) or any(room <= 0 for room in lane_room.values())
         tenant_room = {r.key: r.room for r in rooms
                        if r.scope == "tenant" and r.room is not None}
         keyed = {r.key: r for r in rooms if r.scope == "kind_key"}
@@ -366,42 +370,48 @@ class Dispatcher(Loop):
                 break
             skip_kinds = [k for k, n in kind_room.items() if n <= 0]
             skip_tenants = [t for t, n in tenant_room.items() if n <= 0]
+            skip_lanes = [lane for lane, n in lane_room.items() if n <= 0]
             if skip_kinds or skip_tenants:
                 batch.held = batch.next_token_seconds
             with self._lock:
                 cursor = self._cursors.get(level) if skip is None else None
             after = flow.due_pairs(level, capacity, after=cursor, skip_kinds=skip_kinds,
-                                   skip_tenants=skip_tenants, now=now)
-            wrapped: list[tuple[str, str, int]] = []
-            if cursor is not None and len({p[1] for p in after}) < capacity:
+                                   skip_tenants=skip_tenants, skip_lanes=skip_lanes, now=now)
+            wrapped: list[fair_share.Pair] = []
+            if cursor is not None and len({p[2] for p in after}) < capacity:
                 wrapped = flow.due_pairs(level, capacity, skip_kinds=skip_kinds,
-                                         skip_tenants=skip_tenants, now=now)
+                                         skip_tenants=skip_tenants, skip_lanes=skip_lanes,
+                                         now=now)
             pairs = fair_share.round_from(after, wrapped, cursor, capacity)
             if skip is not None:
-                pairs = [p for p in pairs if (level, p[0], p[1]) not in skip]
+                pairs = [p for p in pairs if (level, p[0], p[2]) not in skip]
             else:
-                tenants = list(dict.fromkeys(p[1] for p in pairs))
+                tenants = list(dict.fromkeys(p[2] for p in pairs))
                 with self._lock:
                     self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
             if waited:
-                pairs = [p for p in pairs if (p[0], p[1]) not in waited]
+                pairs = [p for p in pairs if (p[0], p[1], p[2]) not in waited]
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,
-                                        tenant_room=tenant_room, turn=turn, in_sqs=in_sqs)
+                                        tenant_room=tenant_room, lane_room=lane_room,
+                                        turn=turn, in_sqs=in_sqs)
                 if not share:
                     break
                 got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn, now=now)
                 batch.jobs.extend(got)
                 capacity -= len(got)
-                taken = Counter((job.kind, job.tenant_key) for job in got)
-                for (kind, tenant), n in taken.items():
+                taken = Counter((job.kind, job.queue, job.tenant_key) for job in got)
+                for (kind, queue, tenant), n in taken.items():
                     if kind in kind_room:
                         kind_room[kind] -= n
                     if tenant in tenant_room:
                         tenant_room[tenant] -= n
+                    if (kind, queue) in lane_room:
+                        lane_room[(kind, queue)] -= n
                 # Pairs that took their whole share may have more; the others are done.
-                wanted = {(k, t): n for k, t, n in share}
-                pairs = [p for p in pairs if taken[(p[0], p[1])] >= wanted.get((p[0], p[1]), 1)]
+                wanted = {(k, q, t): n for k, q, t, n in share}
+                pairs = [p for p in pairs
+                         if taken[(p[0], p[1], p[2])] >= wanted.get((p[0], p[1], p[2]), 1)]
                 if capacity <= 0 or not pairs:
                     break
             if capacity <= 0 and skip is None:
@@ -409,18 +419,21 @@ class Dispatcher(Loop):
         return batch
 
     def _window_rooms(self, flow: FlowStore, now: datetime | None
-                      ) -> tuple[dict[str, int], set[tuple[str, str]], dict[tuple[str, str], int]]:
-        """The dispatch window: (room left of each kind that may not have a whole batch of
-        it: dispatch_window minus its jobs in SQS; the (kind, tenant) pairs that get
-        nothing, because a batch of their jobs has waited in SQS past
-        dispatch_window_seconds: consumers are behind on them, and what is sent now would
-        wait behind them; each pair's jobs in SQS, for fair share to level). Recounted when
-        the count is older than WINDOW_RECOUNT_SECONDS.
+                      ) -> tuple[dict[fair_share.Lane, int], set[tuple[str, str, str]],
+                                 dict[tuple[str, str, str], int]]:
+        """The dispatch window, per (kind, queue) lane: (room left of each lane that may
+        not have a whole batch of it: dispatch_window minus its jobs in SQS; the (kind,
+        queue, tenant) that get nothing, because a batch of their jobs has waited in SQS
+        past dispatch_window_seconds: consumers are behind on them, and what is sent now
+        would wait behind them; each one's jobs in SQS, for fair share to level).
+        Recounted when the count is older than WINDOW_RECOUNT_SECONDS.
 
-        The age is judged per tenant, so a tenant's backlog in SQS holds back that tenant
-        only: another tenant's jobs go out at once, and wait behind about the window's age
-        of it. The window is soft: between counts, other timers' sends are not seen, so
-        the kinds may run over by what they send in that time."""
+        Per lane, so a kind held back on a queue whose consumers are behind (or absent)
+        still goes out on its other queues; the age is judged per tenant too, so a
+        tenant's backlog in SQS holds back that tenant only: another tenant's jobs go out
+        at once, and wait behind about the window's age of it. The window is soft: between
+        counts, other timers' sends are not seen, so the lanes may run over by what they
+        send in that time."""
         if not self.dispatch_window:
             return {}, set(), {}
         clock = self.monotonic()
@@ -429,22 +442,29 @@ class Dispatcher(Loop):
             if recount:
                 self._counted_at = clock  # this thread counts; the other uses the last count
         if recount:
-            counts = flow.in_sqs(self.dispatch_window, self.dispatch_window_seconds, now)
+            cap = self.dispatch_window * LANES_COUNTED
+            counts = flow.in_sqs(cap, self.dispatch_window_seconds, now)
+            by_lane: Counter[fair_share.Lane] = Counter()
             by_kind: Counter[str] = Counter()
-            for (kind, _), (n, _) in counts.items():
+            for (kind, queue, _), (n, _) in counts.items():
+                by_lane[(kind, queue)] += n
                 by_kind[kind] += n
-            waited = {pair for pair, (_, old) in counts.items()
+            for lane in list(by_lane):
+                if by_kind[lane[0]] >= cap:
+                    # Counted only so far: the kind's lanes may hold more than seen.
+                    by_lane[lane] = max(by_lane[lane], self.dispatch_window)
+            waited = {key for key, (_, old) in counts.items()
                       if self.dispatch_window_seconds and old >= self.batch_size}
             with self._lock:
-                emptied = self._in_sqs.keys() - by_kind.keys()
-                self._in_sqs, self._waited = dict(by_kind), waited
-                self._pairs_in_sqs = Counter({pair: n for pair, (n, _) in counts.items()})
-            for kind in emptied:
-                metrics.IN_SQS.labels(kind).set(0)
-            for kind, n in by_kind.items():
-                metrics.IN_SQS.labels(kind).set(n)
+                emptied = self._in_sqs.keys() - by_lane.keys()
+                self._in_sqs, self._waited = dict(by_lane), waited
+                self._pairs_in_sqs = Counter({key: n for key, (n, _) in counts.items()})
+            for kind, queue in emptied:
+                metrics.IN_SQS.labels(kind, queue).set(0)
+            for (kind, queue), n in by_lane.items():
+                metrics.IN_SQS.labels(kind, queue).set(n)
         with self._lock:
-            rooms = {kind: self.dispatch_window - n for kind, n in self._in_sqs.items()
+            rooms = {lane: self.dispatch_window - n for lane, n in self._in_sqs.items()
                      if n > self.dispatch_window - self.batch_size}
             return rooms, set(self._waited), dict(self._pairs_in_sqs)
 
@@ -458,37 +478,40 @@ class Dispatcher(Loop):
         unkeyed_first = turn % 2 == 1
         first = [q for q in share if q[0] not in keyed or unkeyed_first or not keyed[q[0]].mine]
         got = flow.claim_pairs(level, first, now, unkeyed=keyed) if first else []
-        for kind, tenant, n in share:
+        for kind, queue, tenant, n in share:
             room = keyed.get(kind)
             if room is not None and not room.mine:
                 batch.held = batch.next_token_seconds  # its keyed jobs wait for that timer
             elif room is not None:
-                left = n - sum(1 for j in got if (j.kind, j.tenant_key) == (kind, tenant))
+                left = n - sum(1 for j in got if (j.kind, j.queue, j.tenant_key)
+                               == (kind, queue, tenant))
                 if left > 0:
-                    got += self._claim_keyed(flow, level, (kind, tenant, left), room=room,
-                                             batch=batch, now=now)
+                    got += self._claim_keyed(flow, level, (kind, queue, tenant, left),
+                                             room=room, batch=batch, now=now)
         if not unkeyed_first:
-            taken = Counter((job.kind, job.tenant_key) for job in got)
-            rest = [(k, t, n - taken[(k, t)]) for k, t, n in share
-                    if k in keyed and keyed[k].mine and n > taken[(k, t)]]
+            taken = Counter((job.kind, job.queue, job.tenant_key) for job in got)
+            rest = [(k, q, t, n - taken[(k, q, t)]) for k, q, t, n in share
+                    if k in keyed and keyed[k].mine and n > taken[(k, q, t)]]
             if rest:
                 got += flow.claim_pairs(level, rest, now, unkeyed=keyed)
         return got
 
     def _claim_keyed(self, flow: FlowStore, level: int, quota: fair_share.Quota, *,
                      room: LimitRoom, batch: Batch, now: datetime | None) -> list[DueJob]:
-        """Up to `quota` keyed jobs of its (kind, tenant): the next keys from this timer's
-        cursor, one job per key in turn, none past max_running jobs in flight per key."""
-        kind, tenant, n = quota
+        """Up to `quota` keyed jobs of its (kind, queue, tenant): the next keys from this
+        timer's cursor, one job per key in turn, none past max_running jobs in flight per
+        key."""
+        kind, queue, tenant, n = quota
         assert room.max_running is not None  # the schema requires it of a kind_key limit
-        cursor = (level, kind, tenant)
+        cursor = (level, kind, queue, tenant)
         walk = max(KEY_WALK_MIN, 4 * n)
         with self._lock:
             after = self._key_cursors.get(cursor, "")
-        keys = flow.key_rooms(level, kind, tenant, after=after, walk=walk, now=now)
+        pair = (kind, queue, tenant)
+        keys = flow.key_rooms(level, pair, after=after, walk=walk, now=now)
         if after and len(keys) < walk:  # past the last key: round again from the first
-            keys += [k for k in flow.key_rooms(level, kind, tenant, after="", walk=walk,
-                                               now=now) if k[0] <= after]
+            keys += [k for k in flow.key_rooms(level, pair, after="", walk=walk, now=now)
+                     if k[0] <= after]
         rooms = [(key, room.max_running - (in_flight or 0)) for key, due, in_flight in keys
                  if due]
         if any(left <= 0 for _, left in rooms):
@@ -499,7 +522,7 @@ class Dispatcher(Loop):
                 self._key_cursors[cursor] = quotas[-1][0]
             else:
                 self._key_cursors.pop(cursor, None)
-        return flow.claim_keys(level, kind, tenant, quotas, now) if quotas else []
+        return flow.claim_keys(level, pair, quotas, now) if quotas else []
 
     def _send(self, due: list[DueJob]) -> dict[int, str]:
         """Send every job; returns {job id: error} for the ones SQS did not take."""

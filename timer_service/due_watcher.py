@@ -105,8 +105,8 @@ class DueWatcher(Loop):
         upcoming = self.dispatcher.store.next_to_fall_due()
         if upcoming is None:
             return LOOK_AGAIN_SECONDS, False
-        run_at, pair, db_now = upcoming
-        if pair in skip or (held is not None and pair in held):
+        run_at, pair, queue, db_now = upcoming
+        if pair in skip or (held is not None and held.holds(pair[1], queue, pair[2])):
             return LOOK_AGAIN_SECONDS, False
         seconds = max((run_at - db_now).total_seconds(), MIN_SLEEP_SECONDS)
         return min(seconds, LOOK_AGAIN_SECONDS), seconds <= LOOK_AGAIN_SECONDS

@@ -4,10 +4,11 @@ Tenants share the batch in proportion to their weights (largest remainder), neve
 than one slot each. With the dispatch window on, the jobs each tenant already has waiting
 in SQS count as slots it holds: the batch tops the tenants up towards equal (weighted)
 shares of what is in SQS, so a newcomer's jobs go out before more of a busy tenant's,
-which they would otherwise wait behind. A tenant's share is spread over the kinds it has
-due, in turn. No kind and no tenant gets more than its limit leaves room for. When there
-are more tenants than slots, a cursor carries the round on from the last tenant served,
-so every tenant is reached within ceil(tenants / batch) passes whatever its backlog.
+which they would otherwise wait behind. A tenant's share is spread over the (kind, queue)
+lanes it has due, in turn. No kind, no tenant and no lane gets more than its limit (a
+lane's: its dispatch window) leaves room for. When there are more tenants than slots, a
+cursor carries the round on from the last tenant served, so every tenant is reached
+within ceil(tenants / batch) passes whatever its backlog.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-Pair = tuple[str, str, int]
-"""(kind, tenant, weight) with due work; '' is the tenant of tenantless jobs."""
-Quota = tuple[str, str, int]
-"""(kind, tenant, jobs to claim)."""
+Lane = tuple[str, str]
+"""(kind, queue): what the dispatch window holds back."""
+Pair = tuple[str, str, str, int]
+"""(kind, queue, tenant, weight) with due work; '' is the tenant of tenantless jobs."""
+Quota = tuple[str, str, str, int]
+"""(kind, queue, tenant, jobs to claim)."""
 
 UNBOUNDED = 1 << 62
 
@@ -75,21 +78,21 @@ def round_from(after: Sequence[Pair], wrapped: Sequence[Pair], cursor: str | Non
     """The pairs of one pass: those of tenants after `cursor`, then of tenants from the
     first key up to the cursor, each pair once, at most `limit` distinct tenants."""
     walk: list[Pair] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, str]] = set()
     tenants: list[str] = []
-    for kind, tenant, weight in [*after, *(p for p in wrapped
-                                            if cursor is None or p[1] <= cursor)]:
-        if (kind, tenant) in seen:
+    for kind, queue, tenant, weight in [*after, *(p for p in wrapped
+                                                   if cursor is None or p[2] <= cursor)]:
+        if (kind, queue, tenant) in seen:
             continue
         if tenant not in tenants:
             if len(tenants) >= limit:
                 continue
             tenants.append(tenant)
-        seen.add((kind, tenant))
-        walk.append((kind, tenant, weight))
-    # In tenant order of the round (the walk comes kind by kind).
+        seen.add((kind, queue, tenant))
+        walk.append((kind, queue, tenant, weight))
+    # In tenant order of the round (the walk comes lane by lane).
     rank = {tenant: i for i, tenant in enumerate(_round_order(tenants, cursor))}
-    return sorted(walk, key=lambda p: rank[p[1]])
+    return sorted(walk, key=lambda p: rank[p[2]])
 
 
 def _round_order(tenants: list[str], cursor: str | None) -> list[str]:
@@ -98,49 +101,54 @@ def _round_order(tenants: list[str], cursor: str | None) -> list[str]:
 
 
 def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
-         tenant_room: Mapping[str, int], turn: int = 0,
-         in_sqs: Mapping[tuple[str, str], int] | None = None) -> list[Quota]:
-    """Slots per (kind, tenant) for one claim: tenants' weighted shares of `capacity`
-    (levelled over the jobs of these kinds each has in SQS, `in_sqs`), each spread over
-    its kinds, one slot at a time round the tenants (starting at `turn`, which
+         tenant_room: Mapping[str, int], lane_room: Mapping[Lane, int] | None = None,
+         turn: int = 0, in_sqs: Mapping[tuple[str, str, str], int] | None = None
+         ) -> list[Quota]:
+    """Slots per (kind, queue, tenant) for one claim: tenants' weighted shares of
+    `capacity` (levelled over the jobs of these lanes each has in SQS, `in_sqs`), each
+    spread over its lanes, one slot at a time round the tenants (starting at `turn`, which
     the caller advances each pass, so a limit with room for one job does not always go to
-    the same tenant), never past a kind's or a tenant's room (absent: no bound)."""
-    kinds_of: dict[str, list[str]] = {}
+    the same tenant), never past a kind's, a tenant's or a lane's room (absent: no
+    bound)."""
+    lanes_of: dict[str, list[Lane]] = {}
     weights: dict[str, int] = {}
-    for kind, tenant, weight in pairs:
-        kinds_of.setdefault(tenant, []).append(kind)
+    for kind, queue, tenant, weight in pairs:
+        lanes_of.setdefault(tenant, []).append((kind, queue))
         weights[tenant] = weight
-    tenants = list(kinds_of)
+    tenants = list(lanes_of)
     if not tenants or capacity <= 0:
         return []
     waiting: Counter[str] = Counter()
     if in_sqs:
-        for kind, tenant, _ in pairs:
-            waiting[tenant] += in_sqs.get((kind, tenant), 0)
+        for kind, queue, tenant, _ in pairs:
+            waiting[tenant] += in_sqs.get((kind, queue, tenant), 0)
     left = {tenant: min(n, tenant_room.get(tenant, UNBOUNDED))
             for tenant, n in quotas([(t, weights[t]) for t in tenants], capacity, waiting)}
-    kinds_left = {kind: kind_room.get(kind, UNBOUNDED) for kind, _, _ in pairs}
+    kinds_left = {kind: kind_room.get(kind, UNBOUNDED) for kind, _, _, _ in pairs}
+    lanes_left = {(kind, queue): (lane_room or {}).get((kind, queue), UNBOUNDED)
+                  for kind, queue, _, _ in pairs}
     nexts = dict.fromkeys(tenants, 0)
     order = [tenants[(turn + i) % len(tenants)] for i in range(len(tenants))
              if tenants[(turn + i) % len(tenants)] in left]
-    assigned: Counter[tuple[str, str]] = Counter()
+    assigned: Counter[tuple[str, str, str]] = Counter()
     active = [t for t in order if left[t] > 0]
     while active:
         still = []
         for tenant in active:
-            kinds = kinds_of[tenant]
-            for step in range(len(kinds)):  # this tenant's next kind with room
-                kind = kinds[(nexts[tenant] + step) % len(kinds)]
-                if kinds_left[kind] > 0:
-                    assigned[(kind, tenant)] += 1
-                    kinds_left[kind] -= 1
+            lanes = lanes_of[tenant]
+            for step in range(len(lanes)):  # this tenant's next lane with room
+                lane = lanes[(nexts[tenant] + step) % len(lanes)]
+                if kinds_left[lane[0]] > 0 and lanes_left[lane] > 0:
+                    assigned[(lane[0], lane[1], tenant)] += 1
+                    kinds_left[lane[0]] -= 1
+                    lanes_left[lane] -= 1
                     left[tenant] -= 1
-                    nexts[tenant] = (nexts[tenant] + step + 1) % len(kinds)
+                    nexts[tenant] = (nexts[tenant] + step + 1) % len(lanes)
                     if left[tenant] > 0:
                         still.append(tenant)
                     break
         active = still
-    return [(kind, tenant, n) for (kind, tenant), n in assigned.items()]
+    return [(kind, queue, tenant, n) for (kind, queue, tenant), n in assigned.items()]
 
 
 def per_key(rooms: Sequence[tuple[str, int]], capacity: int) -> list[tuple[str, int]]:

@@ -77,23 +77,16 @@ IN_SQS_CAP = 100_000
 
 
 def _in_sqs_detail(job: Job, ctx: Context) -> list[str]:
-    """Why a due job may wait although no limit holds it: its kind's dispatch window."""
-    if not ctx.in_sqs:
+    """Why a due job may wait although no limit holds it: its kind's dispatch window on
+    its queue."""
+    here = ctx.in_sqs.get(job.queue, 0)
+    if not here:
         return []
-    total = sum(ctx.in_sqs.values())
-    more = "+" if total >= IN_SQS_CAP else ""
-    where = ", ".join(f"{queue} ({n})" for queue, n in list(ctx.in_sqs.items())[:5])
-    lines = [f"{total}{more} job(s) of kind {job.kind} are in SQS waiting for a consumer, "
-             f"on queue(s) {where}. A timer keeps at most its dispatch window "
-             "(TOCK_DISPATCH_WINDOW) of a kind there and sends more as consumers claim them, "
-             "so a backlog waits here, in priority and fair-share order."]
-    others = [queue for queue in ctx.in_sqs if queue != job.queue]
-    if others:
-        lines.append(f"The window counts kind {job.kind} on every queue together: its jobs "
-                     f"waiting on {', '.join(others[:5])} hold this one back too, until "
-                     "their consumers claim them (give each queue kinds of its own to keep "
-                     "them apart).")
-    return lines
+    more = "+" if sum(ctx.in_sqs.values()) >= IN_SQS_CAP else ""
+    return [f"{here}{more} job(s) of kind {job.kind} are in SQS on queue {job.queue!r} "
+            "waiting for a consumer. A timer keeps at most its dispatch window "
+            "(TOCK_DISPATCH_WINDOW) of a kind on each queue and sends more as consumers "
+            "claim them, so a backlog waits here, in priority and fair-share order."]
 
 
 def duration(seconds: float) -> str:

@@ -38,8 +38,8 @@ DUE_TO_DISPATCH = Histogram("tock_due_to_dispatch_seconds",
                             "From run_at (or the enqueue, if later) to dispatch",
                             buckets=LATENCY_BUCKETS)
 IN_SQS = Gauge("tock_dispatch_window_jobs",
-               "Jobs of a kind sent to SQS and not yet claimed, as the timer last counted "
-               "them (up to TOCK_DISPATCH_WINDOW)", ["kind"])
+               "Jobs of a kind sent to an SQS queue and not yet claimed, as the timer last "
+               "counted them (up to about TOCK_DISPATCH_WINDOW)", ["kind", "queue"])
 REDISPATCHED = Counter("tock_jobs_redispatched_total",
                        "Dispatched jobs nobody claimed in time, sent again")
 LEASE_EXPIRIES = Counter("tock_lease_expiries_total",

@@ -1,15 +1,16 @@
 """The timer's claim with flow control: fair share between tenants, concurrency limits and
 rate limits, and the tables that configure them (tock_tenant_weights, tock_limits).
 
-Within a priority level the claim walks the (kind, tenant) pairs with due work through
-`tock_jobs_fair_idx` (priority, kind, coalesce(tenant, ''), run_at DESC, id DESC): a
-loose index scan of the kinds, and inside each kind one of its tenants, one probe per
-step, every probe stopping at the first matching row (the newest of its group, which is
-live: dead entries of claimed rows gather at the old end), so a million far-future or
-same-tenant rows cost nothing. Kinds and tenants at a limit are left out of the walk.
-The caller shares the batch out (timer_service.fair_share) and claims each pair's oldest
-rows, SKIP LOCKED, so any number of timers claim side by side and each row goes to
-exactly one of them. Jobs without a tenant are the tenant ''.
+Within a priority level the claim walks the (kind, queue, tenant) pairs with due work
+through `tock_jobs_fair_idx` (priority, kind, queue, coalesce(tenant, ''), run_at DESC,
+id DESC): a loose index scan of the (kind, queue) lanes, and inside each lane one of its
+tenants, one probe per step, every probe stopping at the first matching row (the newest
+of its group, which is live: dead entries of claimed rows gather at the old end), so a
+million far-future or same-tenant rows cost nothing. Kinds and tenants at a limit, and
+lanes whose dispatch window is full, are left out of the walk. The caller shares the
+batch out (timer_service.fair_share) and claims each pair's oldest rows, SKIP LOCKED, so
+any number of timers claim side by side and each row goes to exactly one of them. Jobs
+without a tenant are the tenant ''.
 """
 
 from shared.core.validation import MAX_PRIORITY, MIN_PRIORITY
@@ -42,49 +43,53 @@ ORDER BY p.level DESC
 
 
 def _due_pairs(bound: str) -> str:
-    """(kind, tenant, weight) with due jobs at one level: kinds not in %(skip_kinds)s, in
-    each at most %(per_kind)s tenants, in key order from `bound` %(after)s, not in
-    %(skip_tenants)s."""
+    """(kind, queue, tenant, weight) with due jobs at one level: kinds not in
+    %(skip_kinds)s, lanes (kind, queue) not in %(skip_lane_kinds)s/%(skip_lane_queues)s,
+    in each lane at most %(per_kind)s tenants, in key order from `bound` %(after)s, not
+    in %(skip_tenants)s."""
     # The ORDER BY names the tenant too, so that only tock_jobs_fair_idx gives the order:
     # by kind alone the planner may take tock_jobs_kind_idx, which holds every row of the
     # kind, and step over all its dispatched and running ones to find a due one.
     return f"""
-WITH RECURSIVE kinds(kind) AS (
-    (SELECT j.kind FROM tock_jobs j WHERE {_DUE} AND j.priority = %(level)s
-     ORDER BY j.kind, {TENANT_KEY} LIMIT 1)
+WITH RECURSIVE lanes(kind, queue) AS (
+    (SELECT j.kind, j.queue FROM tock_jobs j WHERE {_DUE} AND j.priority = %(level)s
+     ORDER BY j.kind, j.queue, {TENANT_KEY} LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.kind FROM tock_jobs j
-            WHERE {_DUE} AND j.priority = %(level)s AND j.kind > kinds.kind
-            ORDER BY j.kind, {TENANT_KEY} LIMIT 1)
-    FROM kinds WHERE kinds.kind IS NOT NULL
+    SELECT n.kind, n.queue FROM lanes l CROSS JOIN LATERAL (
+        SELECT j.kind, j.queue FROM tock_jobs j
+        WHERE {_DUE} AND j.priority = %(level)s AND (j.kind, j.queue) > (l.kind, l.queue)
+        ORDER BY j.kind, j.queue, {TENANT_KEY} LIMIT 1) n
 )
-SELECT k.kind, t.tk, coalesce(w.weight, 1)
-FROM kinds k
+SELECT k.kind, k.queue, t.tk, coalesce(w.weight, 1)
+FROM lanes k
 CROSS JOIN LATERAL (
     WITH RECURSIVE t(tk) AS (
         (SELECT {TENANT_KEY} FROM tock_jobs j
-         WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind
+         WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind AND j.queue = k.queue
            AND {TENANT_KEY} {bound} %(after)s
          ORDER BY {TENANT_KEY} LIMIT 1)
         UNION ALL
         SELECT (SELECT {TENANT_KEY} FROM tock_jobs j
                 WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind
-                  AND {TENANT_KEY} > t.tk
+                  AND j.queue = k.queue AND {TENANT_KEY} > t.tk
                 ORDER BY {TENANT_KEY} LIMIT 1)
         FROM t WHERE t.tk IS NOT NULL
     )
     SELECT t.tk FROM t
     CROSS JOIN LATERAL (
         SELECT 1 FROM tock_jobs j
-        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind AND {TENANT_KEY} = t.tk
-          AND j.run_at <= {NOW}
+        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = k.kind AND j.queue = k.queue
+          AND {TENANT_KEY} = t.tk AND j.run_at <= {NOW}
         ORDER BY j.run_at DESC LIMIT 1) due
     WHERE t.tk IS NOT NULL AND t.tk <> ALL(%(skip_tenants)s::text[])
     LIMIT %(per_kind)s
 ) t
 LEFT JOIN tock_tenant_weights w ON w.tenant = t.tk
-WHERE k.kind IS NOT NULL AND k.kind <> ALL(%(skip_kinds)s::text[])
-ORDER BY k.kind, t.tk
+WHERE k.kind <> ALL(%(skip_kinds)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM unnest(%(skip_lane_kinds)s::text[],
+                                       %(skip_lane_queues)s::text[]) AS s(kind, queue)
+                  WHERE s.kind = k.kind AND s.queue = k.queue)
+ORDER BY k.kind, k.queue, t.tk
 """
 
 
@@ -106,16 +111,17 @@ RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
 """
 
 
-# Up to each pair's quota of its oldest due jobs at one level (SKIP LOCKED, as above); for
-# a pair whose kind has a per-key limit (`unkeyed`), only its jobs without a key.
+# Up to each (kind, queue, tenant)'s quota of its oldest due jobs at one level (SKIP LOCKED,
+# as above); for a kind with a per-key limit (`unkeyed`), only its jobs without a key.
 CLAIM_PAIRS = _dispatch(f"""
     SELECT d.id, d.state AS prev_state, q.tk
-    FROM unnest(%(kinds)s::text[], %(tenants)s::text[], %(quotas)s::int[],
-                %(unkeyed)s::bool[]) AS q(kind, tk, n, unkeyed)
+    FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(tenants)s::text[],
+                %(quotas)s::int[], %(unkeyed)s::bool[]) AS q(kind, queue, tk, n, unkeyed)
     CROSS JOIN LATERAL (
         SELECT j.id, j.state FROM tock_jobs j
-        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = q.kind AND {TENANT_KEY} = q.tk
-          AND j.run_at <= {NOW} AND (NOT q.unkeyed OR j.concurrency_key IS NULL)
+        WHERE {_DUE} AND j.priority = %(level)s AND j.kind = q.kind AND j.queue = q.queue
+          AND {TENANT_KEY} = q.tk AND j.run_at <= {NOW}
+          AND (NOT q.unkeyed OR j.concurrency_key IS NULL)
         ORDER BY j.run_at, j.id
         LIMIT q.n
         FOR UPDATE SKIP LOCKED
@@ -123,13 +129,15 @@ CLAIM_PAIRS = _dispatch(f"""
 
 # --- per-key limits ----------------------------------------------------------------------------
 # A kind with a kind_key limit has its keyed jobs claimed key by key: a walk of the keys
-# with due work of one (kind, tenant) at a level through tock_jobs_key_due_idx, from a
+# with due work of one (kind, queue, tenant) at a level through tock_jobs_key_due_idx, from a
 # cursor (so every key gets its turn however many there are), one probe per key, then each
 # key's oldest jobs up to the room its limit leaves. The kind_key limit's advisory lock
 # (LOCK_LIMITS) keeps the counts true until the claim commits, as for the other limits.
 _KEYED_DUE = "j.concurrency_key IS NOT NULL AND j.state IN ('scheduled', 'retrying')"
 _KEYED_PAIR = (f"{_KEYED_DUE} AND j.kind = %(kind)s AND j.priority = %(level)s "
-               f"AND {TENANT_KEY} = %(tenant)s")
+               f"AND {TENANT_KEY} = %(tenant)s AND j.queue = %(queue)s")
+"""One (kind, queue, tenant)'s keyed due jobs at a level: the queue is read from the row
+(tock_jobs_key_due_idx has no queue), a kind's keyed jobs being on one queue as a rule."""
 
 # Up to %(walk)s keys after %(after)s: (key, has due work now, jobs of the key in flight).
 KEY_ROOMS = f"""
@@ -158,7 +166,7 @@ SELECT w.ck, w.due,
 FROM walked w
 """
 
-# Up to each key's quota of its oldest due jobs of one (kind, tenant) at one level.
+# Up to each key's quota of its oldest due jobs of one (kind, queue, tenant) at one level.
 CLAIM_KEYS = _dispatch(f"""
     SELECT d.id, d.state AS prev_state, %(tenant)s::text AS tk
     FROM unnest(%(keys)s::text[], %(quotas)s::int[]) AS q(ck, n)
@@ -323,24 +331,24 @@ WHERE l.scope = 'kind_key' AND l.key = %(kind)s
 """
 
 # --- the dispatch window ------------------------------------------------------------------------
-# Jobs of each (kind, tenant) sent to SQS and not yet claimed by a consumer, up to %(cap)s
-# of each kind, and how many of those were sent more than %(age)s seconds ago: a loose
-# scan of the kinds in tock_jobs_in_flight_idx, then each kind's range of it. The ORDER
-# BY (only that index gives it without a sort) keeps the planner on it: a range of one
-# kind holds its jobs in SQS and its running ones (at most the fleet's handler slots),
-# where tock_jobs_kind_idx would step over every due row of the kind.
+# Jobs of each (kind, queue, tenant) sent to SQS and not yet claimed by a consumer, up to
+# %(cap)s of each kind, and how many of those were sent more than %(age)s seconds ago: a
+# loose scan of the kinds in tock_jobs_in_flight_idx, then each kind's range of it. The
+# ORDER BY (only that index gives it without a sort) keeps the planner on it: a range of
+# one kind holds its jobs in SQS and its running ones (at most the fleet's handler
+# slots), where tock_jobs_kind_idx would step over every due row of the kind.
 _IN_SQS_OF = f"""(
-    SELECT j.dispatched_at, {TENANT_KEY} AS tk FROM tock_jobs j
+    SELECT j.dispatched_at, j.queue, {TENANT_KEY} AS tk FROM tock_jobs j
     WHERE {IN_FLIGHT} AND j.kind = %(kind_ref)s AND j.state = 'dispatched'
     ORDER BY j.kind, {TENANT_KEY} LIMIT %(cap)s)"""
 _WAITED = f"count(*) FILTER (WHERE s.dispatched_at < {NOW} - make_interval(secs => %(age)s))"
 
 IN_SQS = f"""{_IN_FLIGHT_KINDS}
-SELECT k.kind, c.tk, c.n, c.waited
+SELECT k.kind, c.queue, c.tk, c.n, c.waited
 FROM k CROSS JOIN LATERAL (
-    SELECT s.tk, count(*) AS n, {_WAITED} AS waited
+    SELECT s.queue, s.tk, count(*) AS n, {_WAITED} AS waited
     FROM {_IN_SQS_OF.replace("%(kind_ref)s", "k.kind")} s
-    GROUP BY s.tk) c
+    GROUP BY s.queue, s.tk) c
 WHERE k.kind IS NOT NULL
 """
 

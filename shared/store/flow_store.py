@@ -24,45 +24,53 @@ class FlowStore(Store):
 
     def due_pairs(self, level: int, per_kind: int, *, after: str | None = None,
                   skip_kinds: Sequence[str] = (), skip_tenants: Sequence[str] = (),
-                  now: datetime | None = None) -> list[tuple[str, str, int]]:
-        """(kind, tenant, weight) with due jobs at `level`: in each kind not skipped, up to
-        `per_kind` tenants not skipped, in key order after `after` (from the first when
-        None). '' is the tenant of tenantless jobs."""
+                  skip_lanes: Collection[tuple[str, str]] = (),
+                  now: datetime | None = None) -> list[tuple[str, str, str, int]]:
+        """(kind, queue, tenant, weight) with due jobs at `level`: in each (kind, queue)
+        lane not skipped (by its kind or as a lane), up to `per_kind` tenants not skipped,
+        in key order after `after` (from the first when None). '' is the tenant of
+        tenantless jobs."""
         statement = sql.DUE_PAIRS_FROM if after is None else sql.DUE_PAIRS_AFTER
+        lanes = list(skip_lanes)
         rows = self._rows(statement, {
             "level": level, "per_kind": per_kind, "after": after or "",
-            "skip_kinds": list(skip_kinds), "skip_tenants": list(skip_tenants), "now": now})
-        return [(r[0], r[1], r[2]) for r in rows]
+            "skip_kinds": list(skip_kinds), "skip_tenants": list(skip_tenants),
+            "skip_lane_kinds": [lane[0] for lane in lanes],
+            "skip_lane_queues": [lane[1] for lane in lanes], "now": now})
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
 
-    def claim_pairs(self, level: int, quotas: Sequence[tuple[str, str, int]],
+    def claim_pairs(self, level: int, quotas: Sequence[tuple[str, str, str, int]],
                     now: datetime | None = None, *,
                     unkeyed: Collection[str] = ()) -> list[DueJob]:
-        """Claim up to each (kind, tenant)'s quota of its oldest due jobs at `level`
+        """Claim up to each (kind, queue, tenant)'s quota of its oldest due jobs at `level`
         (dispatched, fresh tokens, SKIP LOCKED); of the kinds in `unkeyed`, only jobs
         without a concurrency key."""
         rows = self._rows(sql.CLAIM_PAIRS, {
-            "level": level, "kinds": [q[0] for q in quotas], "tenants": [q[1] for q in quotas],
-            "quotas": [q[2] for q in quotas], "unkeyed": [q[0] in unkeyed for q in quotas],
-            "now": now})
+            "level": level, "kinds": [q[0] for q in quotas], "queues": [q[1] for q in quotas],
+            "tenants": [q[2] for q in quotas], "quotas": [q[3] for q in quotas],
+            "unkeyed": [q[0] in unkeyed for q in quotas], "now": now})
         return _due_jobs(rows)
 
-    def key_rooms(self, level: int, kind: str, tenant: str, *, after: str, walk: int,
+    def key_rooms(self, level: int, pair: tuple[str, str, str], *, after: str, walk: int,
                   now: datetime | None = None) -> list[tuple[str, bool, int | None]]:
         """The next `walk` concurrency keys after `after` ('' : from the first) with due
-        or future work of (kind, tenant) at `level`: (key, has due jobs now, jobs of the
-        key in flight when it has)."""
-        rows = self._rows(sql.KEY_ROOMS, {"level": level, "kind": kind, "tenant": tenant,
-                                          "after": after, "walk": walk, "now": now})
+        or future work of `pair` (kind, queue, tenant) at `level`: (key, has due jobs now,
+        jobs of the key in flight when it has)."""
+        kind, queue, tenant = pair
+        rows = self._rows(sql.KEY_ROOMS, {"level": level, "kind": kind, "queue": queue,
+                                          "tenant": tenant, "after": after, "walk": walk,
+                                          "now": now})
         return [(r[0], r[1], r[2]) for r in rows]
 
-    def claim_keys(self, level: int, kind: str, tenant: str,
+    def claim_keys(self, level: int, pair: tuple[str, str, str],
                    quotas: Sequence[tuple[str, int]],
                    now: datetime | None = None) -> list[DueJob]:
-        """Claim up to each concurrency key's quota of its oldest due jobs of (kind,
-        tenant) at `level`."""
+        """Claim up to each concurrency key's quota of the oldest due jobs of `pair` (kind,
+        queue, tenant) at `level`."""
+        kind, queue, tenant = pair
         rows = self._rows(sql.CLAIM_KEYS, {
-            "level": level, "kind": kind, "tenant": tenant, "keys": [q[0] for q in quotas],
-            "quotas": [q[1] for q in quotas], "now": now})
+            "level": level, "kind": kind, "queue": queue, "tenant": tenant,
+            "keys": [q[0] for q in quotas], "quotas": [q[1] for q in quotas], "now": now})
         return _due_jobs(rows)
 
     def limit_rooms(self, now: datetime | None = None) -> list[LimitRoom]:
@@ -86,13 +94,13 @@ class FlowStore(Store):
                                         "keys": [s[1] for s in spent],
                                         "counts": [s[2] for s in spent], "now": now})
 
-    def in_sqs(self, cap: int, waited_seconds: float,
-               now: datetime | None = None) -> dict[tuple[str, str], tuple[int, int]]:
-        """Per (kind, tenant): (jobs dispatched and not yet claimed, i.e. waiting in SQS,
-        up to `cap` of each kind; how many of those were sent more than `waited_seconds`
-        ago). Pairs with none are left out."""
+    def in_sqs(self, cap: int, waited_seconds: float, now: datetime | None = None
+               ) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """Per (kind, queue, tenant): (jobs dispatched and not yet claimed, i.e. waiting in
+        SQS, counted up to `cap` of each kind; how many of those were sent more than
+        `waited_seconds` ago). Those with none are left out."""
         rows = self._rows(sql.IN_SQS, {"cap": cap, "age": waited_seconds, "now": now})
-        return {(r[0], r[1]): (r[2], r[3]) for r in rows}
+        return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
 
     def kind_in_sqs(self, kind: str, cap: int) -> dict[str, int]:
         """Jobs of `kind` waiting in SQS by queue, most first, counted up to `cap` in all."""

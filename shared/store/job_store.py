@@ -126,13 +126,13 @@ class JobStore(Store):
         assert row is not None
         return row[0], row[1]
 
-    def next_to_fall_due(self) -> tuple[datetime, tuple[int, str, str], datetime] | None:
-        """(run_at, (level, kind, tenant), the database clock now) of the job not yet due
-        that falls due first; None if there is none."""
+    def next_to_fall_due(self) -> tuple[datetime, tuple[int, str, str], str, datetime] | None:
+        """(run_at, (level, kind, tenant), queue, the database clock now) of the job not yet
+        due that falls due first; None if there is none."""
         row = self._one(sql.NEXT_TO_FALL_DUE)
         if row is None:
             return None
-        return row[0], (row[1], row[2], row[3]), row[4]
+        return row[0], (row[1], row[2], row[3]), row[4], row[5]
 
     def stuck_queues(self, timeout_seconds: float, now: datetime | None = None
                      ) -> dict[str, int]:

@@ -59,10 +59,10 @@ CROSS JOIN LATERAL (
 # The job that falls due next, of the ones not due yet (the due watcher sleeps until then):
 # one probe per level of tock_jobs_due_idx, from now on.
 NEXT_TO_FALL_DUE = """
-SELECT n.run_at, n.priority, n.kind, coalesce(n.tenant, ''), clock_timestamp()
+SELECT n.run_at, n.priority, n.kind, coalesce(n.tenant, ''), n.queue, clock_timestamp()
 FROM generate_series(0, 9) AS p(level)
 CROSS JOIN LATERAL (
-    SELECT run_at, priority, kind, tenant FROM tock_jobs
+    SELECT run_at, priority, kind, tenant, queue FROM tock_jobs
     WHERE state IN ('scheduled', 'retrying') AND priority = p.level AND run_at > now()
     ORDER BY run_at LIMIT 1
 ) n

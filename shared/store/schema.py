@@ -89,9 +89,9 @@ jobs = Table(
 
 # Newest first within a group (0010): the timer's probes land on live rows, not on the
 # dead entries claimed jobs leave at the old end until vacuum.
-Index("tock_jobs_fair_idx", jobs.c.priority, jobs.c.kind, text("coalesce(tenant, '')"),
-      jobs.c.run_at.desc(), jobs.c.id.desc(),
-      postgresql_where=text("state IN ('scheduled', 'retrying')"))  # 0008, 0010
+Index("tock_jobs_fair_idx", jobs.c.priority, jobs.c.kind, jobs.c.queue,
+      text("coalesce(tenant, '')"), jobs.c.run_at.desc(), jobs.c.id.desc(),
+      postgresql_where=text("state IN ('scheduled', 'retrying')"))  # 0008, 0010, 0014
 Index("tock_jobs_key_due_idx", jobs.c.kind, jobs.c.priority, text("coalesce(tenant, '')"),
       jobs.c.concurrency_key, jobs.c.run_at.desc(), jobs.c.id.desc(),
       postgresql_where=text("concurrency_key IS NOT NULL AND "

@@ -70,7 +70,7 @@ def test_a_full_window_holds_the_kind_in_postgres_and_claims_make_room(
     assert dispatch(windowed, clock.now) == 0
     assert _in_sqs(db) == {"k": WINDOW, "other": 5}
     assert transport.depth("default") == WINDOW + 5
-    assert metric("tock_dispatch_window_jobs", kind="k") == WINDOW
+    assert metric("tock_dispatch_window_jobs", kind="k", queue="default") == WINDOW
     consumer = consumers(clock)
     done = 0
     while done < 105:
@@ -82,9 +82,35 @@ def test_a_full_window_holds_the_kind_in_postgres_and_claims_make_room(
         run_all(consumer, entries)
         done += len(entries)
     dispatch(windowed, clock.now)  # a pass that finds the window empty again
-    assert metric("tock_dispatch_window_jobs", kind="k") == 0
+    assert metric("tock_dispatch_window_jobs", kind="k", queue="default") == 0
     assert db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = 'succeeded'"
                       ).fetchone()[0] == 105
+
+
+def test_a_queue_nobody_consumes_holds_its_kind_back_on_that_queue_only(
+        db, windowed, transport, registry, consumers, clock):
+    """The window was per kind: the kind's jobs waiting on a queue with no consumer held
+    the same kind back on every other queue, for as long as that queue had none."""
+    transport.create_queue("bulk", visibility_timeout=60)
+    registry.add("k", lambda payload, ctx: None)
+    _due(db, 3 * WINDOW, now=clock.now)
+    db.execute("UPDATE tock_jobs SET queue = 'bulk'")  # no consumer receives from it
+    assert dispatch(windowed, clock.now) == WINDOW
+    _due(db, 25, now=clock.now)  # the same kind, on the default queue
+    later = clock.now + timedelta(seconds=windowed.settings.dispatch_window_seconds + 1)
+    assert dispatch(windowed, later) == 25, "the kind still goes out on its other queue"
+    assert dict(db.execute("SELECT queue, count(*) FROM tock_jobs WHERE state = 'dispatched'"
+                           " GROUP BY queue").fetchall()) == {"bulk": WINDOW, "default": 25}
+    for queue in ("bulk", "default"):
+        assert metric("tock_dispatch_window_jobs", kind="k", queue=queue) is not None
+    consumer = consumers(clock, concurrency=25)
+    entries = receive(consumer, 25)
+    assert {e.item.queue for e in entries} == {"default"} and len(entries) == 25
+    run_all(consumer, entries)
+    _due(db, 5, now=clock.now)
+    assert dispatch(windowed, later) == 5, "and again once those are claimed"
+    assert db.execute("SELECT count(*) FROM tock_jobs WHERE queue = 'bulk' AND "
+                      "state = 'dispatched'").fetchone()[0] == WINDOW, "bulk stays at its window"
 
 
 def test_a_kind_whose_jobs_wait_in_sqs_gets_no_more_until_consumers_catch_up(
@@ -123,7 +149,7 @@ def test_while_the_window_holds_a_tenant_the_watcher_serves_a_newcomer_when_it_f
     later = clock.now + timedelta(seconds=windowed.settings.dispatch_window_seconds + 1)
     assert dispatch(windowed, later) == 0
     held = windowed.dispatcher.window_held()
-    assert (0, "k", "") in held and (0, "k", "B") not in held
+    assert held.holds("k", "default", "") and not held.holds("k", "default", "B")
     assert windowed.dispatcher.backlogged() == frozenset(), "no full batch: no backlog"
     # The held tenant's next job is the dispatch threads' business, not the watcher's.
     db.execute("""INSERT INTO tock_jobs (kind, run_at, payload)
@@ -213,9 +239,8 @@ def test_explain_says_the_kinds_window_is_full(db, database, client, windowed, c
     with store.transaction() as tx:
         job = client.get(waiting)
         text = explain.explain(job, explain.gather(tx, job)).text()
-    assert (f"{WINDOW} job(s) of kind k are in SQS waiting for a consumer, on queue(s) "
-            f"default ({WINDOW})") in text, text
-    assert "on every queue together" not in text
+    assert (f"{WINDOW} job(s) of kind k are in SQS on queue 'default' waiting for a "
+            "consumer") in text, text
     # No consumer takes them: that, not the timer, is what to fix.
     assert text.startswith("Due since ") and (
         f"held in Postgres: {WINDOW} job(s) of kind k already wait in SQS on queue "
@@ -225,8 +250,8 @@ def test_explain_says_the_kinds_window_is_full(db, database, client, windowed, c
     db.execute("UPDATE tock_jobs SET queue = 'bulk' WHERE state = 'dispatched'")
     with store.transaction() as tx:
         text = explain.explain(job, explain.gather(tx, job)).text()
-    assert ("The window counts kind k on every queue together: its jobs waiting on bulk "
-            "hold this one back too") in text, text
+    assert "in SQS" not in text, "another queue's jobs in SQS do not hold this one"
+    assert "waiting for a timer to dispatch it" in text, text
 
 
 def test_window_zero_sends_every_due_job(db, timer_settings, transport, clock):

@@ -35,7 +35,8 @@ def _analyzed(db: Any) -> float:
 def _walk_plan(db: Any) -> str:
     walk = DUE_PAIRS_FROM
     for name, value in {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
-                        "skip_kinds": "'{}'", "skip_tenants": "'{}'"}.items():
+                        "skip_kinds": "'{}'", "skip_tenants": "'{}'",
+                        "skip_lane_kinds": "'{}'", "skip_lane_queues": "'{}'"}.items():
         walk = walk.replace(f"%({name})s", value)
     return "\n".join(r[0] for r in db.execute("EXPLAIN " + walk))
 
@@ -50,7 +51,9 @@ def test_a_never_analyzed_hot_table_is_analyzed_and_the_walk_then_probes_the_fai
     loop.run_once()
     assert _analyzed(db) > 20_000
     plan = _walk_plan(db)
-    assert "tock_jobs_fair_idx" in plan and "Sort Key: j_2.kind" not in plan, plan
+    assert "tock_jobs_fair_idx" in plan, plan
+    assert not any(line.strip().startswith("Sort Key: j") for line in plan.splitlines()), \
+        "no step of the walk sorts rows of tock_jobs (only the result is sorted)"
     # Statistics that describe the table are left alone; a tenfold growth is analyzed.
     assert not StatisticsStore(database).stale()
     _insert_due(db, 205_000)

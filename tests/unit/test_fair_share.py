@@ -61,64 +61,88 @@ def test_of_equal_weights_the_one_with_fewer_waiting_never_gets_fewer_slots(wait
 
 
 def test_round_from_continues_after_the_cursor_then_wraps():
-    after = [("k", "m", 1), ("k", "z", 1), ("j", "m", 1)]
-    wrapped = [("k", "a", 1), ("k", "m", 1), ("k", "n", 2), ("k", "z", 1)]
+    after = [("k", "q", "m", 1), ("k", "q", "z", 1), ("j", "q", "m", 1)]
+    wrapped = [("k", "q", "a", 1), ("k", "q", "m", 1), ("k", "q", "n", 2), ("k", "q", "z", 1)]
     assert round_from(after, wrapped, "l", 10) == [
-        ("k", "m", 1), ("j", "m", 1), ("k", "z", 1), ("k", "a", 1)]
-    assert [p[1] for p in round_from(after, wrapped, "l", 2)] == ["m", "m", "z"]
+        ("k", "q", "m", 1), ("j", "q", "m", 1), ("k", "q", "z", 1), ("k", "q", "a", 1)]
+    assert [p[2] for p in round_from(after, wrapped, "l", 2)] == ["m", "m", "z"]
     assert round_from([], wrapped, None, 10) == wrapped
 
 
+def test_round_from_keeps_one_kinds_lanes_apart():
+    after = [("k", "bulk", "t", 1), ("k", "default", "t", 1)]
+    assert round_from(after, [], None, 10) == after
+
+
 def _slots(quota_list):
-    return {(k, t): n for k, t, n in quota_list}
+    return {(k, t): n for k, _, t, n in quota_list}
+
+
+def _pairs(*pairs):
+    """(kind, tenant, weight) on the queue "q"."""
+    return [(k, "q", t, w) for k, t, w in pairs]
 
 
 def test_plan_shares_by_tenant_weight_and_spreads_a_tenant_over_its_kinds():
-    pairs = [("a", "t1", 3), ("b", "t1", 3), ("a", "t2", 1)]
+    pairs = _pairs(("a", "t1", 3), ("b", "t1", 3), ("a", "t2", 1))
     got = _slots(plan(pairs, 100, kind_room={}, tenant_room={}))
     assert got == {("a", "t1"): 38, ("b", "t1"): 37, ("a", "t2"): 25}
 
 
 def test_plan_levels_over_each_tenants_jobs_in_sqs_of_the_kinds_due():
-    pairs = [("a", "busy", 1), ("b", "busy", 1), ("a", "new", 1)]
-    in_sqs = {("a", "busy"): 20, ("b", "busy"): 20, ("c", "new"): 500}
+    pairs = _pairs(("a", "busy", 1), ("b", "busy", 1), ("a", "new", 1))
+    in_sqs = {("a", "q", "busy"): 20, ("b", "q", "busy"): 20, ("c", "q", "new"): 500}
     got = _slots(plan(pairs, 100, kind_room={}, tenant_room={}, in_sqs=in_sqs))
     assert got[("a", "new")] == 70, "busy holds 40 in SQS; new's kind c is not due here"
     assert got[("a", "busy")] + got[("b", "busy")] == 30
 
 
 def test_plan_never_passes_a_kinds_or_a_tenants_room():
-    pairs = [("limited", "t1", 1), ("limited", "t2", 1), ("free", "t2", 1)]
+    pairs = _pairs(("limited", "t1", 1), ("limited", "t2", 1), ("free", "t2", 1))
     got = _slots(plan(pairs, 100, kind_room={"limited": 3}, tenant_room={"t2": 10}))
     assert got[("limited", "t1")] + got[("limited", "t2")] == 3
     assert got[("limited", "t2")] + got[("free", "t2")] == 10
     assert plan(pairs, 100, kind_room={"limited": 0, "free": 0}, tenant_room={}) == []
 
 
+def test_plan_fills_a_kinds_other_lane_when_one_is_full_and_shares_the_kinds_room():
+    pairs = [("k", "bulk", "t", 1), ("k", "default", "t", 1)]
+    got = plan(pairs, 10, kind_room={}, tenant_room={}, lane_room={("k", "bulk"): 0})
+    assert got == [("k", "default", "t", 10)]
+    got = plan(pairs, 10, kind_room={"k": 4}, tenant_room={}, lane_room={("k", "bulk"): 1})
+    assert sorted(got) == [("k", "bulk", "t", 1), ("k", "default", "t", 3)]
+
+
 def test_plan_turns_who_goes_first_round_a_limit_with_room_for_one():
-    pairs = [("one", "t1", 1), ("one", "t2", 1), ("one", "t3", 1)]
-    firsts = {plan(pairs, 10, kind_room={"one": 1}, tenant_room={}, turn=turn)[0][1]
+    pairs = _pairs(("one", "t1", 1), ("one", "t2", 1), ("one", "t3", 1))
+    firsts = {plan(pairs, 10, kind_room={"one": 1}, tenant_room={}, turn=turn)[0][2]
               for turn in range(3)}
     assert firsts == {"t1", "t2", "t3"}
 
 
-@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from("xyz"),
-                          st.integers(1, 5)), min_size=1, max_size=9,
-                unique_by=lambda p: (p[0], p[1])),
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from("uv"),
+                          st.sampled_from("xyz"), st.integers(1, 5)), min_size=1, max_size=9,
+                unique_by=lambda p: (p[0], p[1], p[2])),
        st.integers(1, 200), st.dictionaries(st.sampled_from("abc"), st.integers(0, 50)),
-       st.dictionaries(st.sampled_from("xyz"), st.integers(0, 50)), st.integers(0, 5))
-def test_plan_never_exceeds_capacity_or_rooms(pairs, capacity, kind_room, tenant_room, turn):
-    weights = {t: w for _, t, w in pairs}  # one weight per tenant, as the walk gives
-    pairs = [(k, t, weights[t]) for k, t, _ in pairs]
-    got = plan(pairs, capacity, kind_room=kind_room, tenant_room=tenant_room, turn=turn)
-    assert sum(n for _, _, n in got) <= capacity
+       st.dictionaries(st.sampled_from("xyz"), st.integers(0, 50)),
+       st.dictionaries(st.tuples(st.sampled_from("abc"), st.sampled_from("uv")),
+                       st.integers(0, 50)), st.integers(0, 5))
+def test_plan_never_exceeds_capacity_or_rooms(pairs, capacity, kind_room, tenant_room,
+                                              lane_room, turn):
+    weights = {t: w for _, _, t, w in pairs}  # one weight per tenant, as the walk gives
+    pairs = [(k, q, t, weights[t]) for k, q, t, _ in pairs]
+    got = plan(pairs, capacity, kind_room=kind_room, tenant_room=tenant_room,
+               lane_room=lane_room, turn=turn)
+    assert sum(n for *_, n in got) <= capacity
     for kind, room in kind_room.items():
-        assert sum(n for k, _, n in got if k == kind) <= room
+        assert sum(n for k, _, _, n in got if k == kind) <= room
     for tenant, room in tenant_room.items():
-        assert sum(n for _, t, n in got if t == tenant) <= room
-    assert all(n > 0 for _, _, n in got)
-    if not kind_room and not tenant_room:
-        assert sum(n for _, _, n in got) == capacity, "unbounded: the batch is filled"
+        assert sum(n for _, _, t, n in got if t == tenant) <= room
+    for lane, room in lane_room.items():
+        assert sum(n for k, q, _, n in got if (k, q) == lane) <= room
+    assert all(n > 0 for *_, n in got)
+    if not kind_room and not tenant_room and not lane_room:
+        assert sum(n for *_, n in got) == capacity, "unbounded: the batch is filled"
 
 
 def test_per_key_gives_one_job_per_key_in_turn_within_each_room():

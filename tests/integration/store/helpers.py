@@ -22,15 +22,16 @@ T = TypeVar("T")
 
 
 def claim(store: Any, limit: int, now: datetime) -> list[Any]:
-    """The timer's claim of up to `limit` due jobs, highest level first, then (kind, tenant)
-    pair by pair, from FlowStore's pieces (due_levels, due_pairs, claim_pairs) on `store`'s
-    connection, without the dispatcher's fair share."""
+    """The timer's claim of up to `limit` due jobs, highest level first, then (kind, queue,
+    tenant) by (kind, queue, tenant), from FlowStore's pieces (due_levels, due_pairs,
+    claim_pairs) on `store`'s connection, without the dispatcher's fair share."""
     flow = store.sibling(FlowStore)
     claimed: list[Any] = []
     for level in flow.due_levels(now):
-        for kind, tenant, _ in flow.due_pairs(level, limit, now=now):
+        for kind, queue, tenant, _ in flow.due_pairs(level, limit, now=now):
             if len(claimed) < limit:
-                claimed += flow.claim_pairs(level, [(kind, tenant, limit - len(claimed))], now)
+                claimed += flow.claim_pairs(
+                    level, [(kind, queue, tenant, limit - len(claimed))], now)
     return claimed
 
 

@@ -1,5 +1,5 @@
 """Conformance of `FlowStore` (shared.store.flow_sql) against the real Postgres: the claim's
-pieces (due_levels; due_pairs, the loose scan of (kind, tenant) pairs with due work;
+pieces (due_levels; due_pairs, the loose scan of (kind, queue, tenant) with due work;
 claim_pairs), the limits' rooms with their locks and tokens, and the configuration
 tables. Time is pinned through `now=`."""
 
@@ -46,20 +46,36 @@ def test_due_pairs_walks_kinds_then_tenants_in_key_order_with_weights(flow, db, 
     add_job(db, run_at=now + secs(60), kind="a", tenant="d")  # waiting, not due yet
     add_job(db, run_at=now - secs(5), kind="a", tenant="e", priority=3)  # another level
     flow.set_tenant_weight("b", 4)
+    d = "default"
     assert flow.due_pairs(0, 10, now=now) == [
-        ("a", "", 1), ("a", "a", 1), ("b", "b", 4), ("b", "c", 1)]
-    assert flow.due_pairs(0, 1, now=now) == [("a", "", 1), ("b", "b", 4)], "per kind"
-    assert flow.due_pairs(0, 10, after="a", now=now) == [("b", "b", 4), ("b", "c", 1)]
+        ("a", d, "", 1), ("a", d, "a", 1), ("b", d, "b", 4), ("b", d, "c", 1)]
+    assert flow.due_pairs(0, 1, now=now) == [("a", d, "", 1), ("b", d, "b", 4)], "per lane"
+    assert flow.due_pairs(0, 10, after="a", now=now) == [("b", d, "b", 4), ("b", d, "c", 1)]
     assert flow.due_pairs(0, 10, after="c", now=now) == []
-    assert ("a", "d", 1) in flow.due_pairs(0, 10, now=now + secs(60))
-    assert flow.due_pairs(3, 10, now=now) == [("a", "e", 1)]
+    assert ("a", d, "d", 1) in flow.due_pairs(0, 10, now=now + secs(60))
+    assert flow.due_pairs(3, 10, now=now) == [("a", d, "e", 1)]
+
+
+def test_due_pairs_walks_each_kinds_queues_as_lanes_of_their_own(flow, db, now):
+    for kind, queue in [("a", "q2"), ("a", "q1"), ("b", "q1"), ("a", "q2")]:
+        add_job(db, run_at=now - secs(5), kind=kind, queue=queue, tenant="t")
+    assert flow.due_pairs(0, 10, now=now) == [
+        ("a", "q1", "t", 1), ("a", "q2", "t", 1), ("b", "q1", "t", 1)]
+    assert flow.due_pairs(0, 10, skip_lanes=[("a", "q1")], now=now) == [
+        ("a", "q2", "t", 1), ("b", "q1", "t", 1)], "a full lane; its kind's other goes on"
+    with flow.transaction() as tx:
+        got = tx.claim_pairs(0, [("a", "q2", "t", 5)], now)
+    assert [d.queue for d in got] == ["q2", "q2"]
 
 
 def test_due_pairs_leaves_out_the_kinds_and_tenants_at_their_limit(flow, db, now):
     for kind, tenant in [("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")]:
         add_job(db, run_at=now - secs(5), kind=kind, tenant=tenant)
-    assert flow.due_pairs(0, 10, skip_kinds=["a"], now=now) == [("b", "x", 1), ("b", "y", 1)]
-    assert flow.due_pairs(0, 10, skip_tenants=["x"], now=now) == [("a", "y", 1), ("b", "y", 1)]
+    d = "default"
+    assert flow.due_pairs(0, 10, skip_kinds=["a"], now=now) == [("b", d, "x", 1),
+                                                                ("b", d, "y", 1)]
+    assert flow.due_pairs(0, 10, skip_tenants=["x"], now=now) == [("a", d, "y", 1),
+                                                                  ("b", d, "y", 1)]
 
 
 def test_claim_pairs_takes_each_pairs_oldest_up_to_its_quota(flow, db, now):
@@ -70,8 +86,9 @@ def test_claim_pairs_takes_each_pairs_oldest_up_to_its_quota(flow, db, now):
     b_job = add_job(db, run_at=now - secs(1), tenant="b", kind="other")
     add_job(db, run_at=now - secs(1), tenant="b", priority=5)  # another level
     with flow.transaction() as tx:
-        got = tx.claim_pairs(0, [("k", "a", 2), ("k", "", 5), ("other", "b", 1),
-                                 ("k", "b", 3)], now)
+        got = tx.claim_pairs(0, [("k", "default", "a", 2), ("k", "default", "", 5),
+                                 ("other", "default", "b", 1), ("k", "default", "b", 3),
+                                 ("k", "elsewhere", "a", 3)], now)
     assert sorted((d.tenant_key, d.id) for d in got) == sorted(
         [("a", a_old), ("a", a_new), ("", none_job), ("b", b_job)])
     assert all(d.token for d in got)
@@ -84,7 +101,7 @@ def test_claim_pairs_skips_rows_another_transaction_holds(flow, db, other, now):
     free = add_job(db, run_at=now - secs(10), tenant="a")
     other.execute("SELECT 1 FROM tock_jobs WHERE id = %s FOR UPDATE", (held,))
     with flow.transaction() as tx:
-        assert [d.id for d in tx.claim_pairs(0, [("k", "a", 5)], now)] == [free]
+        assert [d.id for d in tx.claim_pairs(0, [("k", "default", "a", 5)], now)] == [free]
 
 
 def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
@@ -101,17 +118,20 @@ def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
     db.execute("UPDATE tock_jobs SET state = 'dispatched' WHERE id IN ("
                "SELECT id FROM tock_jobs WHERE tenant = 'big' ORDER BY id LIMIT 20000)")
     params = {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
-              "skip_kinds": "'{}'", "skip_tenants": "'{}'"}
+              "skip_kinds": "'{}'", "skip_tenants": "'{}'", "skip_lane_kinds": "'{}'",
+              "skip_lane_queues": "'{}'"}
     walk = flow_sql.DUE_PAIRS_FROM
     for name, value in params.items():
         walk = walk.replace(f"%({name})s", value)
     plan = "\n".join(r[0] for r in db.execute("EXPLAIN (ANALYZE, FORMAT TEXT) " + walk))
     assert "tock_jobs_fair_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
     assert "tock_jobs_kind_idx" not in plan, plan
-    assert flow.due_pairs(0, 10, now=now) == [("k", "big", 1), ("k", "small", 1),
-                                              ("other", "small", 1)]
+    assert flow.due_pairs(0, 10, now=now) == [("k", "default", "big", 1),
+                                              ("k", "default", "small", 1),
+                                              ("other", "default", "small", 1)]
     claim = flow_sql.CLAIM_PAIRS
-    for name, value in {"level": "0", "kinds": "'{k,k}'", "tenants": "'{big,small}'",
+    for name, value in {"level": "0", "kinds": "'{k,k}'", "queues": "'{default,default}'",
+                        "tenants": "'{big,small}'",
                         "quotas": "'{5,5}'", "unkeyed": "'{f,f}'", "now": "now()"}.items():
         claim = claim.replace(f"%({name})s", value)
     claim_plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + claim))
@@ -128,7 +148,8 @@ def test_the_levels_and_the_walk_probe_rather_than_read_every_due_row(flow, db, 
     db.execute("ANALYZE tock_jobs")
     _bulk(db, 5_000, now=now, tenant=None)
     values = {"level": "0", "after": "''", "per_kind": "10", "now": "now()",
-              "skip_kinds": "'{}'", "skip_tenants": "'{}'"}
+              "skip_kinds": "'{}'", "skip_tenants": "'{}'", "skip_lane_kinds": "'{}'",
+              "skip_lane_queues": "'{}'"}
     for template in (flow_sql.DUE_LEVELS, flow_sql.DUE_PAIRS_FROM):
         statement = template
         for name, value in values.items():
@@ -137,7 +158,7 @@ def test_the_levels_and_the_walk_probe_rather_than_read_every_due_row(flow, db, 
         assert "Semi Join" not in plan and "Hash Join" not in plan, plan
         assert "Seq Scan on tock_jobs" not in plan, plan
     assert flow.due_levels(now) == [0]
-    assert flow.due_pairs(0, 10, now=now) == [("k", "", 1)]
+    assert flow.due_pairs(0, 10, now=now) == [("k", "default", "", 1)]
 
 
 def test_key_rooms_walk_the_keys_with_due_work_from_a_cursor(flow, db, now):
@@ -148,12 +169,16 @@ def test_key_rooms_walk_the_keys_with_due_work_from_a_cursor(flow, db, now):
     add_job(db, run_at=now - secs(5), concurrency_key="f", tenant="t")  # another tenant
     add_job(db, run_at=now - secs(5), concurrency_key="g", priority=3)  # another level
     add_job(db, run_at=now - secs(5))  # no key
-    assert flow.key_rooms(0, "k", "", after="", walk=10, now=now) == [
+    add_job(db, run_at=now - secs(5), concurrency_key="h", queue="bulk")  # another queue
+    d = "default"
+    assert flow.key_rooms(0, ("k", d, ""), after="", walk=10, now=now) == [
         ("a", True, 1), ("b", True, 0), ("c", True, 0), ("e", False, None)]
-    assert flow.key_rooms(0, "k", "", after="a", walk=2, now=now) == [
+    assert flow.key_rooms(0, ("k", d, ""), after="a", walk=2, now=now) == [
         ("b", True, 0), ("c", True, 0)]
-    assert flow.key_rooms(0, "k", "t", after="", walk=10, now=now) == [("f", True, 0)]
-    assert flow.key_rooms(3, "k", "", after="", walk=10, now=now) == [("g", True, 0)]
+    assert flow.key_rooms(0, ("k", d, "t"), after="", walk=10, now=now) == [("f", True, 0)]
+    assert flow.key_rooms(3, ("k", d, ""), after="", walk=10, now=now) == [("g", True, 0)]
+    assert flow.key_rooms(0, ("k", "bulk", ""), after="", walk=10, now=now) == [
+        ("h", True, 0)]
 
 
 def test_claim_keys_takes_each_keys_oldest_up_to_its_quota(flow, db, now):
@@ -163,7 +188,7 @@ def test_claim_keys_takes_each_keys_oldest_up_to_its_quota(flow, db, now):
     add_job(db, run_at=now - secs(40))  # no key: not for this claim
     add_job(db, run_at=now - secs(40), concurrency_key="a", tenant="t")  # other tenant
     with flow.transaction() as tx:
-        got = tx.claim_keys(0, "k", "", [("a", 1), ("b", 5)], now)
+        got = tx.claim_keys(0, ("k", "default", ""), [("a", 1), ("b", 5)], now)
     assert sorted(d.id for d in got) == [a_old, b_job]
     assert {d.tenant_key for d in got} == {""}
 
@@ -173,7 +198,8 @@ def test_claim_pairs_of_a_keyed_kind_takes_only_the_jobs_without_a_key(flow, db,
     plain = add_job(db, run_at=now - secs(10))
     other = add_job(db, run_at=now - secs(30), kind="other", concurrency_key="a")
     with flow.transaction() as tx:
-        got = tx.claim_pairs(0, [("k", "", 5), ("other", "", 5)], now, unkeyed={"k"})
+        got = tx.claim_pairs(0, [("k", "default", "", 5), ("other", "default", "", 5)], now,
+                             unkeyed={"k"})
     assert sorted(d.id for d in got) == sorted([plain, other])
 
 
@@ -186,7 +212,8 @@ def test_the_key_walk_and_its_claim_use_the_key_index(flow, db, now):
         FROM generate_series(1, 20010) g
     """, (now,))
     db.execute("ANALYZE tock_jobs")
-    values = {"level": "0", "kind": "'k'", "tenant": "''", "after": "''", "walk": "64",
+    values = {"level": "0", "kind": "'k'", "queue": "'default'", "tenant": "''",
+              "after": "''", "walk": "64",
               "now": "now()", "keys": "'{big,key-20001}'", "quotas": "'{1,1}'"}
     for template in (flow_sql.KEY_ROOMS, flow_sql.CLAIM_KEYS):
         statement = template
@@ -194,7 +221,7 @@ def test_the_key_walk_and_its_claim_use_the_key_index(flow, db, now):
             statement = statement.replace(f"%({name})s", value)
         plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + statement))
         assert "tock_jobs_key_due_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
-    rooms = flow.key_rooms(0, "k", "", after="", walk=64, now=now)
+    rooms = flow.key_rooms(0, ("k", "default", ""), after="", walk=64, now=now)
     assert len(rooms) == 11 and rooms[0] == ("big", True, 0)
 
 
@@ -208,14 +235,17 @@ def test_in_sqs_counts_each_kinds_dispatched_jobs_up_to_the_cap(flow, db, now):
     _bulk(db, 50, now=now, tenant=None, kind="due")  # due, not sent
     db.execute("UPDATE tock_jobs SET dispatched_at = %s - make_interval(secs => id %% 2)",
                (now,))  # half of them sent a second before `now`, half at `now`
-    assert flow.in_sqs(100, 0.5, now) == {("k", ""): (30, 15),
-                                          ("other", "t"): (5, 3)}  # ids 31-35
-    assert flow.in_sqs(10, 0.5, now)[("k", "")][0] == 10
-    assert flow.in_sqs(100, 5, now) == {("k", ""): (30, 0), ("other", "t"): (5, 0)}
+    d = "default"
+    assert flow.in_sqs(100, 0.5, now) == {("k", d, ""): (30, 15),
+                                          ("other", d, "t"): (5, 3)}  # ids 31-35
+    assert flow.in_sqs(10, 0.5, now)[("k", d, "")][0] == 10
+    assert flow.in_sqs(100, 5, now) == {("k", d, ""): (30, 0), ("other", d, "t"): (5, 0)}
     assert flow.kind_in_sqs("k", cap=100) == {"default": 30}
     assert flow.kind_in_sqs("due", cap=100) == {}
     db.execute("UPDATE tock_jobs SET queue = 'bulk' WHERE kind = 'k' AND id <= 12")
     assert flow.kind_in_sqs("k", cap=100) == {"default": 18, "bulk": 12}
+    assert flow.in_sqs(100, 5, now) == {("k", d, ""): (18, 0), ("k", "bulk", ""): (12, 0),
+                                        ("other", d, "t"): (5, 0)}
 
 
 def test_the_window_count_reads_the_in_flight_rows_not_the_kinds_backlog(flow, db, now):
@@ -232,7 +262,7 @@ def test_the_window_count_reads_the_in_flight_rows_not_the_kinds_backlog(flow, d
         plan = "\n".join(r[0] for r in db.execute("EXPLAIN (ANALYZE, FORMAT TEXT) " + text))
         assert "tock_jobs_in_flight_idx" in plan and "Seq Scan on tock_jobs" not in plan, plan
         assert "tock_jobs_kind_idx" not in plan and "tock_jobs_fair_idx" not in plan, plan
-    assert flow.in_sqs(1000, 0.25)[("k", "")][0] == 300
+    assert flow.in_sqs(1000, 0.25)[("k", "default", "")][0] == 300
 
 
 def test_limit_rooms_count_the_slots_held_and_the_tokens(flow, db, now):
