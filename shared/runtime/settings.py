@@ -305,7 +305,9 @@ class ConsumerSettings(CommonSettings):
                     "latency-sensitive work) with a heartbeat under half of it.")
     heartbeat_seconds: float = Field(default=10.0, ge=0.02)
     receive_wait_seconds: int = Field(default=2, ge=0, le=20)
-    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
+    # An orchestrator's stop timeout bounds it anyway (ECS: 120 s at most); a day is
+    # generous, and keeps the shutdown's deadline arithmetic in range.
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=86400)
     # At most 10 years, as a job's delay= (a retry lands in the calendar Postgres and
     # Python share): a longer one is refused here, not by the first failed attempt.
     backoff_base_seconds: float = Field(default=1.0, gt=0, le=MAX_DELAY_SECONDS)

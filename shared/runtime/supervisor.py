@@ -288,7 +288,10 @@ class Supervisor:
         return 70 if self.fatal else 0  # EX_SOFTWARE
 
     def live(self) -> tuple[bool, str]:
-        """(ok, reason): every loop thread alive, no pass past its bound, no crash."""
+        """(ok, reason): every loop thread alive, no pass past its bound, no crash. An
+        orderly stop stays live: its drain is bounded (the consumer's grace and last
+        writes), and a liveness probe that failed it would have the process killed before
+        it released its jobs."""
         now = self.clock()
         if self.fatal:
             return False, self.fatal
@@ -297,14 +300,17 @@ class Supervisor:
             if problem:
                 return False, problem
         if self.stop_flag.is_set():
-            return False, f"{self.process} is stopping"
+            return True, f"{self.process} is stopping (finishing its work; not ready)"
         return True, f"{self.process}: {len(self.loops)} loops running"
 
     def ready(self) -> tuple[bool, str]:
-        """(ok, reason): live, and every loop that gates readiness succeeded recently."""
+        """(ok, reason): live, not stopping, and every loop that gates readiness
+        succeeded recently."""
         ok, reason = self.live()
         if not ok:
             return ok, reason
+        if self.stop_flag.is_set():
+            return False, f"{self.process} is stopping"
         now = self.clock()
         for loop in self.loops:
             why = loop.unready(now)

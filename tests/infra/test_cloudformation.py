@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from consumer.service import LAST_WRITES_SECONDS
 from shared.runtime.settings import TimerSettings
 from tests.infra.paths import CFN_DIR, QUEUES_TEMPLATE, TOCK_TEMPLATE, load_template
 from tests.infra.processes import load_settings, unknown_tock_variables
@@ -130,7 +131,7 @@ def test_consumer_timing_settings_agree(monkeypatch):
     env = {e["Name"]: _default(e["Value"]) for e in container["Environment"]}
     settings = load_settings("consumer", env, monkeypatch)
     stop_timeout = int(_default(container["StopTimeout"]))
-    assert stop_timeout > settings.shutdown_grace_seconds
+    assert stop_timeout > settings.shutdown_grace_seconds + LAST_WRITES_SECONDS
     assert settings.heartbeat_seconds * 2 < settings.lease_seconds
     # The queue the stack creates uses the same visibility timeout the consumer asks for.
     assert RES["QueueStack"]["Properties"]["Parameters"]["VisibilityTimeoutSeconds"] == \
@@ -270,16 +271,19 @@ def test_rules_keep_the_stop_timeout_above_the_shutdown_grace():
                 "StopTimeoutSeconds": str(stop["Default"])}
     assert _rules_refuse(defaults) == []
     # Every pair the parameters allow: accepted exactly when the stop timeout reaches the
-    # next multiple of 10 above the grace (so always above it, by 10 s for a round grace).
+    # multiple of 10 after the next above the grace, so that the grace and the consumer's
+    # last writes after it (LAST_WRITES_SECONDS) end before ECS's SIGKILL.
     for g in range(grace["MinValue"], grace["MaxValue"] + 1):
         for s in range(stop["MinValue"], stop["MaxValue"] + 1):
             refused = _rules_refuse({"ShutdownGraceSeconds": str(g),
                                      "StopTimeoutSeconds": str(s)})
-            assert (not refused) == (s >= (g // 10 + 1) * 10), (g, s, refused)
+            assert (not refused) == (s >= (g // 10 + 2) * 10), (g, s, refused)
             if refused:
                 assert len(refused) == 1 and "StopTimeoutSeconds must be" in refused[0]
-    assert _rules_refuse({"ShutdownGraceSeconds": "25", "StopTimeoutSeconds": "25"}) == [
-        "StopTimeoutSeconds must be 30 or more for a ShutdownGraceSeconds of 20-29."]
+            else:
+                assert g + LAST_WRITES_SECONDS < s, (g, s)
+    assert _rules_refuse({"ShutdownGraceSeconds": "25", "StopTimeoutSeconds": "35"}) == [
+        "StopTimeoutSeconds must be 40 or more for a ShutdownGraceSeconds of 20-29."]
 
 
 def test_dead_letter_alarm_notifies_the_topic_given_and_nobody_by_default():

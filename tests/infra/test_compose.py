@@ -16,6 +16,7 @@ import pytest
 import yaml
 from compose_spec import PyOptions
 
+from consumer.service import LAST_WRITES_SECONDS
 from devstack.sqs import LOCALSTACK_VENV
 from tests.infra.paths import COMPOSE_FILE, INIT_HOOK, ROOT
 from tests.infra.processes import load_settings, unknown_tock_variables
@@ -46,7 +47,7 @@ def test_compose_file_follows_the_compose_specification():
 
 
 @pytest.mark.parametrize(("good", "bad"), [
-    ("stop_grace_period: 30s", "stop_grace_perod: 30s"),
+    ("stop_grace_period: 40s", "stop_grace_perod: 40s"),
     ("condition: service_healthy", "condition: service_heathy"),
     ("interval: 2s", "interval: two"),
 ])
@@ -124,7 +125,8 @@ def test_environment_is_valid_for_each_process(name, monkeypatch):
 def test_consumer_drains_within_docker_stop_grace(monkeypatch):
     env = SERVICES["consumer"]["environment"]
     settings = load_settings("consumer", dict(env), monkeypatch)
-    assert _seconds(SERVICES["consumer"]["stop_grace_period"]) > settings.shutdown_grace_seconds
+    assert _seconds(SERVICES["consumer"]["stop_grace_period"]) > \
+        settings.shutdown_grace_seconds + LAST_WRITES_SECONDS
 
 
 def test_localstack_hook_creates_the_queues_the_processes_use():

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from cloudcoil.models.keda import v1alpha1 as keda
 
+from consumer.service import LAST_WRITES_SECONDS
 from dashboard.settings import DashboardSettings
 from shared.runtime.settings import ConsumerSettings
 from tests.infra.paths import K8S_DIR, QUEUES_TEMPLATE, load_k8s_documents, load_template
@@ -210,7 +211,7 @@ def test_consumer_drains_before_the_kubelet_kills_it(monkeypatch):
     assert isinstance(settings, ConsumerSettings)
     grace = WORKLOADS["tock-consumer"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     # Room for the release of unfinished jobs and the exit after the handler grace.
-    assert grace >= settings.shutdown_grace_seconds + 10
+    assert grace > settings.shutdown_grace_seconds + LAST_WRITES_SECONDS
     assert settings.heartbeat_seconds * 2 < settings.lease_seconds
     assert settings.visibility_timeout_seconds >= settings.lease_seconds
 

@@ -108,6 +108,8 @@ def test_every_float_setting_refuses_nan_and_infinity(monkeypatch, cls, name):
     (ConsumerSettings, "TOCK_BACKOFF_CAP_SECONDS", "1e300"),
     (TimerSettings, "TOCK_BACKOFF_CAP_SECONDS", "1e300"),
     (TimerSettings, "TOCK_DISPATCH_TIMEOUT_SECONDS", "1e300"),
+    # Loaded, then an OverflowError traceback at SIGTERM, nothing released.
+    (ConsumerSettings, "TOCK_SHUTDOWN_GRACE_SECONDS", "1e10"),
 ], ids=lambda x: x if isinstance(x, str) else x.__name__)
 def test_a_duration_too_long_to_use_is_refused_at_start(monkeypatch, cls, variable, value):
     monkeypatch.setenv(variable, value)
@@ -117,7 +119,7 @@ def test_a_duration_too_long_to_use_is_refused_at_start(monkeypatch, cls, variab
 
 def test_the_longest_durations_allowed_still_load(monkeypatch):
     ConsumerSettings.load(default_timeout_seconds=12 * 3600, backoff_base_seconds=1,
-                          backoff_cap_seconds=10 * 365 * 86400)
+                          backoff_cap_seconds=10 * 365 * 86400, shutdown_grace_seconds=86400)
     TimerSettings.load(backoff_cap_seconds=10 * 365 * 86400, dispatch_timeout_seconds=7 * 86400)
 
 
