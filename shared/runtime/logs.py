@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from shared.store.pool_log import hush_pool_repeats
+
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -92,29 +94,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-class Repeats(logging.Filter):
-    """Pass a record only if none with the same template and first argument (for the
-    connection pool: the pool's name) passed within `seconds`. While Postgres is down, the
-    pool warns on every reconnection attempt of every pool, several lines each, several
-    times a second; the first says why, and the loops' own `loop_failed` lines go on
-    saying that it still fails."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self._last: dict[tuple[str, str], float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        first = record.args[0] if isinstance(record.args, tuple) and record.args else ""
-        key = (str(record.msg), str(first))
-        now = record.created
-        if now - self._last.get(key, -self.seconds) < self.seconds:
-            return False
-        self._last[key] = now
-        return True
-
-
-REPEAT_SECONDS = 30.0
 
 _held = threading.local()
 
@@ -201,8 +180,6 @@ def configure(fmt: str, level: str, process_name: str) -> None:
     root.setLevel(level)
     for noisy in ("botocore", "boto3", "urllib3", "psycopg.pool"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    pool = logging.getLogger("psycopg.pool")
-    if not any(isinstance(f, Repeats) for f in pool.filters):
-        pool.addFilter(Repeats(REPEAT_SECONDS))
+    hush_pool_repeats()
     # asyncio says which selector it uses at DEBUG, once per event loop: not tock's news.
     logging.getLogger("asyncio").setLevel(logging.INFO)

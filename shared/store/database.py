@@ -28,6 +28,7 @@ from shared.core.errors import (
     Retryable,
 )
 from shared.store.errors import translated
+from shared.store.pool_log import hush_pool_repeats
 from shared.store.watchdog import Watchdog
 
 Connection = psycopg.Connection[Any]
@@ -94,6 +95,7 @@ class Database:
                  setting: str | None = None, answer_timeout: float | None = None,
                  answer_setting: str | None = None,
                  idle_in_transaction_seconds: float | None = None) -> None:
+        hush_pool_repeats()  # an outage's reconnection warnings, once per 30 s
         self.url = url
         self.name = name
         self.timeout = timeout

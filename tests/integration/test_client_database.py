@@ -8,6 +8,7 @@ server itself is shared with other tests and keeps running)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from shared.client import Client
 from shared.core.errors import ConnectionLost, DatabaseBug, DatabaseUnavailable
 from shared.runtime.settings import ClientSettings
 from shared.store.database import DOWN_RECHECK_SECONDS, Database
+from shared.store.pool_log import Repeats
 from shared.store.schedule_store import ScheduleStore
 from tests.support.wait import wait_for
 
@@ -148,6 +150,30 @@ def test_an_outage_is_waited_out_then_explained_then_failed_fast_until_it_ends(
         # the first call; a polling wait would hide a pool that never asks again.
         time.sleep(DOWN_RECHECK_SECONDS)
         assert store.db_now(None) is not None  # back at once
+    finally:
+        db.close()
+
+
+def test_an_application_sees_the_pools_reconnection_warning_once_per_outage(
+        relay, database_url, caplog):
+    """An application using the client (no tock logging set up) got psycopg's "error
+    connecting" warning every 2 s of a call's wait through an outage: the filter that
+    tock's processes install came only with their logging."""
+    pool_log = logging.getLogger("psycopg.pool")
+    for existing in [f for f in pool_log.filters if isinstance(f, Repeats)]:
+        pool_log.removeFilter(existing)  # as in a fresh application
+    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
+    db = Database(url, name="tock-client", timeout=6, setting=SETTING)
+    store = ScheduleStore(db)
+    try:
+        store.db_now(None)
+        relay.close()
+        caplog.set_level(logging.WARNING, logger="psycopg.pool")
+        with pytest.raises(DatabaseUnavailable):
+            store.db_now(None)  # 6 s of reconnection attempts
+        connecting = [r for r in caplog.records if r.name == "psycopg.pool"
+                      and "error connecting" in r.getMessage()]
+        assert len(connecting) == 1, [r.getMessage() for r in connecting]
     finally:
         db.close()
 

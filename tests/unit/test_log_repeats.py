@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from shared.runtime.logs import Repeats
+from shared.store.pool_log import Repeats
 
 
 def _record(msg: str, *args: object, at: float) -> logging.LogRecord:
