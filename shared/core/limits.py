@@ -80,13 +80,16 @@ class LimitSpec:
 
 
 def limit_target(scope: object, key: object) -> tuple[str, str]:
-    """(scope, key) of a limit, validated: the key names a kind, or a tenant (None: '')."""
+    """(scope, key) of a limit, validated: the key names a kind, or a tenant (None, or ''
+    as `limits()` reports it: the jobs without a tenant)."""
     if scope not in SCOPES:
         raise InvalidInput(f"scope must be one of {', '.join(SCOPES)}, got {shown(scope)}")
     if key is None and scope != "tenant":
         raise InvalidInput(f"key is required: a {scope} limit needs the name of the kind it "
                            "limits (only a tenant limit may leave it out, for the jobs "
                            "without a tenant)")
+    if scope == "tenant" and key == "":
+        return "tenant", ""  # what limits() says of the jobs without a tenant, given back
     name = validation.tenant_key(key) if scope == "tenant" else validation.kind(key)
     return str(scope), name
 

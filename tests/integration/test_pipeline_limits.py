@@ -89,6 +89,20 @@ def test_a_tenant_limit_holds_only_that_tenant(client, db, timer, clock):
     assert by_tenant == {"acme": 2, "other": 5, "": 1}
 
 
+def test_every_limit_listed_can_be_removed_by_the_key_it_is_listed_with(client):
+    """limits() names the no-tenant limit '' (as the store keeps it); remove_limit refused
+    '' ("must be a non-empty string"), so a loop over limits() failed on it."""
+    client.set_limit("tenant", None, max_running=1)
+    client.set_limit("kind", "k", max_running=3)
+    listed = client.limits()
+    assert sorted((l.scope, l.key) for l in listed) == [("kind", "k"), ("tenant", "")]
+    for limit in listed:
+        assert client.remove_limit(limit.scope, limit.key)
+    assert client.limits() == []
+    client.set_limit("tenant", "", max_running=2)  # and set by it
+    assert [(l.scope, l.key, l.max_running) for l in client.limits()] == [("tenant", "", 2)]
+
+
 def test_two_timers_together_never_go_over_a_limit(client, db, timer_settings, transport,
                                                      clock):
     client.set_limit("kind", "k", max_running=7)
