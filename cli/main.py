@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cli import audit
-from cli.arguments import add_common
+from cli.arguments import add_common, positive_seconds
 from cli.output import print_json
 from shared.core.errors import (
     ConfigError,
@@ -59,7 +59,19 @@ def _migrate(args: argparse.Namespace) -> int:
     check_reachable(settings.database_url, migrated=False)
     if args.dry_run:
         return _list_migrations(settings.database_url, as_json=args.json)
-    applied = migrate(settings.database_url)
+    from shared.store.migrate import MigrationBlocked
+
+    def waiting(name: str, holders: str) -> None:
+        print(f"tock: migration {name} is waiting for a lock on its tables ({holders}); "
+              "rolled back, trying again (writers are not held up meanwhile)",
+              file=sys.stderr)
+
+    try:
+        applied = migrate(settings.database_url, lock_timeout=args.lock_timeout,
+                          waiting=waiting)
+    except MigrationBlocked as exc:
+        print(f"tock: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     if args.json:
         print_json({"applied": applied, "moves_history": HISTORY_MIGRATION in applied
                     and applied[0] != "0001_core.sql"})
@@ -113,6 +125,8 @@ def _launch(command: str, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from shared.store.migrate import GIVE_UP_AFTER_SECONDS, LOCK_TIMEOUT_SECONDS
+
     parser = argparse.ArgumentParser(
         prog="tock", description="tock: a distributed job scheduler on Postgres and SQS. "
         "Settings come from TOCK_* environment variables.")
@@ -123,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--dry-run", "--list", dest="dry_run", action="store_true",
                    help="list the applied and pending migrations; apply nothing")
+    p.add_argument("--lock-timeout", type=positive_seconds, default=LOCK_TIMEOUT_SECONDS,
+                   metavar="SECONDS",
+                   help="how long a migration waits for a lock on a table before it rolls "
+                        "back and tries again, so that writers queued behind it wait no "
+                        f"longer (default {LOCK_TIMEOUT_SECONDS:g}; it gives up after "
+                        f"{GIVE_UP_AFTER_SECONDS:g} s, exit 3)")
     p.set_defaults(func=_migrate)
 
     # Listed for --help; main() hands their arguments over before parsing.

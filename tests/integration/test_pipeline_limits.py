@@ -95,12 +95,12 @@ def test_every_limit_listed_can_be_removed_by_the_key_it_is_listed_with(client):
     client.set_limit("tenant", None, max_running=1)
     client.set_limit("kind", "k", max_running=3)
     listed = client.limits()
-    assert sorted((l.scope, l.key) for l in listed) == [("kind", "k"), ("tenant", "")]
+    assert sorted((lim.scope, lim.key) for lim in listed) == [("kind", "k"), ("tenant", "")]
     for limit in listed:
         assert client.remove_limit(limit.scope, limit.key)
     assert client.limits() == []
     client.set_limit("tenant", "", max_running=2)  # and set by it
-    assert [(l.scope, l.key, l.max_running) for l in client.limits()] == [("tenant", "", 2)]
+    assert [(lim.scope, lim.key, lim.max_running) for lim in client.limits()] == [("tenant", "", 2)]
 
 
 def test_two_timers_together_never_go_over_a_limit(client, db, timer_settings, transport,

@@ -5,13 +5,15 @@ happens next. Against the session's real Postgres, each test on a database of it
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
 import psycopg
 import pytest
 
-from shared.store.migrate import available, migrate, missing_migrations
+from shared.store.migrate import MigrationBlocked, available, migrate, missing_migrations
+from tests.support.wait import wait_for
 
 SHIPPED = [name for name, _ in available()]
 BEFORE_HISTORY = "0006_worker_leases.sql"
@@ -111,3 +113,43 @@ def test_a_bad_url_given_as_the_option_is_blamed_on_the_option(tock):
     assert "TOCK_DATABASE_URL" not in err
     code, _, err = tock("migrate", "--database-url", "")
     assert code == 2 and "argument --database-url: the value is empty" in err
+
+
+BEFORE_FAIR_INDEX = "0013_cancelled_attempts.sql"
+"""0014 rebuilds an index on tock_jobs: it needs a lock no reader may share."""
+
+
+def test_a_migration_behind_a_long_transaction_does_not_hold_writers_up(empty_url):
+    """A migration waiting for its lock behind a long transaction used to queue every
+    write to tock_jobs behind it (10 s insert timeouts in a walkthrough, until the long
+    transaction ended); it now rolls back after its lock timeout, says who holds the
+    table, and tries again."""
+    migrate(empty_url, up_to=BEFORE_FAIR_INDEX)
+    heard: list[tuple[str, str]] = []
+    done: list[list[str]] = []
+    with psycopg.connect(empty_url) as long_reader, \
+            psycopg.connect(empty_url, autocommit=True) as writer:
+        long_reader.execute("SELECT count(*) FROM tock_jobs")  # its transaction stays open
+        runner = threading.Thread(target=lambda: done.append(migrate(
+            empty_url, lock_timeout=0.2, waiting=lambda name, who: heard.append((name, who)))))
+        runner.start()
+        wait_for(lambda: len(heard) >= 2, timeout=30, message="the migration to retry")
+        writer.execute("SET statement_timeout = '5s'")
+        writer.execute("INSERT INTO tock_jobs (kind, run_at) VALUES ('k', now())")
+        assert heard[0][0] == "0014_fair_index_by_queue.sql"
+        assert "oldest open transactions: pid" in heard[0][1]
+        assert "SELECT count(*) FROM tock_jobs" in heard[0][1], heard[0][1]
+        assert not done, "still waiting for the long transaction"
+        long_reader.rollback()
+        runner.join(30)
+    assert done == [SHIPPED[SHIPPED.index(BEFORE_FAIR_INDEX) + 1:]]
+
+
+def test_a_migration_that_never_gets_its_lock_gives_up_naming_the_holder(empty_url):
+    migrate(empty_url, up_to=BEFORE_FAIR_INDEX)
+    with psycopg.connect(empty_url) as long_reader:
+        long_reader.execute("SELECT count(*) FROM tock_jobs")
+        with pytest.raises(MigrationBlocked, match="could not take its locks within 1 s") as info:
+            migrate(empty_url, lock_timeout=0.2, give_up_after=1)
+        assert "SELECT count(*) FROM tock_jobs" in str(info.value)
+    assert missing_migrations(empty_url) == SHIPPED[SHIPPED.index(BEFORE_FAIR_INDEX) + 1:]
