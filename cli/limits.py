@@ -150,7 +150,8 @@ def add_parser(sub: Sub) -> None:
                                    "Postgres.")
     add_common(p)
     p.set_defaults(func=_list)
-    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions = p.add_subparsers(dest="action", metavar="[ACTION]",
+                                title="actions (none: list)")
     a = actions.add_parser("list", help="every limit with its use and the jobs waiting")
     add_common(a, after_action=True)
     a.set_defaults(func=_list)

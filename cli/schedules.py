@@ -23,13 +23,18 @@ EXIT_OK, EXIT_REFUSED = 0, 1
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register `tock schedules ...`."""
     p = sub.add_parser("schedules", help="list, inspect, preview, pause, resume or delete "
-                                         "recurring schedules")
+                                         "recurring schedules",
+                       description="Recurring schedules (every N seconds or cron), made in "
+                                   "code with shared.client.recurring(...) (README, Recurring "
+                                   "schedules); "
+                                   "the timers turn each fire time into one job.")
     add_common(p)
     # The same options also after the action (`tock schedules list --json`).
     after = argparse.ArgumentParser(add_help=False)
     add_common(after, after_action=True)
     # No action lists them, as `tock tenants` and `tock limits` do.
-    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions = p.add_subparsers(dest="action", metavar="[ACTION]",
+                                title="actions (none: list)")
     actions.add_parser("list", help="every schedule, its timing and next fire time",
                        parents=[after])
     for name, text in (("show", "one schedule: definition, recent runs, slots not run"),

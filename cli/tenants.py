@@ -90,7 +90,8 @@ def add_parser(sub: Sub) -> None:
                                    "dispatch batch in proportion to its weight (default 1).")
     add_common(p)
     p.set_defaults(func=_list)
-    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    actions = p.add_subparsers(dest="action", metavar="[ACTION]",
+                                title="actions (none: list)")
     a = actions.add_parser("list", help="weight, due, in SQS, running and later per tenant")
     add_common(a, after_action=True)
     a.set_defaults(func=_list)

@@ -201,3 +201,14 @@ def test_an_unknown_option_is_named_with_the_usage_of_the_action_it_followed(
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith(usage), err
     assert f"unrecognized arguments: {' '.join(argv[argv.index('--bogus'):])}" in err
+
+
+@pytest.mark.parametrize("command", ["schedules", "tenants", "limits"])
+def test_help_shows_the_action_as_optional_as_it_is(command, capsys):
+    """With no action these list; their usage line said `ACTION ...` as if required."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert f"usage: tock {command} [-h] [--database-url URL] [--json] [ACTION] ..." in out
+    assert "actions (none: list)" in out
+    assert out.split("\n\n")[1].strip(), "a description under the usage line"
