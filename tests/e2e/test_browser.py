@@ -514,6 +514,20 @@ def test_a_long_unbroken_error_wraps_instead_of_widening_the_page(
     assert page.evaluate("document.documentElement.scrollWidth") <= 1200
 
 
+def test_a_kind_of_the_longest_allowed_name_wraps_instead_of_widening_the_overview(
+        page: Page, live_server: LiveServer, client: Client) -> None:
+    """A 128-character kind (allowed) pushed the queue table's counts out of view."""
+    kind = "k" * 128
+    client.schedule(kind, queue="mine", delay=3600)
+    page.set_viewport_size({"width": 1200, "height": 900})
+    login(page, live_server, VIEWER)
+    row = page.get_by_test_id(f"queue-mine-{kind}")
+    expect(row).to_contain_text(kind[:20])
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1200
+    last = row.locator("td").last.bounding_box()
+    assert last is not None and last["x"] + last["width"] <= 1200
+
+
 def test_cancelling_one_job_asks_first(
         page: Page, live_server: LiveServer, client: Client) -> None:
     job = client.schedule("email", delay=3600)
