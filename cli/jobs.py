@@ -104,7 +104,8 @@ def _enqueue(args: argparse.Namespace) -> int:
         print(f"enqueued job {job.id} ({job.kind}) on queue {job.queue}, due "
               f"{job.run_at.isoformat(timespec='seconds')}")
     else:
-        print(f"job {job.id} already exists with key {job.unique_key!r} ({job.state}); "
+        print(f"job {job.id} already exists with key {job.unique_key!r} ({job.kind}, "
+              f"{job.state}); "
               "nothing enqueued")
     return EXIT_OK
 

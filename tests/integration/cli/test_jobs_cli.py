@@ -27,7 +27,7 @@ def test_enqueue_list_and_show(tock, db):
     code, out, _ = tock("enqueue", "report", "--key", "r:1", "--json")
     assert (json.loads(out)["id"], json.loads(out)["created"]) == (2, False)
     code, out, _ = tock("enqueue", "report", "--key", "r:1")
-    assert code == 0 and "already exists" in out
+    assert code == 0 and "already exists with key 'r:1' (report, scheduled)" in out
     code, out, _ = tock("show", "2", "--json")
     shown = json.loads(out)["job"]
     assert shown["key"] == "r:1" and "created" not in shown, "a read creates nothing"
