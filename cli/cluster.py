@@ -7,9 +7,10 @@ import argparse
 
 from cli import connect
 from cli.arguments import Sub, add_common, positive_seconds
-from cli.output import age, approx, print_json, print_table
+from cli.output import age, bounded, print_json, print_table
 from shared.core.filters import FINISHED_STATES
 from shared.core.states import JobState
+from shared.store.counts_sql import UNFINISHED_EXACT_UP_TO
 
 EXIT_OK = 0
 WORKER_STALE_SECONDS = 30.0
@@ -41,7 +42,7 @@ def _stats(args: argparse.Namespace) -> int:
         print("no unfinished work")
         return EXIT_OK
     print_table(["queue", "kind", "due", "in sqs", "running", "later", "oldest due s"], [
-        [q.queue, q.kind, *(approx(n, q.estimated)
+        [q.queue, q.kind, *(bounded(n, q.estimated, UNFINISHED_EXACT_UP_TO)
                             for n in (q.due, q.dispatched, q.running, q.future)),
          # The age counts the jobs waiting in SQS too (dispatched, unclaimed), as the
          # API's and the gauge's do: a queue no consumer takes shows its age.

@@ -71,6 +71,15 @@ def approx(n: int, estimated: bool) -> int:
     return Count(n, f"~{n}") if estimated else n
 
 
+def bounded(n: int, estimated: bool, bound: int) -> int:
+    """A count of a (queue, kind) row whose ranges are counted up to `bound` and estimated
+    past it: exact at or under the bound (no mark), ">bound" where the estimate says no
+    more than the count found (statistics older than the backlog), else ~N."""
+    if not estimated or n <= bound:
+        return n
+    return Count(n, f">{bound:,}") if n == bound + 1 else Count(n, f"~{n}")
+
+
 def age(seconds: float, due: int) -> float:
     """An oldest-due age as a table cell: "-" when nothing is due (not 0.0, an age)."""
     return round(seconds, 1) if due else Count(0, "-")

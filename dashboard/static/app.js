@@ -306,7 +306,7 @@ function renderOverview() {
           title: q.estimated ? "≈: estimated from statistics (past 10,000 jobs)" : ""},
         el("td", {}, q.queue), el("td", {}, q.kind),
         ...[q.due, q.dispatched, q.running, q.future].map(n => el("td", {className: "num"},
-          q.estimated ? `≈${n}` : n)),
+          boundedCount(n, q.estimated))),
         el("td", {className: "num", "data-testid": "oldest-due"},
            q.depth ? human(q.oldest_due_age_seconds) : "–")))))
       : el("p", {className: "muted"}, "No unfinished work."));
@@ -441,6 +441,15 @@ async function removeLimit(form) {
     await api(`/api/limits?${query}`, {method: "DELETE"});  // 404 when there was none
     toast(`Limit removed from ${scope} ${key ?? "(no tenant)"}.`);
   } catch (e) { toast(e.message, true); }
+}
+
+// A (queue, kind) count: each range is counted up to COUNT_BOUND and estimated past it, so
+// a figure at or under the bound is exact; one just past it is all the statistics (older
+// than the backlog) could say.
+const COUNT_BOUND = 10000;
+function boundedCount(n, estimated) {
+  if (!estimated || n <= COUNT_BOUND) return n;
+  return n === COUNT_BOUND + 1 ? `>${COUNT_BOUND.toLocaleString("en")}` : `≈${n}`;
 }
 
 // A rate as people set it: 5/s, 30/min, 1/h (not 0.000278/s).

@@ -291,6 +291,7 @@ def test_a_backlog_past_the_count_bound_shows_as_estimated_and_a_rare_queue_exac
     mail = page.get_by_test_id("queue-mail-email")
     expect(mail).to_contain_text("≈")
     expect(mail).to_have_attribute("title", "≈: estimated from statistics (past 10,000 jobs)")
+    expect(mail.locator("td.num").nth(1)).to_have_text("0")  # exact: not marked
     expect(page.get_by_test_id("count-scheduled")).to_contain_text("≈")
     rare = page.get_by_test_id("queue-rare-sms")
     expect(rare).to_contain_text("rare")
