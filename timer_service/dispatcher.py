@@ -185,6 +185,8 @@ class Dispatcher(Loop):
         self._pairs_in_sqs: Counter[tuple[str, str, str]] = Counter()
         # (kind, queue, tenant) with a batch of jobs in SQS past the window's age
         self._waited: set[tuple[str, str, str]] = set()
+        # kinds with LANES_COUNTED windows in SQS, their queues together: held everywhere
+        self._capped: set[str] = set()
         self._counted_at = -WINDOW_RECOUNT_SECONDS
         # Open unless the due watcher is running a pass: then backlog passes wait for it
         # (priority_pass), so its claim does not queue for the CPU behind theirs.
@@ -353,6 +355,9 @@ class Dispatcher(Loop):
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
         lane_room, waited, in_sqs = self._window_rooms(flow, now)
+        with self._lock:
+            for kind in self._capped:
+                kind_room[kind] = 0
         window_full = bool(waited) or any(room <= 0 for room in lane_room.values())
         tenant_room = {r.key: r.room for r in rooms
                        if r.scope == "tenant" and r.room is not None}
@@ -449,15 +454,14 @@ class Dispatcher(Loop):
             for (kind, queue, _), (n, _) in counts.items():
                 by_lane[(kind, queue)] += n
                 by_kind[kind] += n
-            for lane in list(by_lane):
-                if by_kind[lane[0]] >= cap:
-                    # Counted only so far: the kind's lanes may hold more than seen.
-                    by_lane[lane] = max(by_lane[lane], self.dispatch_window)
+            # Counted only so far: the kind's lanes may hold more than was seen, so the
+            # kind waits on every queue until the count falls back under the cap.
+            capped = {kind for kind, n in by_kind.items() if n >= cap}
             waited = {key for key, (_, old) in counts.items()
                       if self.dispatch_window_seconds and old >= self.batch_size}
             with self._lock:
                 emptied = self._in_sqs.keys() - by_lane.keys()
-                self._in_sqs, self._waited = dict(by_lane), waited
+                self._in_sqs, self._waited, self._capped = dict(by_lane), waited, capped
                 self._pairs_in_sqs = Counter({key: n for key, (n, _) in counts.items()})
             for kind, queue in emptied:
                 metrics.IN_SQS.labels(kind, queue).set(0)
@@ -465,7 +469,10 @@ class Dispatcher(Loop):
                 metrics.IN_SQS.labels(kind, queue).set(n)
         with self._lock:
             rooms = {lane: self.dispatch_window - n for lane, n in self._in_sqs.items()
-                     if n > self.dispatch_window - self.batch_size}
+                     if n > self.dispatch_window - self.batch_size or lane[0] in self._capped}
+            for lane in rooms:
+                if lane[0] in self._capped:
+                    rooms[lane] = 0
             return rooms, set(self._waited), dict(self._pairs_in_sqs)
 
     def _claim(self, flow: FlowStore, level: int, share: list[fair_share.Quota], *,

@@ -19,6 +19,7 @@ from shared.store.operator_store import OperatorStore
 from tests.integration.readings import metric
 from tests.support.drive import dispatch, receive, run_all, timer_running
 from tests.support.wait import wait_for
+from timer_service.dispatcher import LANES_COUNTED
 from timer_service.due_watcher import LOOK_AGAIN_SECONDS
 from timer_service.service import Timer
 
@@ -111,6 +112,21 @@ def test_a_queue_nobody_consumes_holds_its_kind_back_on_that_queue_only(
     assert dispatch(windowed, later) == 5, "and again once those are claimed"
     assert db.execute("SELECT count(*) FROM tock_jobs WHERE queue = 'bulk' AND "
                       "state = 'dispatched'").fetchone()[0] == WINDOW, "bulk stays at its window"
+
+
+def test_a_kind_with_more_in_sqs_than_the_count_reads_is_held_on_every_queue(
+        db, windowed, transport, clock):
+    """Past LANES_COUNTED windows of a kind in SQS (the window was just lowered, say) the
+    count stops reading, and a queue it did not reach could have been sent more."""
+    transport.create_queue("bulk", visibility_timeout=60)
+    _due(db, LANES_COUNTED * WINDOW + 10, now=clock.now)
+    db.execute("UPDATE tock_jobs SET state = 'dispatched', dispatched_at = %s, "
+               "queue = 'bulk'", (clock.now,))
+    _due(db, 5, now=clock.now)  # the same kind, on the default queue
+    _due(db, 5, kind="other", now=clock.now)
+    assert dispatch(windowed, clock.now) == 5, "only the other kind goes out"
+    assert db.execute("SELECT count(*) FROM tock_jobs WHERE kind = 'k' AND "
+                      "state = 'scheduled'").fetchone()[0] == 5
 
 
 def test_a_kind_whose_jobs_wait_in_sqs_gets_no_more_until_consumers_catch_up(
