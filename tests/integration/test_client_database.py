@@ -90,6 +90,21 @@ def relay(database_url: str) -> Iterator[Relay]:
     r.close()
 
 
+@contextlib.contextmanager
+def cut_off(relay: Relay, database_url: str, timeout: float) -> Iterator[tuple[ScheduleStore, str]]:
+    """A store whose pool (through `relay`, waiting up to `timeout` for a connection) has
+    worked once, then lost its database: the relay is closed. Yields it and its URL."""
+    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
+    db = Database(url, name="tock-client", timeout=timeout, setting=SETTING)
+    try:
+        store = ScheduleStore(db)
+        assert store.db_now(None) is not None  # the pool works
+        relay.close()
+        yield store, url
+    finally:
+        db.close()
+
+
 def test_the_first_call_on_a_working_database_connects_and_works(database_url):
     with Client(ClientSettings(database_url=database_url)) as client:
         job = client.schedule("a.ok", {"n": 1})
@@ -121,12 +136,7 @@ def test_a_database_without_tocks_schema_says_to_run_migrate(pg_server):
 
 def test_an_outage_is_waited_out_then_explained_then_failed_fast_until_it_ends(
         relay, database_url):
-    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
-    db = Database(url, name="tock-client", timeout=1.5, setting=SETTING)
-    store = ScheduleStore(db)
-    try:
-        assert store.db_now(None) is not None  # the pool works
-        relay.close()
+    with cut_off(relay, database_url, 1.5) as (store, url):
         started = time.monotonic()
         with pytest.raises(DatabaseUnavailable) as info:
             store.db_now(None)
@@ -150,8 +160,6 @@ def test_an_outage_is_waited_out_then_explained_then_failed_fast_until_it_ends(
         # the first call; a polling wait would hide a pool that never asks again.
         time.sleep(DOWN_RECHECK_SECONDS)
         assert store.db_now(None) is not None  # back at once
-    finally:
-        db.close()
 
 
 def test_an_application_sees_the_pools_reconnection_warning_once_per_outage(
@@ -162,33 +170,19 @@ def test_an_application_sees_the_pools_reconnection_warning_once_per_outage(
     pool_log = logging.getLogger("psycopg.pool")
     for existing in [f for f in pool_log.filters if isinstance(f, Repeats)]:
         pool_log.removeFilter(existing)  # as in a fresh application
-    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
-    db = Database(url, name="tock-client", timeout=6, setting=SETTING)
-    store = ScheduleStore(db)
-    try:
-        store.db_now(None)
-        relay.close()
+    with cut_off(relay, database_url, 6) as (store, _):
         caplog.set_level(logging.WARNING, logger="psycopg.pool")
         with pytest.raises(DatabaseUnavailable):
             store.db_now(None)  # 6 s of reconnection attempts
-        connecting = [r for r in caplog.records if r.name == "psycopg.pool"
-                      and "error connecting" in r.getMessage()]
-        assert len(connecting) == 1, [r.getMessage() for r in connecting]
-    finally:
-        db.close()
+    connecting = [r for r in caplog.records if r.name == "psycopg.pool"
+                  and "error connecting" in r.getMessage()]
+    assert len(connecting) == 1, [r.getMessage() for r in connecting]
 
 
 def test_a_short_outage_of_a_working_pool_is_ridden_out(relay, database_url):
-    url = database_url.replace(f":{relay.target_port}/", f":{relay.port}/")
-    db = Database(url, name="tock-client", timeout=10, setting=SETTING)
-    store = ScheduleStore(db)
-    try:
-        store.db_now(None)
-        relay.close()
+    with cut_off(relay, database_url, 10) as (store, _):
         threading.Timer(1.0, relay.open).start()
         assert store.db_now(None) is not None  # waited, reconnected, answered
-    finally:
-        db.close()
 
 
 class LosingRelay(Relay):
