@@ -74,6 +74,9 @@ ASYNC_BLOCKED_SECONDS = 1.0
 """An event loop blocked this long takes no more async jobs (Claimer._leave_async)."""
 ASYNC_DEFER_SECONDS = 5
 """Visibility given to an async job's message left for another consumer."""
+ASYNC_SIT_OUT_MARGIN_SECONDS = 1.0
+"""After leaving async jobs' messages, a claimer whose loop is still blocked receives
+nothing until they are visible again and this long more: the others get them first."""
 ASYNC_DEFER_LOG_SECONDS = 10.0
 MAX_DEFERRED_RECEIVES = 5
 """A message still waiting for its dispatch commit when received this many times (or
@@ -116,6 +119,9 @@ class Claimer(Loop):
         # at that count would go to the DLQ at its next receive.
         self.defer_limit = min(MAX_DEFERRED_RECEIVES, settings.dead_letter_after)
         self._async_left_logged = -ASYNC_DEFER_LOG_SECONDS
+        # (monotonic) until when this claimer sits out, having left async jobs' messages
+        # for others while its event loop is blocked (`_leave_async`)
+        self._sit_out_until = 0.0
         self._found_empty = False
         """The last receive from this queue returned nothing: the next reserves only
         `_idle_share` slots."""
@@ -159,6 +165,12 @@ class Claimer(Loop):
             # Every kind it runs would wait for the blocked event loop: receive nothing (a
             # receive would only hand messages back), so other consumers get them at once.
             self.wait(0.1)
+            return 0
+        if time.monotonic() < self._sit_out_until and self._async_blocked():
+            # It just left async jobs' messages for others: it stays out of the queue until
+            # they are visible again, so that another consumer receives them, not this one
+            # again (each receive counts towards the limit past which it claims them).
+            self.wait(min(self._sit_out_until - time.monotonic(), 0.1))
             return 0
         # A queue found empty is long-polled with its receiver's share of the slots, not
         # a whole batch: its receivers would otherwise hold every slot for their long
@@ -350,10 +362,12 @@ class Claimer(Loop):
         """Async jobs received while the event loop is blocked (a handler running blocking
         code on it): claimed here, they would only wait past their deadline and lose an
         attempt, so their messages come back for another consumer in a few seconds (at
-        most `defer_limit` receives: then they are claimed here all the same). A consumer
+        most `defer_limit` receives: then they are claimed here all the same), and this
+        claimer receives nothing until then, so that another consumer does. A consumer
         that runs only async kinds does not receive at all meanwhile (`_pass`)."""
         self._retry_later(messages, ASYNC_DEFER_SECONDS)
         now = time.monotonic()
+        self._sit_out_until = now + ASYNC_DEFER_SECONDS + ASYNC_SIT_OUT_MARGIN_SECONDS
         if now - self._async_left_logged >= ASYNC_DEFER_LOG_SECONDS:
             self._async_left_logged = now
             emit(log, "async_jobs_deferred", logging.WARNING, queue=self.queue,
