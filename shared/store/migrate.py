@@ -85,7 +85,8 @@ def migrate(database_url: str, *, up_to: str | None = None,
     if up_to is not None and up_to not in names:
         raise ValueError(f"no migration named {up_to!r}; there are {names}")
     done: list[str] = []
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with translated(), psycopg.connect(database_url, autocommit=True,
+                                       application_name="tock-migrate") as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_ID,))
         try:
             conn.execute(
@@ -104,7 +105,8 @@ def migrate(database_url: str, *, up_to: str | None = None,
                                                      "migration": name})
                 done.append(name)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_ID,))
+            if not conn.closed:  # a lost session has released its lock already
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_ID,))
     return done
 
 

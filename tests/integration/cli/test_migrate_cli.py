@@ -153,3 +153,31 @@ def test_a_migration_that_never_gets_its_lock_gives_up_naming_the_holder(empty_u
             migrate(empty_url, lock_timeout=0.2, give_up_after=1)
         assert "SELECT count(*) FROM tock_jobs" in str(info.value)
     assert missing_migrations(empty_url) == SHIPPED[SHIPPED.index(BEFORE_FAIR_INDEX) + 1:]
+
+
+def test_a_migration_whose_connection_is_cut_while_it_waits_says_so_and_exits_3(
+        tock, empty_url):
+    """The retry loop meets a lost connection (the server restarted, an operator ended the
+    session): one line naming the database, exit 3, nothing half applied."""
+    migrate(empty_url, up_to=BEFORE_FAIR_INDEX)
+    result: list[tuple[int, str, str]] = []
+    with psycopg.connect(empty_url) as long_reader, \
+            psycopg.connect(empty_url, autocommit=True) as admin:
+        long_reader.execute("SELECT count(*) FROM tock_jobs")
+        runner = threading.Thread(target=lambda: result.append(tock(
+            "migrate", "--lock-timeout", "0.2", "--database-url", empty_url)))
+        runner.start()
+        migrating = ("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                     "'tock-migrate' AND datname = current_database()")
+        wait_for(lambda: admin.execute(migrating).fetchall(), timeout=30,
+                 message="the migration to start")
+        wait_for(lambda: len(result) or admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name "
+            "= 'tock-migrate' AND datname = current_database()").fetchall(), timeout=30,
+            message="the migration's session ended")
+        runner.join(60)
+        long_reader.rollback()
+    (code, _, err), = result
+    assert code == 3, err
+    assert "Traceback" not in err and "database unavailable" in err, err
+    assert missing_migrations(empty_url) == SHIPPED[SHIPPED.index(BEFORE_FAIR_INDEX) + 1:]
