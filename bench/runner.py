@@ -73,7 +73,7 @@ def run(profile: Profile, out: Path) -> Path:
                 ("dispatch", lambda: pipeline.dispatch(ctx)),
                 ("end to end", lambda: best.__setitem__(0, pipeline.end_to_end(ctx))),
                 ("database work (memory transport)", lambda: pipeline.database_work(ctx)),
-                ("peers on the same Postgres", lambda: peers.procrastinate(ctx)),
+                ("peers on the same Postgres", lambda: peers.measure(ctx)),
                 ("latency + burst", lambda: latency.latency_and_burst(ctx, best[0])),
                 ("sustained load", lambda: soak.soak(ctx, best[0])),
                 ("fairness through SQS", lambda: fair_sqs.fair_through_sqs(ctx, best[0])),
