@@ -107,20 +107,27 @@ SET state = 'dispatched', dispatch_token = gen_random_uuid(), dispatched_at = {N
 FROM due
 WHERE j.id = due.id
 RETURNING j.id, j.kind, j.queue, j.dispatch_token, due.prev_state,
-          extract(epoch FROM {NOW} - {due_since('j')})::float8 AS lag_seconds, due.tk
+          extract(epoch FROM {NOW} - {due_since('j')})::float8 AS lag_seconds, due.tk,
+          j.run_at
 """
 
 
 # Up to each (kind, queue, tenant)'s quota of its oldest due jobs at one level (SKIP LOCKED,
 # as above); for a kind with a per-key limit (`unkeyed`), only its jobs without a key.
+# Each pair's scan starts past its floor (run_at, id) when it has one (NULL: from the
+# oldest): the index entries of the jobs claimed before it stay where the scan would start
+# until VACUUM, and a backlog's claims would step over more of them every batch.
 CLAIM_PAIRS = _dispatch(f"""
     SELECT d.id, d.state AS prev_state, q.tk
     FROM unnest(%(kinds)s::text[], %(queues)s::text[], %(tenants)s::text[],
-                %(quotas)s::int[], %(unkeyed)s::bool[]) AS q(kind, queue, tk, n, unkeyed)
+                %(quotas)s::int[], %(unkeyed)s::bool[], %(floor_ats)s::timestamptz[],
+                %(floor_ids)s::bigint[])
+         AS q(kind, queue, tk, n, unkeyed, floor_at, floor_id)
     CROSS JOIN LATERAL (
         SELECT j.id, j.state FROM tock_jobs j
         WHERE {_DUE} AND j.priority = %(level)s AND j.kind = q.kind AND j.queue = q.queue
           AND {TENANT_KEY} = q.tk AND j.run_at <= {NOW}
+          AND (j.run_at, j.id) > (coalesce(q.floor_at, '-infinity'), coalesce(q.floor_id, 0))
           AND (NOT q.unkeyed OR j.concurrency_key IS NULL)
         ORDER BY j.run_at, j.id
         LIMIT q.n

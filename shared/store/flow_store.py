@@ -4,7 +4,7 @@ limits' locks last until the claim commits after the send."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
 from shared.core.reports import LimitInfo
@@ -41,14 +41,20 @@ class FlowStore(Store):
 
     def claim_pairs(self, level: int, quotas: Sequence[tuple[str, str, str, int]],
                     now: datetime | None = None, *,
-                    unkeyed: Collection[str] = ()) -> list[DueJob]:
+                    unkeyed: Collection[str] = (),
+                    floors: Mapping[tuple[str, str, str], tuple[datetime, int]] | None = None
+                    ) -> list[DueJob]:
         """Claim up to each (kind, queue, tenant)'s quota of its oldest due jobs at `level`
         (dispatched, fresh tokens, SKIP LOCKED); of the kinds in `unkeyed`, only jobs
-        without a concurrency key."""
+        without a concurrency key; of a pair in `floors`, only jobs after its (run_at, id)
+        there."""
+        starts = [(floors or {}).get((q[0], q[1], q[2])) for q in quotas]
         rows = self._rows(sql.CLAIM_PAIRS, {
             "level": level, "kinds": [q[0] for q in quotas], "queues": [q[1] for q in quotas],
             "tenants": [q[2] for q in quotas], "quotas": [q[3] for q in quotas],
-            "unkeyed": [q[0] in unkeyed for q in quotas], "now": now})
+            "unkeyed": [q[0] in unkeyed for q in quotas],
+            "floor_ats": [f[0] if f else None for f in starts],
+            "floor_ids": [f[1] if f else None for f in starts], "now": now})
         return _due_jobs(rows)
 
     def key_rooms(self, level: int, pair: tuple[str, str, str], *, after: str, walk: int,
@@ -156,4 +162,5 @@ class FlowStore(Store):
 
 
 def _due_jobs(rows: Sequence[Row]) -> list[DueJob]:
-    return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6]) for r in rows]
+    return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6], r[7])
+            for r in rows]

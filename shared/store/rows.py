@@ -67,6 +67,8 @@ class DueJob:
     """How late the dispatch is: now - when it became due (`columns.due_since`)."""
     tenant_key: str = ""
     """Its tenant, '' for none (fair share accounting)."""
+    run_at: datetime | None = None
+    """When it was due: with `id`, its place in its pair's claim order."""
 
 
 @dataclass(frozen=True)
