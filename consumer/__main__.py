@@ -197,7 +197,7 @@ def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | 
     report_missing_queues(consumer.pipe.transport, settings.queues)
     try:
         code = consumer.run_forever()
-    except ConfigError as exc:  # a handler process could not start
+    except ConfigError as exc:  # a handler process could not start; a worker id in use
         print(f"tock consumer: {exc}", file=sys.stderr)
         consumer.close()
         return EXIT_CONFIG

@@ -27,7 +27,7 @@ from consumer.inflight import InFlight
 from consumer.lease import LeaseKeeper, VisibilityKeeper
 from consumer.pipeline import Clock, Pipeline
 from consumer.tasks import Registry
-from shared.core.errors import Retryable
+from shared.core.errors import ConfigError, Retryable
 from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import emit
 from shared.runtime.settings import ConsumerSettings
@@ -49,6 +49,13 @@ the jobs' leases expire and the timer recovers them, as if the process had been 
 Grace plus this stays under tock's stop timeouts (ECS: the CloudFormation Rules ask for
 the ten after the next above the grace, 40 s for the default 20; Kubernetes: 40 s;
 Compose: 40 s), so an orchestrator's SIGKILL does not cut the release short."""
+WORKER_ID_POLL_SECONDS = 1.0
+"""While another process holds this worker's id: how often to look whether it still
+beats (it is alive: ConfigError) or its lease ran out (it died: the id is free)."""
+
+
+class _StoppedBeforeStart(Exception):
+    """SIGTERM came while the consumer waited for its worker id."""
 
 
 class Consumer:
@@ -121,8 +128,7 @@ class Consumer:
         self.executor.prepare()
         self.open()
         try:
-            self.pipe.store.heartbeat(self.pipe.announcement(), [], self.settings.lease_seconds,
-                                      self.pipe.clock())
+            self._take_worker_id()
             self.lease_keeper.mark_ok()  # the announcement was a heartbeat
             # The receivers are not marked: each is ready once a receive from its queue has
             # gone through (its first pass, within the long poll), not while SQS is away.
@@ -139,9 +145,40 @@ class Consumer:
              process_kinds=[t.kind for t in
                             self.registry.process_isolated(self.settings.isolation)])
 
+    def _take_worker_id(self) -> None:
+        """Announce this worker under its id. While another process holds the id (a fixed
+        TOCK_WORKER_ID), wait for that one's lease to run out, as a crashed predecessor's
+        does; `ConfigError` as soon as its heartbeat moves: it is alive, and two live
+        processes under one id would each take the other's jobs for lost."""
+        announced = self.pipe.announcement()
+        first_beat = None
+        while True:
+            holder = self.pipe.store.take_worker_id(announced, self.settings.lease_seconds,
+                                                     self.pipe.clock())
+            if holder is None:
+                return
+            if first_beat is None:
+                first_beat = holder.last_heartbeat
+                emit(log, "worker_id_held", logging.WARNING, worker=self.worker_id,
+                     host=holder.host, pid=holder.pid, expires_in_s=round(holder.expires_in, 1),
+                     detail="waiting for its lease to run out (a process that died)")
+            elif holder.last_heartbeat != first_beat:
+                raise ConfigError(
+                    f"TOCK_WORKER_ID {self.worker_id!r} is in use by a live consumer (host "
+                    f"{holder.host}, pid {holder.pid}, heartbeat at {holder.last_heartbeat}): "
+                    "every consumer process needs its own id; leave TOCK_WORKER_ID unset "
+                    "for a generated one")
+            if self.stop_flag.wait(min(max(holder.expires_in, 0.05), WORKER_ID_POLL_SECONDS)):
+                raise _StoppedBeforeStart
+
     def run_forever(self) -> int:
         """Run until SIGTERM/SIGINT (graceful shutdown, exit 0) or a loop crash (exit 70)."""
-        self.start()
+        try:
+            self.start()
+        except _StoppedBeforeStart:  # SIGTERM while waiting for the worker id: nothing ran
+            self.executor.stop()
+            self.close()
+            return 0
         while not self.stop_flag.wait(1.0):
             self.supervisor.report_stalls()
         self.shutdown()

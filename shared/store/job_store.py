@@ -28,6 +28,7 @@ from shared.store.rows import (
     NewJob,
     Refused,
     Rescue,
+    WorkerHolder,
 )
 
 LOCK_WAIT_MS = 2000
@@ -243,6 +244,23 @@ class JobStore(Store):
             "ids": [x.job_id for x in leases], "attempts": [x.attempt for x in leases],
             "tokens": [x.token for x in leases], "running": [x.token for x in running],
             "now": now})}
+
+    def take_worker_id(self, worker: Worker, lease_seconds: float,
+                       now: datetime | None = None) -> WorkerHolder | None:
+        """Announce `worker` as a new process under its id; None when that worked, else
+        the live process that holds the id (another host or pid, its lease running)."""
+        params = {"id": worker.id, "host": worker.host, "pid": worker.pid,
+                  "queues": worker.queues, "kinds": worker.kinds,
+                  "concurrency": worker.concurrency, "lease_seconds": lease_seconds,
+                  "now": now}
+        with self.transaction() as tx:
+            if tx._rows(sql.TAKE_WORKER_ID, params):
+                return None
+            rows = tx._rows(sql.WORKER_HOLDER, params)
+        if not rows:  # stopped and removed meanwhile: take it next time
+            return WorkerHolder("", 0, None, 0.0)
+        host, pid, beat, expires_in = rows[0]
+        return WorkerHolder(host, pid, beat, max(float(expires_in), 0.0))
 
     def record_lingering(self, worker: str,
                          handlers: Sequence[tuple[Lease, str]]) -> None:

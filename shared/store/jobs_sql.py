@@ -270,6 +270,31 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'running')} AND j.lease_o
   AND j.attempt = m.attempt AND j.dispatch_token = m.token AND NOT j.lease_detached
 """
 
+# A consumer's start: take its worker id, unless another process holds it (a row not
+# stopped, its lease running, announced by another host or pid: the jobs a worker runs are
+# known by its id alone, so two live processes must never share one). Concurrent starts
+# with one id serialize on the row; the second sees the first's and takes nothing. A
+# container restarted in place (the same host name, pid 1) takes its id back at once.
+TAKE_WORKER_ID = f"""
+INSERT INTO tock_workers AS w (id, host, pid, queues, kinds, concurrency, in_flight,
+                               started_at, last_heartbeat, lease_expires_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(kinds)s, %(concurrency)s, 0,
+        {NOW}, {NOW}, {NOW} + make_interval(secs => %(lease_seconds)s))
+ON CONFLICT (id) DO UPDATE
+SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+    kinds = EXCLUDED.kinds, concurrency = EXCLUDED.concurrency, in_flight = 0,
+    started_at = EXCLUDED.started_at, last_heartbeat = EXCLUDED.last_heartbeat,
+    lease_expires_at = EXCLUDED.lease_expires_at, stopped_at = NULL
+WHERE w.stopped_at IS NOT NULL OR w.lease_expires_at <= {NOW}
+   OR (w.host, w.pid) = (EXCLUDED.host, EXCLUDED.pid)
+RETURNING true
+"""
+
+WORKER_HOLDER = f"""
+SELECT host, pid, last_heartbeat, extract(epoch FROM lease_expires_at - {NOW})::float8
+FROM tock_workers WHERE id = %(id)s
+"""
+
 # Running jobs a live worker owns in the database but does not hold: a claim that
 # committed while its reply was lost with the connection (the consumer saw an error and let
 # the message go), or an outcome a database crash took after the consumer moved on. The

@@ -194,3 +194,14 @@ class Cursor:
     next_slot: datetime | None
     next_fire_at: datetime | None
     buffered_slot: datetime | None = None
+
+
+@dataclass(frozen=True)
+class WorkerHolder:
+    """The live process holding a worker id another process wants (JobStore.take_worker_id)."""
+
+    host: str
+    pid: int
+    last_heartbeat: datetime | None
+    expires_in: float
+    """Seconds until its lease runs out, if it beats no more."""

@@ -1,0 +1,44 @@
+"""One worker id, one live process. A worker's jobs are known by its id alone, so two
+consumers sharing a fixed TOCK_WORKER_ID would each take the other's jobs for ones it
+lost (found by a walkthrough: every result of a long job discarded, the jobs dead). Here:
+a crashed predecessor's id is taken once its lease runs out; a container restarted in
+place takes its id back at once. Real consumers, real Postgres and LocalStack. The second
+live process refused: tests/e2e/test_worker_id_processes.py (it needs another pid)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+
+def _holder(db, worker: str) -> tuple[str, int]:
+    row = db.execute("SELECT host, pid FROM tock_workers WHERE id = %s", (worker,)).fetchone()
+    return row[0], row[1]
+
+
+def _predecessor(db, worker: str, *, host: str, pid: int, lease_seconds: float) -> None:
+    """A worker row as a process that was killed leaves it: its lease still running."""
+    db.execute("""
+        INSERT INTO tock_workers (id, host, pid, queues, concurrency, last_heartbeat,
+                                  lease_expires_at)
+        VALUES (%s, %s, %s, '{default}', 8, now(), now() + make_interval(secs => %s))
+    """, (worker, host, pid, lease_seconds))
+
+
+def test_the_id_of_a_consumer_that_died_is_taken_once_its_lease_runs_out(
+        db, running, caplog):
+    _predecessor(db, "fixed-id", host="another-host", pid=4242, lease_seconds=1.5)
+    with caplog.at_level(logging.WARNING, logger="tock.consumer"):
+        running(worker_id="fixed-id", lease_seconds=3, heartbeat_seconds=0.2)
+    assert any(r.message == "worker_id_held" for r in caplog.records), \
+        "it waited for the dead one's lease"
+    assert _holder(db, "fixed-id") == (socket.gethostname(), os.getpid())
+
+
+def test_a_container_restarted_in_place_takes_its_id_back_at_once(db, running, caplog):
+    # The same host name and pid (a container's pid 1): the process before it, gone.
+    _predecessor(db, "pod-id", host=socket.gethostname(), pid=os.getpid(), lease_seconds=600)
+    with caplog.at_level(logging.WARNING, logger="tock.consumer"):
+        running(worker_id="pod-id", lease_seconds=3, heartbeat_seconds=0.2)
+    assert not any(r.message == "worker_id_held" for r in caplog.records)
