@@ -29,6 +29,11 @@ def _key(args: argparse.Namespace) -> str | None:
     if args.key is None:
         raise InvalidInput(f"say which {args.scope}: give a KEY"
                            + (" or --no-tenant" if args.scope == "tenant" else ""))
+    if args.key == "" and args.scope == "tenant":
+        # An unset shell variable ("$TENANT") would otherwise pause or free every job
+        # without a tenant: that takes saying so.
+        raise InvalidInput("the tenant is empty: for the jobs without a tenant, say "
+                           "--no-tenant")
     return str(args.key)
 
 
@@ -73,8 +78,8 @@ def _set(args: argparse.Namespace) -> int:
     if all(v is None for v in (args.max_running, args.rate, args.per, args.burst)):
         raise InvalidInput("give --max-running N, --rate R (per --per SECONDS, default 1), "
                            "or both")
+    key = _key(args)
     with connect.client(args) as client:
-        key = _key(args)
         before = next((x for x in client.limits() if x.scope == args.scope
                        and x.key == (key or "")), None)
         limit = client.set_limit(args.scope, key, max_running=args.max_running,

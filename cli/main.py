@@ -137,7 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--dry-run", "--list", dest="dry_run", action="store_true",
                    help="list the applied and pending migrations; apply nothing")
-    p.add_argument("--lock-timeout", type=positive_seconds, default=LOCK_TIMEOUT_SECONDS,
+    def lock_timeout(text: str) -> float:
+        # Past the give-up time it could never be retried (and past Postgres's own bound,
+        # 2147483.647 s, the server refuses it only once a migration is pending).
+        value = positive_seconds(text)
+        if value > GIVE_UP_AFTER_SECONDS:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {GIVE_UP_AFTER_SECONDS:g} seconds (when a migration gives "
+                f"up), got {text}")
+        return value
+
+    p.add_argument("--lock-timeout", type=lock_timeout, default=LOCK_TIMEOUT_SECONDS,
                    metavar="SECONDS",
                    help="how long a migration waits for a lock on a table before it rolls "
                         "back and tries again, so that writers queued behind it wait no "

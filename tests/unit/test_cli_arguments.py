@@ -100,6 +100,24 @@ def test_empty_filter_values_are_usage_errors(argv, capsys):
     assert "the value is empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [
+    ["limits", "set", "tenant", "", "--max-running", "0"], ["limits", "remove", "tenant", ""],
+])
+def test_an_empty_tenant_is_refused_before_the_no_tenant_limit_is_touched(argv, capsys):
+    """An unset shell variable ("$TENANT") must not pause every job without a tenant."""
+    assert main([*argv, "--database-url", "postgresql://nobody@127.0.0.1:1/none"]) == 2
+    assert "the tenant is empty: for the jobs without a tenant, say --no-tenant" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["601", "1e9"])
+def test_a_lock_timeout_past_the_give_up_time_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["migrate", "--lock-timeout", value, "--database-url", URL])
+    assert info.value.code == 2
+    assert "must be at most 600 seconds" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--since", "--until"])
 def test_time_filters_say_what_to_write(flag, capsys):
     with pytest.raises(SystemExit) as info:
