@@ -342,7 +342,7 @@ class Claimer(Loop):
                 parsed.job_id, parsed.token,
                 (task and task.max_attempts) or pipe.settings.default_max_attempts,
                 (task and task.timeout_seconds) or pipe.settings.default_timeout_seconds,
-                kind=parsed.kind))
+                kind=parsed.kind, queue=self.queue))
         return pipe.claim_store.claim_messages(
             claims, pipe.worker_id, pipe.settings.lease_seconds, pipe.clock(),
             wait_for_locks=wait_for_locks)
@@ -408,6 +408,9 @@ class Claimer(Loop):
 
     def _explain_unclaimed(self, batch: list[tuple[Received, JobMessage]]) -> list[Drop]:
         found = self.pipe.store.job_states([p.job_id for _, p in batch])
+        routes = self.pipe.store.job_routes(
+            [p.job_id for _, p in batch if p.job_id in found
+             and found[p.job_id] == (JobState.DISPATCHED, p.token)])
         out: list[Drop] = []
         for msg, parsed in batch:
             if parsed.job_id not in found:
@@ -417,9 +420,13 @@ class Claimer(Loop):
             if token != parsed.token:
                 out.append((msg, "stale_token",
                             f"job {parsed.job_id} is {state} with another dispatch token"))
-            elif state is JobState.DISPATCHED:  # its token, yet no claim: not its kind
-                out.append((msg, "rejected", f"job {parsed.job_id} is not of the kind the "
-                                             f"message names, {parsed.kind!r}"))
+            elif state is JobState.DISPATCHED:  # its token, yet no claim: not its kind/queue
+                kind, queue = routes.get(parsed.job_id, ("?", "?"))
+                out.append((msg, "rejected", (
+                    f"job {parsed.job_id} is not of the kind the message names, "
+                    f"{parsed.kind!r}" if kind != parsed.kind else
+                    f"job {parsed.job_id} belongs to queue {queue!r}, not {self.queue!r} "
+                    "(a copied or moved message: the job's own goes on, or is sent again)")))
             else:
                 out.append((msg, "not_dispatched", f"job {parsed.job_id} is already {state}"))
         return out

@@ -210,7 +210,7 @@ class JobStore(Store):
             "default_max_attempts": arrays.numbers(c.default_max_attempts for c in claims),
             "default_timeout_seconds": arrays.numbers(c.default_timeout_seconds
                                                       for c in claims),
-            "kinds": [c.kind for c in claims],
+            "kinds": [c.kind for c in claims], "queues": [c.queue for c in claims],
             "worker": worker, "lease_seconds": lease_seconds, "now": now,
         }
         if wait_for_locks:
@@ -229,6 +229,10 @@ class JobStore(Store):
         """State and dispatch token of each job that exists (why a message claimed nothing)."""
         return {r[0]: (JobState(r[1]), r[2])
                 for r in self._rows(sql.EXPLAIN_UNCLAIMED, {"ids": list(job_ids)})}
+
+    def job_routes(self, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """(kind, queue) of each unfinished job."""
+        return {r[0]: (r[1], r[2]) for r in self._rows(sql.JOB_ROUTES, {"ids": list(job_ids)})}
 
     def heartbeat(self, worker: Worker, leases: Sequence[Lease], lease_seconds: float,
                   now: datetime | None = None, *, running: Sequence[Lease] = ()) -> set[int]:

@@ -221,10 +221,11 @@ SET state = 'running', attempt = j.attempt + 1, lease_owner = %(worker)s,
     max_attempts = coalesce(j.max_attempts, m.default_max_attempts),
     timeout_seconds = coalesce(j.timeout_seconds, m.default_timeout_seconds)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(default_max_attempts)s::int[],
-            %(default_timeout_seconds)s::float8[], %(kinds)s::text[])
-     AS m(id, token, default_max_attempts, default_timeout_seconds, kind)
+            %(default_timeout_seconds)s::float8[], %(kinds)s::text[], %(queues)s::text[])
+     AS m(id, token, default_max_attempts, default_timeout_seconds, kind, queue)
 WHERE j.id = m.id AND j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'dispatched')}
   AND j.dispatch_token = m.token AND (m.kind IS NULL OR j.kind = m.kind)
+  AND (m.queue IS NULL OR j.queue = m.queue)
 RETURNING j.id, j.kind, j.payload, j.attempt, j.max_attempts, j.timeout_seconds, j.run_at,
           j.dispatch_token, j.queue, j.tenant, j.unique_key, {NOW} AS claimed_at,
           extract(epoch FROM {NOW} - {due_since('j')})::float8 AS lag_seconds
@@ -246,6 +247,10 @@ SELECT id, state, dispatch_token FROM tock_jobs WHERE id = ANY(%(ids)s)
 UNION ALL
 SELECT id, state, dispatch_token FROM tock_history_jobs WHERE id = ANY(%(ids)s)
 """
+
+# Where a dispatched job belongs, for a message that names it with its token yet claimed
+# nothing (another kind named, or another queue's consumer).
+JOB_ROUTES = "SELECT id, kind, queue FROM tock_jobs WHERE id = ANY(%(ids)s)"
 
 # A worker's heartbeat: one row, however many jobs it runs. It refreshes the worker's
 # lease (which every job it holds hangs off) and reports which of the leases it believes

@@ -91,6 +91,10 @@ class Claim:
     kind: str | None = None
     """The kind the message names, whose defaults these are: the claim matches only a job
     of that kind (None: any), so a message cannot lend a job another kind's limits."""
+    queue: str | None = None
+    """The queue the message came from: the claim matches only a job of that queue (None:
+    any), so a message copied or moved to another queue is not run by that queue's
+    consumers."""
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,34 @@ def test_a_message_naming_another_kind_claims_nothing_even_with_the_jobs_token(
     assert client.get(job.id).max_attempts == 3
 
 
+def test_a_message_on_another_queue_claims_nothing_even_with_the_jobs_token(
+        client, db, timer, transport, registry, consumers, clock, caplog):
+    """A job's message copied or moved to another queue (found by a walkthrough: a
+    `default` consumer claimed a job of queue `other` and spent an attempt on it) is
+    dropped there, named; the job stays dispatched for its own queue's consumers."""
+    ran = []
+    registry.add("work", lambda payload, ctx: ran.append(ctx.job_id))
+    transport.create_queue("other", visibility_timeout=60)
+    job = client.schedule("work", queue="other")
+    dispatch(timer, clock.now)
+    (real,) = transport.receive("other", 1, 1, 60)  # moved: off its own queue ...
+    transport.send_batch("default", [Outgoing("moved", real.body)])  # ... onto default
+    before = metric("tock_messages_dropped_total", reason="rejected")
+    consumer = consumers(clock)
+    with caplog.at_level(logging.WARNING, logger="tock.consumer"):
+        assert receive(consumer, 1, rounds=3) == []
+    assert metric("tock_messages_dropped_total", reason="rejected") == before + 1
+    assert any(f"job {job.id} belongs to queue 'other', not 'default'" in str(r.__dict__)
+               for r in caplog.records if r.message == "message_dropped")
+    after = client.get(job.id)
+    assert after.state is JobState.DISPATCHED and after.attempt == 0 and not ran
+    assert queue_empty(transport), "the copy is deleted"
+    transport.change_visibility_batch("other", [real.receipt], 0)
+    own = consumers(clock, queues=["other"])
+    run_all(own, receive(own, 1, queue="other"))
+    assert ran == [job.id] and client.get(job.id).state is JobState.SUCCEEDED
+
+
 class _RefuseSome:
     def __init__(self, inner, refuse: set[str]) -> None:
         self.inner, self.refuse = inner, refuse
