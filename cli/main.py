@@ -22,6 +22,7 @@ from shared.core.errors import (
     TockError,
     TransportError,
 )
+from shared.runtime.settings import unknown_variables
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 128 + 13
@@ -198,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Named by the parser of the action they followed, with its usage, not tock's.
         _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     func: Command = args.func
+    for name, near in unknown_variables(os.environ):  # as the processes warn at start
+        print(f"tock: note: {name} is set but no tock setting has that name"
+              + (f"; did you mean {near}?" if near else ""), file=sys.stderr)
     try:
         audit.configure_from_environment()
         return func(args)

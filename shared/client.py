@@ -20,6 +20,8 @@ following calls fail at once (asking it again at most once a second).
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -29,7 +31,7 @@ from shared.core.config import ProducerConfig
 from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, slot_of
 from shared.producer.client import CALL_TIMEOUT_SETTING, DATABASE_SETTING
 from shared.producer.client import Client as _JobClient
-from shared.runtime.settings import ClientSettings
+from shared.runtime.settings import ClientSettings, unknown_variables
 from shared.schedules.api import ScheduleApi
 
 P = ParamSpec("P")
@@ -50,12 +52,30 @@ class Client(_JobClient, ScheduleApi):
                  now: datetime | None = None, pool_timeout: float = 30.0,
                  database_setting: str = DATABASE_SETTING,
                  call_timeout_setting: str | None = CALL_TIMEOUT_SETTING) -> None:
+        if settings is None:
+            _warn_unknown_settings()
         super().__init__(settings if settings is not None else ClientSettings.load(), now=now,
                          pool_timeout=pool_timeout, database_setting=database_setting,
                          call_timeout_setting=call_timeout_setting)
 
     def __enter__(self) -> Client:
         return self
+
+
+_warned_unknown = False
+
+
+def _warn_unknown_settings() -> None:
+    """Once per process, as tock's own processes do at start: a mistyped TOCK_* variable
+    (TOCK_DATABSE_URL) otherwise leaves its default in force without a word."""
+    global _warned_unknown  # noqa: PLW0603 - once per process
+    if _warned_unknown:
+        return
+    _warned_unknown = True
+    for name, near in unknown_variables(os.environ):
+        logging.getLogger("tock.client").warning(
+            "%s is set but no tock setting has that name%s", name,
+            f"; did you mean {near}?" if near else " (see the README's Configuration)")
 
 
 _default: Client | None = None

@@ -62,3 +62,21 @@ def test_a_closed_client_says_so_and_is_not_retryable(database_url, db):
         assert not isinstance(info.value, Retryable)
     assert db.execute("SELECT count(*) FROM tock_jobs WHERE kind = 'late'").fetchone()[0] == 0
     client.close()  # closing twice is fine
+
+
+def test_a_client_from_the_environment_names_a_mistyped_setting(database_url, monkeypatch,
+                                                                caplog):
+    """As tock's processes do at start, once per process: TOCK_DATABSE_URL would otherwise
+    leave the default database in force without a word."""
+    import shared.client
+
+    monkeypatch.setattr(shared.client, "_warned_unknown", False)
+    monkeypatch.setenv("TOCK_DATABASE_URL", database_url)
+    monkeypatch.setenv("TOCK_DATABSE_URL", "postgresql://somewhere/else")
+    with caplog.at_level("WARNING", logger="tock.client"):
+        with Client() as client:
+            client.schedule("typo.check")
+        Client().close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "tock.client"]
+    assert warned == ["TOCK_DATABSE_URL is set but no tock setting has that name; did you "
+                      "mean TOCK_DATABASE_URL?"], warned

@@ -110,6 +110,13 @@ def test_an_empty_tenant_is_refused_before_the_no_tenant_limit_is_touched(argv, 
         in capsys.readouterr().err
 
 
+def test_a_mistyped_setting_is_named_as_the_processes_name_it(monkeypatch, capsys):
+    monkeypatch.setenv("TOCK_DATABSE_URL", "postgresql://somewhere/else")
+    main(["stats", "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+    assert ("tock: note: TOCK_DATABSE_URL is set but no tock setting has that name; did "
+            "you mean TOCK_DATABASE_URL?") in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["601", "1e9"])
 def test_a_lock_timeout_past_the_give_up_time_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as info:
