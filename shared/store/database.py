@@ -463,7 +463,8 @@ def reason(exc: psycopg.Error) -> str:
 _URL_REFUSED = ("invalid value for parameter", "unrecognized configuration parameter",
                 "invalid connection option", "invalid sslmode value",
                 "invalid integer value", "password authentication failed",
-                "does not exist", "no pg_hba.conf entry")
+                "does not exist", "no pg_hba.conf entry",
+                "server does not support SSL, but SSL was required")
 """What libpq or the server says of a URL whose settings, user, password or database are
 wrong, in Postgres's English messages (another lc_messages reads as unavailable)."""
 

@@ -247,7 +247,9 @@ def test_a_url_the_server_refuses_exits_2_not_3(tock, database_url):
     base = database_url.rsplit("/", 1)[0]
     for url, words in [(f"{database_url}?options=-c%20statement_timeout%3Dabc",
                         'invalid value for parameter "statement_timeout"'),
-                       (f"{base}/no_such_database_here", "does not exist")]:
+                       (f"{base}/no_such_database_here", "does not exist"),
+                       # the test server has no SSL: retrying will not give it one
+                       (f"{database_url}?sslmode=require", "SSL was required")]:
         code, _, err = tock("jobs", "--database-url", url)
         assert code == 2, err
         assert "refuses what the URL asks for" in err and words in err
