@@ -14,11 +14,10 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from dashboard import models
 from dashboard.auth import Principal, current_principal, operator
 from dashboard.bodies import StrictJsonRoute
-from dashboard.models import MAX_ID
 from dashboard.stats import StatsCache, state_totals
 from shared.client import Client
 from shared.core.errors import DatabaseError, InvalidInput
-from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, JobFilter
+from shared.core.filters import DEFAULT_PAGE_SIZE, JobFilter
 from shared.core.states import JobState
 from shared.ops import explain
 from shared.ops import jobs as ops_jobs
@@ -45,7 +44,7 @@ router = APIRouter(prefix="/api", responses=ERRORS,
                    route_class=StrictJsonRoute)
 Viewer = Annotated[Principal, Depends(current_principal)]
 Operator = Annotated[Principal, Depends(operator)]
-JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+JobId = Annotated[models.JobIdInUrl, Path(description="job id")]
 
 
 def _client(request: Request) -> Client:
@@ -106,9 +105,9 @@ def list_jobs(
     key: Annotated[models.Key | None, Query()] = None,
     created_after: models.IsoDateTime | None = None,
     created_before: models.IsoDateTime | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
-    before_id: Annotated[int | None, Query(ge=1, le=MAX_ID,
-                                           description="cursor from the last page")] = None,
+    limit: Annotated[models.PageSizeInUrl, Query()] = DEFAULT_PAGE_SIZE,
+    before_id: Annotated[models.JobIdInUrl | None,
+                         Query(description="cursor from the last page")] = None,
 ) -> models.JobPage:
     where = _filter(state=state, kind=kind, queue=queue, tenant=tenant, key=key,
                     created_after=created_after, created_before=created_before)

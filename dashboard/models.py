@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from shared.core import validation
-from shared.core.filters import JobFilter
+from shared.core.filters import MAX_PAGE_SIZE, JobFilter
 from shared.core.iso_time import parse_iso_datetime
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import LimitInfo, QueueKindStats, TenantStats, WorkerInfo
@@ -17,6 +18,7 @@ from shared.core.states import AttemptOutcome, JobState
 from shared.core.text import shown
 from shared.core.validation import QUEUE_NAME
 from shared.ops.explain import Explanation
+from shared.schedules.api import MAX_PREVIEW
 
 MAX_ID = 9 * 10**18
 """Below Postgres' bigint limit (2**63 - 1) and exact as a JSON-schema float, so clients
@@ -51,6 +53,33 @@ def _json_int(value: object) -> object:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
+
+
+_URL_INTEGER = re.compile(r"[0-9]+(?:\.0+)?")
+"""Decimal digits, with a zero fraction as JSON Schema's integers may have (5.0)."""
+
+
+def _decimal_digits(value: object) -> object:
+    """A number in a path or a query string: decimal digits only. int() would also read
+    "1_0" as 10, "+1", " 1" and full-width digits as 1: a mistyped id acting on another
+    job."""
+    if isinstance(value, str) and not _URL_INTEGER.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a whole number in decimal digits")
+    return value
+
+
+# Integers read from a URL's path or query string. The bounds are the type's own (with
+# the schema written out, as below): FastAPI's Path/Query bounds would go into the schema
+# as "ge"/"le" next to a validator.
+JobIdInUrl = Annotated[int, BeforeValidator(_decimal_digits), Field(ge=1, le=MAX_ID),
+                       WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_ID})]
+PageSizeInUrl = Annotated[int, BeforeValidator(_decimal_digits),
+                          Field(ge=1, le=MAX_PAGE_SIZE),
+                          WithJsonSchema({"type": "integer", "minimum": 1,
+                                          "maximum": MAX_PAGE_SIZE})]
+PreviewInUrl = Annotated[int, BeforeValidator(_decimal_digits), Field(ge=1, le=MAX_PREVIEW),
+                         WithJsonSchema({"type": "integer", "minimum": 1,
+                                         "maximum": MAX_PREVIEW})]
 
 
 # WithJsonSchema: pydantic would otherwise print the bounds of a validated int as

@@ -16,7 +16,6 @@ from dashboard.bodies import StrictJsonRoute
 from shared.client import Client
 from shared.core.schedules import Schedule
 from shared.runtime.logs import emit
-from shared.schedules.api import MAX_PREVIEW
 from shared.schedules.spec import NAME
 
 log = logging.getLogger("tock.dashboard")
@@ -117,7 +116,7 @@ def get_schedule(name: Name, who: Viewer, request: Request) -> ScheduleDetail:
 @router.get("/{name}/preview", response_model=list[FireTimeOut], responses=NOT_FOUND,
             summary="The next n fire times, as they will happen")
 def preview(name: Name, who: Viewer, request: Request,
-            n: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10
+            n: Annotated[models.PreviewInUrl, Query()] = 10
             ) -> list[FireTimeOut]:
     return _fires(name, n, _client(request))
 

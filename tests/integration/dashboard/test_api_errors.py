@@ -197,3 +197,31 @@ def test_a_query_value_that_is_not_utf8_is_refused_not_replaced(operator, client
     # Text that is UTF-8, percent-encoded or in a form's + for a space, still passes.
     assert operator.get("/api/jobs?tenant=%EF%BF%BD").json()["jobs"][0]["tenant"] == "\ufffd"
     assert operator.get("/api/jobs?tenant=caf%C3%A9+bar").status_code == 200
+
+
+def _mistyped(digits: str) -> list[str]:
+    """What int() reads as the same number: underscores, a sign, a space, full width."""
+    full_width = "".join(chr(0xFF10 + int(d)) for d in digits)
+    return [f"{digits[0]}_{digits[1:]}" if len(digits) > 1 else f"0_{digits}",
+            f"+{digits}", f"%20{digits}", full_width]
+
+
+@pytest.mark.parametrize("path", [
+    "/api/jobs/{n}", "/api/jobs/{n}/explain", "/api/jobs?limit={n}", "/api/jobs?before_id={n}",
+])
+def test_a_number_in_a_url_is_decimal_digits_only(operator, client, path):
+    """int() reads "1_0" as 10 and "+10", " 10" and full-width digits as 10 too: a
+    mistyped id would have acted on another job (POST .../1_0/cancel cancelled job 10)."""
+    job = client.schedule("email")
+    for written in _mistyped(str(job.id)):
+        res = operator.get(path.format(n=written))
+        assert res.status_code == 422, (written, res.text)
+        assert "is not a whole number in decimal digits" in res.text
+    assert operator.get(path.format(n=job.id)).status_code == 200
+
+
+def test_a_cancel_of_a_mistyped_id_cancels_nothing(operator, client):
+    job = client.schedule("email", delay=3600)
+    for written in _mistyped(str(job.id)):
+        assert operator.post(f"/api/jobs/{written}/cancel").status_code == 422
+    assert client.get(job.id).state.value == "scheduled"
