@@ -20,7 +20,7 @@ from cli.arguments import (
 from cli.output import cell, job_json, print_json, print_table, printable
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from shared.core.text import shown
+from shared.core.text import LostNumber, json_float, shown
 from shared.ops import explain
 from shared.ops import jobs as ops_jobs
 
@@ -83,7 +83,9 @@ def _parse_json(source: str, text: str) -> object:
         return obj
 
     try:
-        return json.loads(text, object_pairs_hook=unique_keys)
+        return json.loads(text, object_pairs_hook=unique_keys, parse_float=json_float)
+    except LostNumber as exc:
+        raise InvalidInput(f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"{source} is not JSON: {exc}") from None
     except RecursionError:

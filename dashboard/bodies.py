@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 
-from shared.core.text import shown
+from shared.core.text import LostNumber, json_float, shown
 
 
 class DuplicateKey(ValueError):
@@ -39,7 +39,9 @@ class StrictJsonRequest(Request):
         if not hasattr(self, "_json"):
             body = await self.body()
             try:
-                self._json = json.loads(body, object_pairs_hook=_unique)
+                self._json = json.loads(body, object_pairs_hook=_unique, parse_float=json_float)
+            except LostNumber as exc:
+                raise HTTPException(400, f"request body: {exc}") from None
             except DuplicateKey as exc:
                 # FastAPI passes an HTTPException from here on as it is.
                 raise HTTPException(400, f"request body has the key {shown(exc.key)} twice "

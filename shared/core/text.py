@@ -103,3 +103,25 @@ def decimal_integer(text: str) -> int:
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 4300:
         raise ValueError(f"not a plain integer: {text!r}")
     return int(text)
+
+
+class LostNumber(ValueError):
+    """A JSON number that a float would not keep: too small (read as 0) or too large (read
+    as infinity)."""
+
+    def __init__(self, text: str, becomes: str) -> None:
+        super().__init__(f"the number {bounded(text, 40)} is out of a float's range "
+                         f"(it would be read as {becomes}): send it as a string")
+        self.text = text
+
+
+def json_float(text: str) -> float:
+    """`json.loads(parse_float=json_float)`: a JSON number with a fraction or exponent as
+    a float, unless the float would not keep it: 1e-400 becomes 0.0 and 1e400 infinity,
+    silently, with `float`. LostNumber for those."""
+    value = float(text)
+    if math.isinf(value):
+        raise LostNumber(text, "infinity")
+    if value == 0.0 and any(c in "123456789" for c in text.lower().split("e")[0]):
+        raise LostNumber(text, "0")
+    return value

@@ -3,6 +3,7 @@ including its suffix."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -12,7 +13,15 @@ from hypothesis import strategies as st
 from shared.core.errors import InvalidInput
 from shared.core.iso_time import formatted
 from shared.core.limits import LimitSpec, rate_text
-from shared.core.text import ELLIPSIS, bounded, decimal_integer, describe, storable
+from shared.core.text import (
+    ELLIPSIS,
+    LostNumber,
+    bounded,
+    decimal_integer,
+    describe,
+    json_float,
+    storable,
+)
 
 # st.text() leaves out surrogates; mix in what handlers really put in exceptions.
 nasty = st.text(alphabet=st.one_of(st.characters(),
@@ -158,3 +167,19 @@ def test_times_are_shown_with_four_digit_years():
     (1 / 3600, "1/h"), (2 / 86400, "0.0833/h")])
 def test_rates_read_as_they_were_set(per_second, shown_as):
     assert rate_text(per_second) == shown_as
+
+
+@pytest.mark.parametrize(("text", "becomes"), [
+    ("1e-400", "0"), ("-1E-330", "0"), ("0.000000000000000000001e-310", "0"),
+    ("1e400", "infinity"), ("-1.8e308", "infinity"),
+])
+def test_a_json_number_a_float_would_not_keep_is_refused(text, becomes):
+    with pytest.raises(LostNumber, match=rf"it would be read as {becomes}\): send it as a "
+                                         "string"):
+        json.loads(f'{{"x": {text}}}', parse_float=json_float)
+
+
+@pytest.mark.parametrize("text", ["0.0", "-0.0", "0e5", "0.000e-999", "5e-324", "1.5",
+                                  "1.7976931348623157e308"])
+def test_json_numbers_a_float_keeps_are_read_as_json_reads_them(text):
+    assert json.loads(text, parse_float=json_float) == json.loads(text)

@@ -225,3 +225,15 @@ def test_a_cancel_of_a_mistyped_id_cancels_nothing(operator, client):
     for written in _mistyped(str(job.id)):
         assert operator.post(f"/api/jobs/{written}/cancel").status_code == 422
     assert client.get(job.id).state.value == "scheduled"
+
+
+@pytest.mark.parametrize(("number", "becomes"), [("1e-400", "0"), ("-1e400", "infinity")])
+def test_a_number_a_float_would_not_keep_is_a_400_not_stored_changed(operator, db, number,
+                                                                     becomes):
+    res = operator.post("/api/jobs", content=f'{{"kind": "email", "payload": {{"x": '
+                                             f'{number}}}}}'.encode(), headers=JSON)
+    assert res.status_code == 400, res.text
+    assert res.json()["detail"] == (f"request body: the number {number} is out of a float's "
+                                    f"range (it would be read as {becomes}): send it as a "
+                                    "string")
+    assert jobs(db) == 0
