@@ -110,6 +110,7 @@ class Registry:
         if not callable(handler):  # else the consumer would start, and fail every job
             raise InvalidInput(f"the handler of kind {kind!r} must be a function taking "
                                f"(payload, ctx), not {shown(handler)}")
+        _check_signature(kind, handler)
         if kind in self._tasks and self._tasks[kind].handler is not handler:
             raise InvalidInput(f"a handler for kind {kind!r} is already registered: "
                                f"{self._tasks[kind].handler!r}")
@@ -144,6 +145,21 @@ class Registry:
             return handler
 
         return register
+
+
+def _check_signature(kind: str, handler: Handler) -> None:
+    """Refuse at registration a handler that cannot be called as handler(payload, ctx):
+    else the consumer starts and every job of the kind fails with a TypeError."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call tell
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise InvalidInput(f"the handler of kind {kind!r} must take (payload, ctx); "
+                           f"{getattr(handler, '__qualname__', shown(handler))}{signature} "
+                           f"cannot be called so: {exc}") from None
 
 
 def _isolation(kind: str, value: object) -> Isolation | None:

@@ -87,3 +87,38 @@ def test_a_handler_that_cannot_be_called_is_refused_when_registered(handler):
                                            r"taking \(payload, ctx\)"):
         registry.task("nc")(handler)
     assert registry.kinds() == []
+
+
+def _none() -> None:
+    return None
+
+
+def _payload_only(payload: object) -> None:
+    return None
+
+
+def _three(payload: object, ctx: object, extra: object) -> None:
+    return None
+
+
+async def _async_none() -> None:
+    return None
+
+
+@pytest.mark.parametrize("handler", [_none, _payload_only, _three, _async_none,
+                                     functools.partial(_three, 1, 2)])
+def test_a_handler_that_cannot_take_payload_and_ctx_is_refused_when_registered(handler):
+    """Else the consumer starts and every job of the kind fails with a TypeError."""
+    registry = Registry()
+    with pytest.raises(InvalidInput, match=r"the handler of kind 'sig' must take \(payload, "
+                                           r"ctx\); .* cannot be called so"):
+        registry.task("sig")(handler)
+    assert registry.kinds() == []
+
+
+@pytest.mark.parametrize("handler", [
+    lambda payload, ctx: None, lambda *args: None, lambda payload, ctx=None, *, k=1: None,
+    functools.partial(_three, 1), print,
+])
+def test_handlers_that_take_payload_and_ctx_are_registered(handler):
+    assert Registry().add("sig", handler).handler is handler
