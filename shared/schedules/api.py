@@ -135,7 +135,7 @@ class ScheduleApi:
                 return replace(current, changed=False)
             paused = store.set_paused(name, True, Cursor(
                 current.cursor_at, current.next_slot, current.next_fire_at,
-                current.buffered_slot), now)
+                current.buffered_slot), store.db_now(now))
             assert paused is not None
             return paused
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.core import validation
 from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, ScheduleSpec, slot_of
 from shared.store import schedules_sql as sql
 from shared.store.base import Store
@@ -17,7 +18,10 @@ class ScheduleStore(Store):
     """Schedule statements. See `Store` for how a store runs them."""
 
     def db_now(self, now: datetime | None = None) -> datetime:
-        """`now` if given, else the database clock; in UTC."""
+        """`now` if given (timezone-aware: a naive one would be read in the session's zone),
+        else the database clock; in UTC."""
+        if now is not None:
+            now = validation.aware("now", now)
         row = self._one(sql.DB_NOW, {"now": now})
         assert row is not None
         value: datetime = row[0]

@@ -196,3 +196,12 @@ def test_updates_keep_the_zone_with_the_cron_it_belongs_to(client):
     assert (switched.every, switched.cron, switched.tz) == (timedelta(seconds=60), None, "UTC")
     back = client.update_schedule("b", cron="0 2 * * *", now=T0)
     assert (back.cron, back.tz) == ("0 2 * * *", "UTC")
+
+
+def test_a_naive_now_is_refused_not_read_in_the_sessions_zone(client):
+    with pytest.raises(InvalidInput, match="now must be timezone-aware"):
+        client.recurring("naive", "report", every=60, now=datetime(2020, 1, 1))
+    assert [s.name for s in client.list_schedules()] == []
+    client.recurring("naive", "report", every=60, now=datetime(2020, 1, 1, tzinfo=UTC))
+    with pytest.raises(InvalidInput, match="now must be timezone-aware"):
+        client.pause_schedule("naive", now=datetime(2020, 1, 1))
