@@ -132,7 +132,8 @@ def test_the_walk_and_the_claim_use_the_fair_index_not_a_scan(flow, db, now):
     claim = flow_sql.CLAIM_PAIRS
     for name, value in {"level": "0", "kinds": "'{k,k}'", "queues": "'{default,default}'",
                         "tenants": "'{big,small}'",
-                        "quotas": "'{5,5}'", "unkeyed": "'{f,f}'", "now": "now()"}.items():
+                        "quotas": "'{5,5}'", "unkeyed": "'{f,f}'", "now": "now()",
+                        "floor_ats": "'{NULL,NULL}'", "floor_ids": "'{NULL,NULL}'"}.items():
         claim = claim.replace(f"%({name})s", value)
     claim_plan = "\n".join(r[0] for r in db.execute("EXPLAIN " + claim))
     assert "tock_jobs_fair_idx" in claim_plan, claim_plan
