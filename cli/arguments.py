@@ -86,6 +86,10 @@ def states_type(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"the value is empty; give a state name ({', '.join(s.value for s in JobState)}) "
             "or several, comma-separated, or leave the option out")
+    if any(not part.strip() for part in text.split(",")):
+        # "dead," is a list cut short (a script's join of an empty name?), as --queues says
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} has an empty state name between its commas")
     return text
 
 

@@ -117,6 +117,14 @@ def test_a_mistyped_setting_is_named_as_the_processes_name_it(monkeypatch, capsy
             "you mean TOCK_DATABASE_URL?") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("states", ["dead,", "dead,,cancelled", ",dead"])
+def test_a_state_list_with_an_empty_name_is_a_usage_error(states, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["jobs", "--state", states])
+    assert info.value.code == 2
+    assert "has an empty state name between its commas" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["601", "1e9"])
 def test_a_lock_timeout_past_the_give_up_time_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as info:
