@@ -63,7 +63,7 @@ class Raised:
                        abandon=isinstance(exc, Abandon))
         try:
             asked = f"{exc.seconds!r:.40}"
-        except Exception:  # a broken __repr__ of the handler's own object
+        except BaseException:  # a broken __repr__ of the handler's own object
             asked = f"<{type(exc.seconds).__name__}>"
         return cls(describe(exc), _traceback(exc), retry_after=True,
                    delay=retry_after_seconds(exc.seconds), asked=asked)
@@ -181,8 +181,13 @@ def _giving_up(item: InFlight) -> str:
 def _traceback(exc: BaseException) -> str:
     try:
         return "".join(tb.format_exception(exc))
-    except Exception:  # formatting can call into the exception's own broken code
-        return describe(exc)
+    except BaseException:
+        # Formatting calls the exception's own code, which may raise anything (SystemExit
+        # included): the frames, then its name.
+        try:
+            return "".join(tb.format_tb(exc.__traceback__)) + describe(exc)
+        except BaseException:
+            return describe(exc)
 
 
 class TimedOut(Exception):

@@ -45,7 +45,9 @@ def describe(exc: BaseException) -> str:
     """`Type: message`, even for an exception whose `__str__` raises."""
     try:
         message = str(exc)
-    except Exception as inner:  # a broken __str__ must not break error handling
+    except BaseException as inner:
+        # A broken __str__ (one raising SystemExit too) must not break error handling: it
+        # would escape the loop that records a handler's outcome, on every attempt.
         message = f"<str() raised {type(inner).__name__}>"
     name = type(exc).__name__
     return f"{name}: {message}" if message else name

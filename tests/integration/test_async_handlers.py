@@ -149,9 +149,15 @@ def test_shutdown_releases_a_running_async_job_and_cancels_it(
     assert consumer.async_runner is not None and consumer.async_runner.loop.is_closed()
 
 
+class _StrExits(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(9)
+
+
 @pytest.mark.parametrize("raised", [KeyboardInterrupt(), SystemExit(3),
-                                    asyncio.CancelledError("not from tock")],
-                         ids=["KeyboardInterrupt", "SystemExit", "CancelledError"])
+                                    asyncio.CancelledError("not from tock"), _StrExits()],
+                         ids=["KeyboardInterrupt", "SystemExit", "CancelledError",
+                              "__str__ raising SystemExit"])
 def test_whatever_an_async_handler_raises_is_a_failed_attempt(
         client, timer, registry, running, raised):
     async def risky(payload, ctx):

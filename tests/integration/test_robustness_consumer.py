@@ -60,9 +60,24 @@ class BadStr(Exception):
         raise ValueError("no text for you")
 
 
+class StrExits(Exception):
+    """Found by a chaos walkthrough: turning it into text raised SystemExit out of the
+    executor loop; every consumer that claimed the job exited 70, for ever."""
+
+    def __str__(self) -> str:
+        raise SystemExit(9)
+
+
+class StrInterrupts(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("raised", [
     KeyboardInterrupt(), SystemExit(3), BadStr(), RetryAfter("soon"),  # type: ignore[arg-type]
-], ids=["KeyboardInterrupt", "SystemExit", "bad __str__", "RetryAfter('soon')"])
+    StrExits(), StrInterrupts(),
+], ids=["KeyboardInterrupt", "SystemExit", "bad __str__", "RetryAfter('soon')",
+        "__str__ raising SystemExit", "__str__ raising KeyboardInterrupt"])
 def test_whatever_a_handler_raises_is_a_recorded_failed_attempt(
         client, timer, registry, running, raised):
     calls: list[int] = []
