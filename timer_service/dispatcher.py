@@ -198,6 +198,8 @@ class Dispatcher(Loop):
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._reported: dict[str, float] = {}
+        self._stuck_logged: dict[str, float] = {}  # queue -> when dispatch_stuck last said
+        self._stuck_since: dict[str, int] = {}  # queue -> jobs stuck since that line
         self._refusals: dict[str, int] = {}
         self._cursors: dict[int, str | None] = {}  # per level: the last tenant served
         # Per (level, kind, queue, tenant) with a per-key limit: the last key looked at.
@@ -637,13 +639,26 @@ class Dispatcher(Loop):
 
     def _report_stuck(self, due: list[DueJob], streaks: dict[int, int],
                       failed: dict[int, str]) -> None:
-        """One line per queue and pass for the jobs refused STUCK_AFTER_FAILURES times in a
-        row (not one per job: an SQS outage under a backlog would log every job)."""
+        """One line per queue every REPORT_EVERY_SECONDS for the jobs refused
+        STUCK_AFTER_FAILURES times in a row, with how many more reached it since the last
+        line (not one line per job, nor per pass: under an SQS outage, jobs falling due
+        one by one each reach the streak in a pass of their own)."""
         stuck: dict[str, list[DueJob]] = defaultdict(list)
         for job in due:
             if streaks.get(job.id) == STUCK_AFTER_FAILURES:
                 stuck[job.queue].append(job)
+        now = self.monotonic()
         for queue, jobs in stuck.items():
-            emit(log, "dispatch_stuck", logging.ERROR, queue=queue, jobs=len(jobs),
+            with self._lock:
+                self._stuck_since[queue] = self._stuck_since.get(queue, 0) + len(jobs)
+                last = self._stuck_logged.get(queue, -REPORT_EVERY_SECONDS)
+                if now - last < REPORT_EVERY_SECONDS:
+                    continue
+                self._stuck_logged[queue] = now
+                count = self._stuck_since.pop(queue)
+            emit(log, "dispatch_stuck", logging.ERROR, queue=queue, jobs=count,
                  job_ids=[j.id for j in jobs[:20]], refused=STUCK_AFTER_FAILURES,
-                 error=failed[jobs[0].id])
+                 error=failed[jobs[0].id],
+                 detail=f"jobs refused {STUCK_AFTER_FAILURES} times in a row since the last "
+                        "such line (at most one per queue every "
+                        f"{REPORT_EVERY_SECONDS:g} s); the ids are this pass's")
