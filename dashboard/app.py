@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -125,6 +126,8 @@ def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
     return found
 
 
+NOT_READY_LOG_SECONDS = 30.0
+"""While /readyz fails for one reason, how often it says so in the log."""
 POOL_TIMEOUT_SECONDS = 3.0
 """Longest a request waits for a database connection before answering 503."""
 ANSWER_TIMEOUT_SECONDS = 15.0
@@ -229,12 +232,23 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     def healthz() -> PlainTextResponse:
         return PlainTextResponse("ok\n")
 
+    said: dict[str, Any] = {"reason": None, "at": 0.0, "quiet": 0}
+
     @app.get("/readyz", include_in_schema=False)
     def readyz() -> PlainTextResponse:
         reason = probe(settings.database_url)
         if reason is not None:
-            emit(log, "not_ready", logging.WARNING, error=reason)
+            # Probed every second or so: said when the reason changes, else every
+            # NOT_READY_LOG_SECONDS with how many probes failed since.
+            clock = time.monotonic()
+            if reason != said["reason"] or clock - said["at"] >= NOT_READY_LOG_SECONDS:
+                emit(log, "not_ready", logging.WARNING, error=reason,
+                     probes_since=said["quiet"])
+                said.update(reason=reason, at=clock, quiet=0)
+            else:
+                said["quiet"] += 1
             return PlainTextResponse(f"not ready: postgres: {reason}\n", status_code=503)
+        said.update(reason=None, quiet=0)
         return PlainTextResponse("ready\n")
 
     @app.get("/metrics", include_in_schema=False)

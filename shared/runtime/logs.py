@@ -79,6 +79,8 @@ class HumanFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created).strftime("%H:%M:%S.%f")[:-3]  # noqa: DTZ006
         event = getattr(record, "event", None) or record.getMessage()
+        if "\n" in event:  # libpq's hints come on lines of their own: one entry, one line
+            event = " ".join(event.split())
         fields = " ".join(f"{k}={_short(v)}" for k, v in _fields(record).items())
         level = "" if record.levelno == logging.INFO else f"{record.levelname} "
         line = f"{ts} {self.process_name:<10} {level}{event:<22} {fields}".rstrip()
@@ -89,7 +91,7 @@ class HumanFormatter(logging.Formatter):
 
 def _short(value: Any) -> str:
     text = str(value)
-    if " " in text or not text:
+    if not text or any(c.isspace() for c in text):
         text = json.dumps(text)
     return text if len(text) <= 120 else text[:117] + "..."
 

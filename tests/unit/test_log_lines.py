@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.runtime.logs import JsonFormatter, emit, line_handler, one_write
+from shared.runtime.logs import HumanFormatter, JsonFormatter, emit, line_handler, one_write
 
 
 class CountingStream(io.StringIO):
@@ -132,3 +132,16 @@ def test_a_stream_that_fails_does_not_break_the_batch(monkeypatch, capsys):
         log.removeHandler(handler)
         log.propagate = True
     assert "Broken pipe" in capsys.readouterr().err
+
+
+def test_a_human_log_entry_is_one_line_whatever_its_message_holds():
+    """libpq's hint comes on a line of its own ("\\n\\tIs the server running ..."): a chaos
+    walkthrough found such second lines in `make run`'s log without a time or process."""
+    pool = logging.LogRecord("psycopg.pool", logging.WARNING, "", 0,
+                             "error connecting: refused\n\tIs the server running?", (), None)
+    ours = logging.LogRecord("tock.timer", logging.WARNING, "", 0, "x", (), None)
+    ours.event = "loop_failed"
+    ours.fields = {"error": "connection failed\n\tIs the server running?"}
+    for record in (pool, ours):
+        line = HumanFormatter("timer").format(record)
+        assert "\n" not in line and "Is the server running?" in line, line

@@ -47,3 +47,20 @@ def test_every_call_answers_503_soon_while_postgres_is_down_and_recovers(server)
         wait_for(lambda: c.get(f"/api/jobs/{job}").status_code == 200, timeout=20,
                  message="the job's page to answer again")
         assert c.get("/api/jobs").status_code == 200
+
+
+def test_readiness_failing_for_one_reason_is_logged_once_not_per_probe(server, caplog):
+    """A chaos walkthrough's minute of outage, probed every second: 61 not_ready lines."""
+    settings = DashboardSettings(database_url=server.url(), dashboard_operator_token=OPERATOR,
+                                 dashboard_allowed_hosts=TEST_HOSTS)
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/readyz").status_code == 200
+        server.stop("immediate")
+        with caplog.at_level("WARNING", logger="tock.dashboard"):
+            for _ in range(5):
+                assert c.get("/readyz").status_code == 503
+        said = [r for r in caplog.records if getattr(r, "event", "") == "not_ready"]
+        assert len(said) == 1, [r.fields for r in said]
+        server.start()
+        wait_for(lambda: c.get("/readyz").status_code == 200, timeout=20,
+                 message="ready again")
