@@ -10,6 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+
+from consumer.service import Consumer
+from tests.support.wait import wait_for
 
 
 def _holder(db, worker: str) -> tuple[str, int]:
@@ -42,3 +46,22 @@ def test_a_container_restarted_in_place_takes_its_id_back_at_once(db, running, c
     with caplog.at_level(logging.WARNING, logger="tock.consumer"):
         running(worker_id="pod-id", lease_seconds=3, heartbeat_seconds=0.2)
     assert not any(r.message == "worker_id_held" for r in caplog.records)
+
+
+def test_a_stop_while_waiting_for_the_id_exits_0_and_leaves_the_holders_row(
+        db, consumer_settings, registry, transport, caplog):
+    _predecessor(db, "waited-id", host="another-host", pid=4242, lease_seconds=600)
+    consumer = Consumer(consumer_settings.model_copy(update={"worker_id": "waited-id"}),
+                        registry, transport)
+    code: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="tock.consumer"):
+        runner = threading.Thread(target=lambda: code.append(consumer.run_forever()))
+        runner.start()
+        wait_for(lambda: any(r.message == "worker_id_held" for r in caplog.records),
+                 timeout=30, message="waiting for the id")
+        consumer.stop_flag.set()  # as SIGTERM does
+        runner.join(30)
+    assert code == [0]
+    row = db.execute("SELECT host, pid, stopped_at FROM tock_workers WHERE id = 'waited-id'"
+                     ).fetchone()
+    assert row == ("another-host", 4242, None), "not announced, not marked stopped"
