@@ -232,6 +232,8 @@ class JobStore(Store):
 
     def job_routes(self, job_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         """(kind, queue) of each unfinished job."""
+        if not job_ids:  # the usual case (copies of messages whose job moved on): no trip
+            return {}
         return {r[0]: (r[1], r[2]) for r in self._rows(sql.JOB_ROUTES, {"ids": list(job_ids)})}
 
     def heartbeat(self, worker: Worker, leases: Sequence[Lease], lease_seconds: float,
