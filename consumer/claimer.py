@@ -160,6 +160,11 @@ class Claimer(Loop):
             # back.
             pipe.claim_store.ping()
             pipe.database_away = False
+        if pipe.worker_id_pending:
+            # The heartbeat loop has yet to take this worker's id: a claim now could be
+            # under an id another live process holds.
+            self.wait(0.1)
+            return None
         if self._async_blocked() and all(self._on_event_loop(t.kind)
                                          for t in pipe.registry.tasks()):
             # Every kind it runs would wait for the blocked event loop: receive nothing (a

@@ -28,6 +28,7 @@ from datetime import datetime
 
 from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline
+from consumer.worker_id import WorkerIdTaker
 from shared.core.errors import QueueMissing, Retryable, TransportError
 from shared.runtime import metrics
 from shared.runtime.logs import emit
@@ -64,6 +65,7 @@ class LeaseKeeper(Loop):
         self.idle_seconds = min(TICK_SECONDS, pipe.settings.heartbeat_seconds / 4)
         self._next_beat = time.monotonic() + pipe.settings.heartbeat_seconds
         self._all_stuck_since: float | None = None
+        self.worker_id = WorkerIdTaker(pipe)
 
     def run_once(self, now: datetime | None = None) -> int:
         self.check_timeouts()
@@ -79,8 +81,10 @@ class LeaseKeeper(Loop):
 
     def beat(self, now: datetime | None = None) -> tuple[int, int]:
         """Extend every lease this process holds (one fenced UPDATE) and refresh the worker
-        row; returns (kept, lost)."""
+        row; returns (kept, lost). Takes the worker id first if start could not."""
         pipe = self.pipe
+        if pipe.worker_id_pending and self.worker_id.attempt() is not None:
+            return 0, 0  # another process holds the id: nothing to beat for yet
         items = pipe.tracker.heartbeating()
         running = [i.lease for i in pipe.tracker.handlers()]
         when = now if now is not None else pipe.clock()

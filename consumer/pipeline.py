@@ -68,6 +68,10 @@ class Pipeline:
     """A claim or a heartbeat just failed for want of Postgres: the receivers ask it before
     they receive again (consumer/claimer.py), so no receive is spent on a claim that
     cannot run."""
+    worker_id_pending: bool = False
+    """Postgres was away when the consumer started, so it has not taken its worker id yet
+    (consumer/worker_id.py): the heartbeat loop takes it, and nothing is claimed until
+    then, as another live process may hold the id."""
 
     def __post_init__(self) -> None:
         self.slots = Slots(self.settings.concurrency)

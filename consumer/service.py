@@ -27,7 +27,7 @@ from consumer.inflight import InFlight
 from consumer.lease import LeaseKeeper, VisibilityKeeper
 from consumer.pipeline import Clock, Pipeline
 from consumer.tasks import Registry
-from shared.core.errors import ConfigError, Retryable
+from shared.core.errors import Retryable
 from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import emit
 from shared.runtime.settings import ConsumerSettings
@@ -133,9 +133,10 @@ class Consumer:
             # The receivers are not marked: each is ready once a receive from its queue has
             # gone through (its first pass, within the long poll), not while SQS is away.
         except Retryable as exc:
-            # The database went away since the start-up probe: the heartbeat loop announces
-            # this worker once it is back (until then nothing can be claimed, and the
-            # readiness probe says so).
+            # The database went away since the start-up probe: the heartbeat loop takes the
+            # id once it is back, and nothing is claimed until then (the readiness probe
+            # says so).
+            self.pipe.worker_id_pending = True
             emit(log, "announce_failed", logging.WARNING, worker=self.worker_id,
                  error=str(exc), detail="retried by the heartbeat loop")
         self.supervisor.start()
@@ -148,26 +149,8 @@ class Consumer:
     def _take_worker_id(self) -> None:
         """Announce this worker under its id. While another process holds the id (a fixed
         TOCK_WORKER_ID), wait for that one's lease to run out, as a crashed predecessor's
-        does; `ConfigError` as soon as its heartbeat moves: it is alive, and two live
-        processes under one id would each take the other's jobs for lost."""
-        announced = self.pipe.announcement()
-        first_beat = None
-        while True:
-            holder = self.pipe.store.take_worker_id(announced, self.settings.lease_seconds,
-                                                     self.pipe.clock())
-            if holder is None:
-                return
-            if first_beat is None:
-                first_beat = holder.last_heartbeat
-                emit(log, "worker_id_held", logging.WARNING, worker=self.worker_id,
-                     host=holder.host, pid=holder.pid, expires_in_s=round(holder.expires_in, 1),
-                     detail="waiting for its lease to run out (a process that died)")
-            elif holder.last_heartbeat != first_beat:
-                raise ConfigError(
-                    f"TOCK_WORKER_ID {self.worker_id!r} is in use by a live consumer (host "
-                    f"{holder.host}, pid {holder.pid}, heartbeat at {holder.last_heartbeat}): "
-                    "every consumer process needs its own id; leave TOCK_WORKER_ID unset "
-                    "for a generated one")
+        does; `ConfigError` as soon as its heartbeat moves (consumer/worker_id.py)."""
+        while (holder := self.lease_keeper.worker_id.attempt()) is not None:
             if self.stop_flag.wait(min(max(holder.expires_in, 0.05), WORKER_ID_POLL_SECONDS)):
                 raise _StoppedBeforeStart
 

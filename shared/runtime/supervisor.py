@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.core.errors import Retryable, TransportError
+from shared.core.errors import ConfigError, Retryable, TransportError
 from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import emit
 
@@ -245,6 +245,7 @@ class Supervisor:
         self.clock = clock
         self.loops: list[Loop] = []
         self.fatal: str | None = None
+        self.fatal_is_config = False
 
     def watch(self, *loops: Loop) -> None:
         """Make these loops part of the process (its probes cover them from now on)."""
@@ -279,13 +280,18 @@ class Supervisor:
         """A loop died of an unexpected error: stop everything, exit non-zero."""
         if self.fatal is None:
             self.fatal = f"loop {loop.name} crashed: {_describe(exc)}"
+            self.fatal_is_config = isinstance(exc, ConfigError)
             emit(log, "process_stopping", logging.CRITICAL, process=self.process,
                  reason=self.fatal)
         self.stop_flag.set()
 
     @property
     def exit_code(self) -> int:
-        return 70 if self.fatal else 0  # EX_SOFTWARE
+        """0; 2 if a loop found settings that cannot work (as every entry point's
+        ConfigError); else 70 (EX_SOFTWARE) after a crash."""
+        if not self.fatal:
+            return 0
+        return 2 if self.fatal_is_config else 70
 
     def live(self) -> tuple[bool, str]:
         """(ok, reason): every loop thread alive, no pass past its bound, no crash. An

@@ -2,8 +2,10 @@
 consumers sharing a fixed TOCK_WORKER_ID would each take the other's jobs for ones it
 lost (found by a walkthrough: every result of a long job discarded, the jobs dead). Here:
 a crashed predecessor's id is taken once its lease runs out; a container restarted in
-place takes its id back at once. Real consumers, real Postgres and LocalStack. The second
-live process refused: tests/e2e/test_worker_id_processes.py (it needs another pid)."""
+place takes its id back at once; a consumer that started while Postgres was away takes its
+id at its first heartbeat, and claims nothing before. Real consumers, real Postgres and
+LocalStack. The second live process refused: tests/e2e/test_worker_id_processes.py (it
+needs another pid)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,21 @@ import logging
 import os
 import socket
 import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
 
 from consumer.service import Consumer
+from consumer.tasks import Registry
+from shared.client import Client
+from shared.core.states import JobState
+from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.transport.sqs import SqsTransport
 from tests.support.wait import wait_for
+from timer_service.service import Timer
 
 
 def _holder(db, worker: str) -> tuple[str, int]:
@@ -65,3 +79,66 @@ def test_a_stop_while_waiting_for_the_id_exits_0_and_leaves_the_holders_row(
     row = db.execute("SELECT host, pid, stopped_at FROM tock_workers WHERE id = 'waited-id'"
                      ).fetchone()
     assert row == ("another-host", 4242, None), "not announced, not marked stopped"
+
+
+# --- Postgres away at start: the heartbeat loop takes the id, and nothing is claimed before --
+
+@pytest.fixture
+def started_during_outage(server, sqs_server, caplog) -> Iterator[dict[str, Any]]:
+    """A consumer with the fixed id "fixed-id" started while its own Postgres is down (the
+    id then untaken), a timer and a client; Postgres is back when the test starts."""
+    prefix = f"w{uuid.uuid4().hex[:8]}-"
+    SqsTransport(prefix).create_queue("default", visibility_timeout=10)
+    registry = Registry()
+    ran: list[int] = []
+    registry.add("work", lambda payload, ctx: ran.append(ctx.job_id))
+    consumer = Consumer(ConsumerSettings(
+        database_url=server.url(), queue_prefix=prefix, worker_id="fixed-id", lease_seconds=3,
+        heartbeat_seconds=0.3, visibility_timeout_seconds=10, receive_wait_seconds=1), registry)
+    timer = Timer(TimerSettings(database_url=server.url(), queue_prefix=prefix,
+                                max_idle_seconds=0.2))
+    client = Client(ClientSettings(database_url=server.url()))
+    caplog.set_level(logging.INFO, logger="tock")
+    server.stop("immediate")
+    try:
+        consumer.start()
+        assert any(r.message == "announce_failed" for r in caplog.records)
+        server.start()
+        timer.start()
+        yield {"consumer": consumer, "client": client, "ran": ran}
+    finally:
+        consumer.shutdown()
+        timer.stop()
+        client.close()
+
+
+def test_an_id_a_live_process_holds_is_refused_when_postgres_was_away_at_start(
+        server, started_during_outage, caplog):
+    consumer, client = started_during_outage["consumer"], started_during_outage["client"]
+    with psycopg.connect(server.url(), autocommit=True) as db:
+        _predecessor(db, "fixed-id", host="another-host", pid=4242, lease_seconds=600)
+        job = client.schedule("work")
+        wait_for(lambda: any(r.message == "worker_id_held" for r in caplog.records),
+                 timeout=30, message="the heartbeat loop found the id held")
+        db.execute("UPDATE tock_workers SET last_heartbeat = now() + interval '1 second' "
+                   "WHERE id = 'fixed-id'")  # the holder beats: it is alive
+        wait_for(lambda: consumer.supervisor.fatal is not None, timeout=30,
+                 message="the consumer stops")
+        assert consumer.supervisor.exit_code == 2, consumer.supervisor.fatal
+        assert "TOCK_WORKER_ID 'fixed-id' is in use" in consumer.supervisor.fatal
+        assert started_during_outage["ran"] == []
+        assert client.get(job.id).attempt == 0, "claimed under an id another process holds"
+        assert _holder(db, "fixed-id") == ("another-host", 4242)
+
+
+def test_the_id_of_a_dead_holder_is_taken_by_the_heartbeat_when_postgres_was_away_at_start(
+        server, started_during_outage, caplog):
+    client = started_during_outage["client"]
+    with psycopg.connect(server.url(), autocommit=True) as db:
+        _predecessor(db, "fixed-id", host="another-host", pid=4242, lease_seconds=1.5)
+        job = client.schedule("work")
+        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+                 message="the job, run once the dead holder's lease ran out")
+        assert any(r.message == "worker_id_held" for r in caplog.records)
+        assert _holder(db, "fixed-id") == (socket.gethostname(), os.getpid())
+    assert started_during_outage["ran"] == [job.id]
