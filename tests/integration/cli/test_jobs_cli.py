@@ -132,6 +132,21 @@ def test_retry_and_cancel_by_id(tock, db):
     assert "created" not in json.loads(out)[0] and "key" in json.loads(out)[0]
 
 
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_a_job_id_given_twice_is_acted_on_once(tock, db, action):
+    tock("enqueue", "email")
+    tock("enqueue", "email")
+    if action == "retry":
+        tock("cancel", "1", "2")
+    code, out, _ = tock(action, "2", "1", "2", "--dry-run")
+    assert code == 0 and out.splitlines() == [f"job 2: would {action}", f"job 1: would {action}"]
+    state = "cancelled" if action == "cancel" else "scheduled"
+    code, out, err = tock(action, "2", "1", "2")
+    assert (code, out.splitlines(), err) == (0, [f"job 2: {state}", f"job 1: {state}"], "")
+    code, out, _ = tock(action, "1", "1", "--json")  # the others came first: refused once
+    assert code == 1 and json.loads(out) == []
+
+
 def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):
     for kind in ("flaky", "flaky", "email"):
         tock("enqueue", kind)
