@@ -14,6 +14,7 @@ from typing import Any
 from shared.core.errors import InvalidInput
 from shared.core.filters import JobFilter
 from shared.core.iso_time import parse_iso_datetime
+from shared.core.messages import MAX_JOB_ID
 from shared.core.states import JobState
 from shared.core.text import decimal_integer, shown
 from shared.store.database import check_url, redacted
@@ -140,12 +141,17 @@ seconds = number_type("a number of seconds")
 
 
 def job_id_type(text: str) -> int:
+    """A job id: a positive integer within Postgres' bigint, the column's type (past it, no
+    job can have that id, and Postgres would compare the number as a numeric instead)."""
     try:
         value = plain_integer(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{shown(text)} is not a job id") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"job ids are positive, got {value}")
+    if value > MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(
+            f"job ids are at most {MAX_JOB_ID} (a Postgres bigint), got {shown(value)}")
     return value
 
 
