@@ -205,11 +205,35 @@ def cron_expression(value: object) -> str:
     if any(ch in expr.upper() for ch in ("H", "R")) and not re.search(r"[A-Z]{3}", expr.upper()):
         raise InvalidSchedule(
             f"cron {value!r}: H and R are not supported; spread runs with spread= instead")
+    day, weekday = fields[-3], fields[-1]
+    mixed = _mixed_day_fields(day, weekday)
+    if mixed:
+        raise InvalidSchedule(f"cron {value!r}: {mixed}")
     try:
         croniter(expr, datetime(2000, 1, 1), second_at_beginning=len(fields) == 6)  # noqa: DTZ001
     except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
         raise InvalidSchedule(f"cron {value!r} is malformed: {exc}") from None
     return expr
+
+
+_ANY_DAY = ("*", "?")
+
+
+def _mixed_day_fields(day: str, weekday: str) -> str | None:
+    """Why a day-of-month and day-of-week pair cannot be used, or None. Cron fires on a day
+    either field names when both are restricted; croniter does that for plain values and
+    L, but not with W or #: it drops the day of the week beside W (`15W * 1` fires on the
+    15th's nearest weekday only), and beside # it fires only on days matching both (`1 *
+    5#3` never)."""
+    if "W" in day.upper() and weekday not in _ANY_DAY:
+        return (f"W in the day-of-month field ({day}) with a day of the week ({weekday}) is "
+                "not supported: the day of the week would be ignored rather than fire too; "
+                "use * for the day of the week, or two schedules")
+    if "#" in weekday and day not in _ANY_DAY:
+        return (f"# in the day-of-week field ({weekday}) with a day of the month ({day}) is "
+                "not supported: it would fire only on days matching both rather than "
+                "either; use * for the day of the month, or two schedules")
+    return None
 
 
 CRON_GAP_SAMPLE = 500

@@ -115,6 +115,18 @@ def test_preview_by_name(client):
         client.preview_schedule("nightly", 3, after="2026-03-27")  # type: ignore[arg-type]
 
 
+def test_a_nearest_weekday_cron_fires_in_every_month_and_w_beside_a_weekday_is_refused(
+        client, db):
+    start = datetime(2026, 12, 31, 12, tzinfo=UTC)
+    client.recurring("month-end", "report", cron="0 9 30W * *", now=start)
+    fires = client.preview_schedule("month-end", 4, after=start)
+    assert [f.local.strftime("%a %m-%d") for f in fires] == [
+        "Fri 01-29", "Fri 02-26", "Tue 03-30", "Fri 04-30"]  # Feb 2027: its last weekday
+    with pytest.raises(InvalidSchedule, match="the day of the week would be ignored"):
+        client.recurring("mixed", "report", cron="0 9 15W * mon")
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 1
+
+
 def test_slot_of_reads_the_run_key():
     assert slot_of("nightly:2026-03-29T01:00:00Z") == datetime(2026, 3, 29, 1, tzinfo=UTC)
     assert slot_of("welcome:42") is None
