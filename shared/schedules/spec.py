@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -171,6 +171,28 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         spread_seconds=spread_s,
         jitter_seconds=jitter_s,
     )
+
+
+CRON_ONLY = ("dst_gap", "dst_fold")
+BACKFILL_ONLY = ("backfill_max", "backfill_gap")
+
+
+def refuse_inapplicable(spec: ScheduleSpec, given: Collection[str]) -> None:
+    """Refuse the options among `given` (those a caller passed) that `spec` would store but
+    never use: read back, they would look in force. Only what a caller gives is checked:
+    schedules stored before this check may hold such values, and keep loading and updating."""
+    if spec.timing.every is not None:
+        for option in (o for o in CRON_ONLY if o in given):
+            raise InvalidSchedule(
+                f"{option} is given with every=, but it applies to cron schedules only: an "
+                "interval is absolute elapsed time, in no zone, so it meets no DST gap or "
+                f"fold; leave {option} out")
+    if spec.misfire is not Misfire.ALL:
+        for option in (o for o in BACKFILL_ONLY if o in given):
+            raise InvalidSchedule(
+                f"{option} is given with misfire={spec.misfire.value!r}, but only "
+                f"misfire='all' backfills missed slots; leave {option} out, or use "
+                "misfire='all'")
 
 
 MAX_CRON_CHARS = 1000
