@@ -162,7 +162,7 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         priority=validation.priority(priority),
         max_attempts=validation.max_attempts(max_attempts),
         timeout_seconds=validation.timeout_seconds(timeout),
-        tenant=validation.tenant(tenant),
+        tenant=validation.new_tenant(tenant),
         misfire=misfire_policy,
         misfire_grace_seconds=_seconds("misfire_grace", misfire_grace, 0.0, 7 * 86400.0),
         backfill_max=backfill,
