@@ -84,7 +84,8 @@ def add_parser(sub: Sub) -> None:
 
     p = sub.add_parser("workers", help="consumers and their last heartbeat",
                        description="The consumers running or stopped in the last hour, "
-                                   "live ones first, with their queues, jobs in hand and "
+                                   "live ones first, with their queues, busy handler slots "
+                                   "(a stale or stopped one's: the jobs it still holds) and "
                                    "the age of their last heartbeat.")
     p.add_argument("--stale-seconds", type=positive_seconds, default=WORKER_STALE_SECONDS,
                    metavar="SECONDS",
