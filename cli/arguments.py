@@ -1,5 +1,5 @@
 """The arguments the operator commands share: argument types (ISO 8601 times, job ids,
-non-empty filter values, database URLs, seconds), the `--database-url`/`--json` pair, and
+numbers, non-empty filter values, database URLs, seconds), the `--database-url`/`--json` pair, and
 the job filter flags with the `JobFilter` they make."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from shared.core.errors import InvalidInput
 from shared.core.filters import JobFilter
 from shared.core.iso_time import parse_iso_datetime
+from shared.core.messages import MAX_JOB_ID
 from shared.core.states import JobState
 from shared.core.text import decimal_integer, shown
 from shared.store.database import check_url, redacted
@@ -93,23 +94,71 @@ def states_type(text: str) -> str:
     return text
 
 
+def plain_integer(text: str) -> int:
+    """`text` as an integer if it is written plainly: ASCII digits, maybe after a minus
+    sign (a negative value then gets its option's own range message). ValueError for the
+    other forms int() reads ("1_000", " 5", "+5", full-width digits): not what an
+    operator means to type, and the HTTP API refuses them too."""
+    if text.startswith("+"):
+        raise ValueError(f"not a plain integer: {text!r}")
+    return decimal_integer(text)
+
+
+def plain_number(text: str) -> float:
+    """`text` as a float if it is written plainly: as `plain_integer`, with a fraction or
+    an exponent allowed (0.5, 1e-3). nan and inf pass: each option's own check refuses
+    them with its range."""
+    if not text.isascii() or "_" in text or text != text.strip() or text.startswith("+"):
+        raise ValueError(f"not a plain number: {text!r}")
+    return float(text)
+
+
+def integer_type(what: str) -> Callable[[str], int]:
+    """An argument type for an integer in plain decimal digits (`plain_integer`); `what`
+    names the value in the refusal, e.g. "an integer"."""
+    def parse(text: str) -> int:
+        try:
+            return plain_integer(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not {what}") from None
+    return parse
+
+
+def number_type(what: str) -> Callable[[str], float]:
+    """An argument type for a number in plain decimal digits (`plain_number`); `what` names
+    the value in the refusal, e.g. "a number of seconds"."""
+    def parse(text: str) -> float:
+        try:
+            return plain_number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not {what}") from None
+    return parse
+
+
+integer = integer_type("an integer")
+seconds = number_type("a number of seconds")
+"""The usual argument types of counts and durations."""
+
+
 def job_id_type(text: str) -> int:
+    """A job id: a positive integer within Postgres' bigint, the column's type (past it, no
+    job can have that id, and Postgres would compare the number as a numeric instead)."""
     try:
-        value = decimal_integer(text)
+        value = plain_integer(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a job id") from None
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a job id") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"job ids are positive, got {value}")
+    if value > MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(
+            f"job ids are at most {MAX_JOB_ID} (a Postgres bigint), got {shown(value)}")
     return value
 
 
 def positive_seconds(text: str) -> float:
     """A finite number of seconds above 0. float() also reads nan, which compares false
     with every bound, and inf."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
+    value = seconds(text)
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(
             f"must be a finite number of seconds above 0, got {shown(text)}")

@@ -37,7 +37,9 @@ def _change(action: str) -> Callable[[argparse.Namespace], int]:
 
 def _change_ids(client: Client, action: str, args: argparse.Namespace) -> int:
     status, done = EXIT_OK, []
-    for job_id in args.job_ids:
+    # A job named twice (`tock cancel 5 5`) is acted on once: the second would be refused,
+    # the job being cancelled (or retried) by the first, and fail the command.
+    for job_id in dict.fromkeys(args.job_ids):
         if args.dry_run:
             job = client.get(job_id)
             allowed = RETRYABLE_STATES if action == "retry" else CANCELLABLE_STATES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cli import connect
-from cli.arguments import Sub, add_common, positive_seconds
+from cli.arguments import Sub, add_common, integer_type, positive_seconds
 from cli.output import age, bounded, print_json, print_table
 from shared.core.filters import FINISHED_STATES
 from shared.core.states import JobState
@@ -84,7 +84,8 @@ def add_parser(sub: Sub) -> None:
 
     p = sub.add_parser("workers", help="consumers and their last heartbeat",
                        description="The consumers running or stopped in the last hour, "
-                                   "live ones first, with their queues, jobs in hand and "
+                                   "live ones first, with their queues, busy handler slots "
+                                   "(a stale or stopped one's: the jobs it still holds) and "
                                    "the age of their last heartbeat.")
     p.add_argument("--stale-seconds", type=positive_seconds, default=WORKER_STALE_SECONDS,
                    metavar="SECONDS",
@@ -99,5 +100,6 @@ def add_parser(sub: Sub) -> None:
                                    "and /readyz, as python -m dashboard does; settings come "
                                    "from TOCK_DASHBOARD_* environment variables.")
     p.add_argument("--host", help="default TOCK_DASHBOARD_HOST or 127.0.0.1")
-    p.add_argument("--port", type=int, help="default TOCK_DASHBOARD_PORT or 8080")
+    p.add_argument("--port", type=integer_type("a port number"),
+                   help="default TOCK_DASHBOARD_PORT or 8080")
     p.set_defaults(func=_dashboard)

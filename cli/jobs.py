@@ -13,9 +13,11 @@ from cli.arguments import (
     add_common,
     add_filters,
     filter_of,
+    integer,
     job_id_type,
     nonempty,
     parse_time,
+    seconds,
 )
 from cli.output import cell, job_json, print_json, print_table, printable
 from shared.core.errors import InvalidInput
@@ -176,12 +178,12 @@ def add_parser(sub: Sub) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--at", type=parse_time,
                       help="run at (ISO 8601 with timezone)")
-    when.add_argument("--delay", type=float, help="run after this many seconds")
+    when.add_argument("--delay", type=seconds, help="run after this many seconds")
     p.add_argument("--key", help="idempotency key: an existing job with it is returned")
-    p.add_argument("--priority", type=int, default=0, help="0..9, higher first (default 0)")
+    p.add_argument("--priority", type=integer, default=0, help="0..9, higher first (default 0)")
     p.add_argument("--queue")
-    p.add_argument("--max-attempts", type=int)
-    p.add_argument("--timeout", type=float, help="seconds per attempt")
+    p.add_argument("--max-attempts", type=integer)
+    p.add_argument("--timeout", type=seconds, help="seconds per attempt")
     p.add_argument("--tenant")
     p.add_argument("--concurrency-key", metavar="KEY",
                    help="what a per-key limit of the kind counts the job under")
@@ -191,7 +193,7 @@ def add_parser(sub: Sub) -> None:
     p = sub.add_parser("jobs", help="list jobs (newest first) with filters",
                        description="List jobs, newest first, a page at a time.")
     add_filters(p)
-    p.add_argument("--limit", type=int, default=DEFAULT_PAGE_SIZE,
+    p.add_argument("--limit", type=integer, default=DEFAULT_PAGE_SIZE,
                    help=f"1..{MAX_PAGE_SIZE} (default "
                         f"{DEFAULT_PAGE_SIZE})")
     p.add_argument("--before-id", type=job_id_type,

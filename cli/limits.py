@@ -10,12 +10,11 @@ import argparse
 import sys
 
 from cli import audit, connect
-from cli.arguments import Sub, add_common
+from cli.arguments import Sub, add_common, integer, number_type, seconds
 from cli.output import Count, print_json, print_table
 from shared.core.errors import InvalidInput
 from shared.core.limits import SCOPES, rate_text
 from shared.core.reports import LimitInfo
-from shared.core.text import decimal_integer
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 NO_TENANT_LABEL = "(no tenant)"
@@ -130,20 +129,6 @@ def _remove(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def _integer(text: str) -> int:
-    try:
-        return decimal_integer(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
 def add_parser(sub: Sub) -> None:
     """Register `tock limits ...`."""
     p = sub.add_parser("limits",
@@ -169,13 +154,14 @@ def add_parser(sub: Sub) -> None:
         a.add_argument("--no-tenant", action="store_true",
                        help="(scope tenant) the jobs enqueued without a tenant")
         if name == "set":
-            a.add_argument("--max-running", type=_integer, metavar="N",
+            a.add_argument("--max-running", type=integer, metavar="N",
                            help="jobs dispatched or running at once (kind_key: per "
                                 "concurrency key; 0 holds them all)")
-            a.add_argument("--rate", type=_number, metavar="R", help="dispatches per --per")
-            a.add_argument("--per", type=_number, metavar="SECONDS",
+            a.add_argument("--rate", type=number_type("a number"), metavar="R",
+                           help="dispatches per --per")
+            a.add_argument("--per", type=seconds, metavar="SECONDS",
                            help="the rate's period (default 1 s)")
-            a.add_argument("--burst", type=_integer, metavar="B",
+            a.add_argument("--burst", type=integer, metavar="B",
                            help="tokens the bucket holds (default: one second's worth)")
         add_common(a, after_action=True)
         a.set_defaults(func=func)

@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any
 
 from cli import audit
-from cli.arguments import add_common
+from cli.arguments import add_common, integer
 from shared.core.iso_time import formatted
 
 EXIT_OK, EXIT_REFUSED = 0, 1
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     a = actions.add_parser("preview", help="the next fire times, after time zone, DST and "
                                            "spreading", parents=[after])
     a.add_argument("name")
-    a.add_argument("-n", type=int, default=10, help="how many (default 10)")
+    a.add_argument("-n", type=integer, default=10, help="how many (default 10)")
     p.set_defaults(func=run)
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 
 from cli import audit, connect
-from cli.arguments import Sub, add_common
+from cli.arguments import Sub, add_common, plain_integer
 from cli.output import age, approx, print_json, print_table
 from shared.core.errors import InvalidInput
-from shared.core.text import decimal_integer
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 NO_TENANT_LABEL = "(no tenant)"
@@ -34,7 +33,7 @@ def _tenant(args: argparse.Namespace, *, with_weight: bool) -> tuple[str | None,
 
 def _weight_of(text: str) -> int:
     try:
-        return decimal_integer(text)
+        return plain_integer(text)
     except ValueError:
         raise InvalidInput(f"weight must be an integer 1..1000, got {text!r}") from None
 

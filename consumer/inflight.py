@@ -241,6 +241,13 @@ class Slots:
         with self._cond:
             return self._used
 
+    @property
+    def busy(self) -> int:
+        """Slots held for claimed jobs, whose handlers run or are about to (those reserved
+        by a receiver that has not claimed yet are not): at most `capacity`."""
+        with self._cond:
+            return self._used - self._receiving
+
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no slot is used; False if the timeout passed first."""
         deadline = time.monotonic() + timeout

@@ -94,12 +94,12 @@ class LeaseKeeper(Loop):
         self._release_untracked(when)
         # A job whose outcome is being written in the meantime is not lost: it is done.
         lost = [i for i in items if i.job_id not in kept and not i.completing]
+        cancelled = pipe.store.cancelled_claims([i.lease for i in lost])
         for item in lost:
             item.lease_lost = True
             item.stop("lease lost")
             metrics.LEASES_LOST.inc()
-            emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
-                 worker=pipe.worker_id, detail="cancelled or taken over; result will be dropped")
+            _log_lost(item, pipe.worker_id, cancelled=item.job_id in cancelled)
         self._record_lingering()
         return len(kept), len(lost)
 
@@ -201,6 +201,18 @@ class LeaseKeeper(Loop):
              kind=item.context.kind, worker=pipe.worker_id,
              detail="handler ignored its deadline; lease left to expire, so the job is "
                     "recovered elsewhere; its thread and slot stay busy until it returns")
+
+
+def _log_lost(item: InFlight, worker: str, *, cancelled: bool) -> None:
+    """A claim a heartbeat found lost. An operator's cancel is expected, so INFO under its
+    own event; any other loss (the lease expired and the job was taken over) is WARNING."""
+    if cancelled:
+        emit(log, "cancelled_by_operator", logging.INFO, job_id=item.job_id,
+             attempt=item.attempt, worker=worker,
+             detail="the handler is told to stop (ctx.cancelled); its result is dropped")
+    else:
+        emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
+             worker=worker, detail="expired and taken over; result will be dropped")
 
 
 def let_go(pipe: Pipeline, item: InFlight) -> bool:

@@ -116,4 +116,6 @@ class Pipeline:
             id=self.worker_id, host=socket.gethostname(), pid=os.getpid(),
             queues=self.settings.queues, kinds=self.registry.kinds(),
             concurrency=self.settings.concurrency,
-            in_flight=len(self.tracker))
+            # Busy slots, not the tracker's jobs: a job stays tracked until its outcome is
+            # written, while its slot already runs the next one (7 "busy" of 6).
+            in_flight=self.slots.busy)

@@ -42,6 +42,8 @@ class LimitSpec:
         at least 1).
         At least one of the two; a kind_key limit takes `max_running` only."""
         scope, name = limit_target(scope, key)
+        if scope == "tenant":  # a new setting; removing one takes any stored tenant
+            validation.visible("tenant", name)
         running = _count("max_running", max_running, 0, MAX_RUNNING_LIMIT)
         shaped = [n for n, given in (("per", per is not None),
                                      ("burst", burst is not None)) if given]

@@ -146,6 +146,7 @@ class Worker:
     """The kinds it has handlers for."""
     concurrency: int
     in_flight: int
+    """Handler slots busy with claimed jobs (at most `concurrency`)."""
 
 
 @dataclass(frozen=True)

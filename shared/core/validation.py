@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -312,6 +313,36 @@ def tenant(value: object) -> str | None:
 def tenant_key(value: object) -> str:
     """A tenant as the fair share knows it: None (jobs enqueued without one) is ''."""
     return tenant(value) or ""
+
+
+JOINERS = frozenset("\u200c\u200d")
+"""ZERO WIDTH NON-JOINER and JOINER: invisible, but they shape words in Persian and the
+Indic scripts (and emoji sequences), so a name may need them."""
+
+
+def visible(name: str, text: str) -> str:
+    """`text`, unless it holds a control character (Unicode category Cc: C0, DEL, C1) or a
+    format character (Cf: zero-width space, bidi controls, BOM) other than JOINERS: a name
+    with one shows as another name everywhere, yet is not it."""
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf") and char not in JOINERS:
+            what = unicodedata.name(char, "a control character")
+            raise InvalidInput(f"{name} contains U+{ord(char):04X} ({what}), which does not "
+                               "show where the name is shown; remove it")
+    return text
+
+
+def new_tenant(value: object) -> str | None:
+    """A tenant given for new work or a setting (enqueue, schedule, weight, limit): as
+    `tenant`, and `visible`. Filters and removals take `tenant`, so that tenants stored
+    before this check can still be found and cleaned up."""
+    text = tenant(value)
+    return None if text is None else visible("tenant", text)
+
+
+def new_tenant_key(value: object) -> str:
+    """`new_tenant` as the fair share knows it: None (jobs enqueued without one) is ''."""
+    return new_tenant(value) or ""
 
 
 def job_id(value: object) -> int:

@@ -223,7 +223,7 @@ class Client:
                     timeout_seconds=validation.timeout_seconds(spec.get("timeout")),
                     unique_key=validation.optional_text(
                         "key", spec.get("key"), validation.MAX_KEY_LENGTH),
-                    tenant=validation.tenant(spec.get("tenant")),
+                    tenant=validation.new_tenant(spec.get("tenant")),
                     concurrency_key=validation.optional_text(
                         "concurrency_key", spec.get("concurrency_key"),
                         validation.MAX_CONCURRENCY_KEY_LENGTH))
@@ -284,7 +284,7 @@ class Client:
         """Give `tenant` (None: the jobs enqueued without one) `weight` shares of each
         dispatch batch, against 1 for every tenant without a weight (1..1000). The timers
         use it from their next pass; jobs already in SQS are not affected."""
-        key, weight = validation.tenant_key(tenant), validation.tenant_weight(weight)
+        key, weight = validation.new_tenant_key(tenant), validation.tenant_weight(weight)
         self._flow.set_tenant_weight(key, weight)
 
     def reset_tenant_weight(self, tenant: str | None) -> bool:

@@ -28,9 +28,15 @@ from typing import Any
 from shared.core import validation
 from shared.core.config import ProducerConfig
 from shared.core.errors import InvalidInput, ScheduleNotFound
-from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, ScheduleSpec
+from shared.core.schedules import Misfire, Schedule, ScheduleEvent, ScheduleRun, ScheduleSpec
 from shared.schedules.slots import FireTime, preview, slots_after, spread_offset
-from shared.schedules.spec import make_spec, schedule_name
+from shared.schedules.spec import (
+    BACKFILL_ONLY,
+    CRON_ONLY,
+    make_spec,
+    refuse_inapplicable,
+    schedule_name,
+)
 from shared.store.database import Database
 from shared.store.known_kinds import KnownKinds
 from shared.store.rows import AuditRecord, Cursor
@@ -58,8 +64,9 @@ class ScheduleApi:
                   priority: int = 0, max_attempts: int | None = None,
                   timeout: float | timedelta | None = None, tenant: str | None = None,
                   misfire: str = "latest", misfire_grace: float | timedelta = 60.0,
-                  backfill_max: int = 100, backfill_gap: float | timedelta = 1.0,
-                  overlap: str = "allow", dst_gap: str = "shift", dst_fold: str = "once",
+                  backfill_max: int | None = None, backfill_gap: float | timedelta | None = None,
+                  overlap: str = "allow", dst_gap: str | None = None,
+                  dst_fold: str | None = None,
                   spread: float | timedelta = 0.0, jitter: float | timedelta = 0.0,
                   now: datetime | None = None) -> Schedule:
         """Create or update the schedule `name`: run `kind` with `payload` on every slot.
@@ -68,13 +75,18 @@ class ScheduleApi:
         `start` defaulting to the Unix epoch) or `cron=` (5 fields, or 6 with seconds first)
         read in `tz` (an IANA zone, default UTC; only with `cron=`). Policies: `misfire`
         latest|skip|all (missed = reached more than `misfire_grace` late; `all` runs at
-        most `backfill_max`, `backfill_gap` seconds apart), `overlap`
-        allow|skip|buffer_one, `dst_gap` shift|skip, `dst_fold` once|twice, `spread` (a
+        most `backfill_max` (100), `backfill_gap` (1) seconds apart: both with `all` only),
+        `overlap` allow|skip|buffer_one, `dst_gap` shift|skip and `dst_fold` once|twice
+        (cron only: default shift, once), `spread` (a
         stable per-name offset within that many seconds) and `jitter` (random, up to that
         many). Job options (`queue`, `priority`, `max_attempts`, `timeout`, `tenant`) as in
         `schedule()`. Raises `InvalidSchedule` naming the problem. A paused schedule stays
         paused.
         """
+        # None: not given, so the default, which applies to any schedule.
+        given = {option: value for option, value in (
+            ("backfill_max", backfill_max), ("backfill_gap", backfill_gap),
+            ("dst_gap", dst_gap), ("dst_fold", dst_fold)) if value is not None}
         with self._schedules().transaction() as store:
             t = store.db_now(now)
             spec = make_spec(
@@ -82,10 +94,9 @@ class ScheduleApi:
                 queue=self.settings.default_queue if queue is None else queue,
                 priority=priority,
                 max_attempts=max_attempts, timeout=timeout, tenant=tenant, misfire=misfire,
-                misfire_grace=misfire_grace, backfill_max=backfill_max,
-                backfill_gap=backfill_gap, overlap=overlap, dst_gap=dst_gap, dst_fold=dst_fold,
-                spread=spread, jitter=jitter, max_payload_bytes=self.settings.max_payload_bytes,
-                now=t)
+                misfire_grace=misfire_grace, overlap=overlap, spread=spread, jitter=jitter,
+                max_payload_bytes=self.settings.max_payload_bytes, now=t, **given)
+            refuse_inapplicable(spec, given)
             if self.settings.reject_unknown_kinds:
                 self.known_kinds.check([spec.kind])
             return _save(store, spec, t)
@@ -104,14 +115,19 @@ class ScheduleApi:
             if "cron" in changes:
                 args.pop("every", None)
                 args.pop("start", None)
-            if "every" in changes:
-                # The zone belongs to the cron it replaces: an interval has none.
-                args.pop("cron", None)
-                args.pop("tz", None)
+            if "every" in changes and current.cron is not None:
+                # The zone and DST policies belong to the cron it replaces: an interval
+                # has none.
+                for option in ("cron", "tz", *CRON_ONLY):
+                    args.pop(option, None)
+            if changes.get("misfire", Misfire.ALL) != Misfire.ALL:
+                for option in BACKFILL_ONLY:  # as do the backfill's to misfire='all'
+                    args.pop(option, None)
             args.update(changes)
             t = store.db_now(now)
             spec = make_spec(name, args.pop("kind"), args.pop("payload"), **args,
                              max_payload_bytes=self.settings.max_payload_bytes, now=t)
+            refuse_inapplicable(spec, changes)
             return _save(store, spec, t)
 
     def get_schedule(self, name: str) -> Schedule:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -162,7 +162,7 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         priority=validation.priority(priority),
         max_attempts=validation.max_attempts(max_attempts),
         timeout_seconds=validation.timeout_seconds(timeout),
-        tenant=validation.tenant(tenant),
+        tenant=validation.new_tenant(tenant),
         misfire=misfire_policy,
         misfire_grace_seconds=_seconds("misfire_grace", misfire_grace, 0.0, 7 * 86400.0),
         backfill_max=backfill,
@@ -171,6 +171,28 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         spread_seconds=spread_s,
         jitter_seconds=jitter_s,
     )
+
+
+CRON_ONLY = ("dst_gap", "dst_fold")
+BACKFILL_ONLY = ("backfill_max", "backfill_gap")
+
+
+def refuse_inapplicable(spec: ScheduleSpec, given: Collection[str]) -> None:
+    """Refuse the options among `given` (those a caller passed) that `spec` would store but
+    never use: read back, they would look in force. Only what a caller gives is checked:
+    schedules stored before this check may hold such values, and keep loading and updating."""
+    if spec.timing.every is not None:
+        for option in (o for o in CRON_ONLY if o in given):
+            raise InvalidSchedule(
+                f"{option} is given with every=, but it applies to cron schedules only: an "
+                "interval is absolute elapsed time, in no zone, so it meets no DST gap or "
+                f"fold; leave {option} out")
+    if spec.misfire is not Misfire.ALL:
+        for option in (o for o in BACKFILL_ONLY if o in given):
+            raise InvalidSchedule(
+                f"{option} is given with misfire={spec.misfire.value!r}, but only "
+                f"misfire='all' backfills missed slots; leave {option} out, or use "
+                "misfire='all'")
 
 
 MAX_CRON_CHARS = 1000
@@ -205,11 +227,35 @@ def cron_expression(value: object) -> str:
     if any(ch in expr.upper() for ch in ("H", "R")) and not re.search(r"[A-Z]{3}", expr.upper()):
         raise InvalidSchedule(
             f"cron {value!r}: H and R are not supported; spread runs with spread= instead")
+    day, weekday = fields[-3], fields[-1]
+    mixed = _mixed_day_fields(day, weekday)
+    if mixed:
+        raise InvalidSchedule(f"cron {value!r}: {mixed}")
     try:
         croniter(expr, datetime(2000, 1, 1), second_at_beginning=len(fields) == 6)  # noqa: DTZ001
     except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
         raise InvalidSchedule(f"cron {value!r} is malformed: {exc}") from None
     return expr
+
+
+_ANY_DAY = ("*", "?")
+
+
+def _mixed_day_fields(day: str, weekday: str) -> str | None:
+    """Why a day-of-month and day-of-week pair cannot be used, or None. Cron fires on a day
+    either field names when both are restricted; croniter does that for plain values and
+    L, but not with W or #: it drops the day of the week beside W (`15W * 1` fires on the
+    15th's nearest weekday only), and beside # it fires only on days matching both (`1 *
+    5#3` never)."""
+    if "W" in day.upper() and weekday not in _ANY_DAY:
+        return (f"W in the day-of-month field ({day}) with a day of the week ({weekday}) is "
+                "not supported: the day of the week would be ignored rather than fire too; "
+                "use * for the day of the week, or two schedules")
+    if "#" in weekday and day not in _ANY_DAY:
+        return (f"# in the day-of-week field ({weekday}) with a day of the month ({day}) is "
+                "not supported: it would fire only on days matching both rather than "
+                "either; use * for the day of the month, or two schedules")
+    return None
 
 
 CRON_GAP_SAMPLE = 500

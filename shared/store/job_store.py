@@ -251,6 +251,14 @@ class JobStore(Store):
             "tokens": [x.token for x in leases], "running": [x.token for x in running],
             "now": now})}
 
+    def cancelled_claims(self, leases: Sequence[Lease]) -> set[int]:
+        """Of `leases` (lost ones), the job ids an operator cancelled under that claim; the
+        rest were lost otherwise (expired and taken over, or detached)."""
+        if not leases:
+            return set()
+        return {r[0] for r in self._rows(sql.CANCELLED_CLAIMS, {
+            "ids": [x.job_id for x in leases], "tokens": [x.token for x in leases]})}
+
     def take_worker_id(self, worker: Worker, lease_seconds: float,
                        now: datetime | None = None) -> WorkerHolder | None:
         """Announce `worker` as a new process under its id; None when that worked, else

@@ -275,6 +275,15 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND {state_is('j', 'running')} AND j.lease_o
   AND j.attempt = m.attempt AND j.dispatch_token = m.token AND NOT j.lease_detached
 """
 
+# Of the claims a heartbeat found lost, those an operator cancelled while they ran: the
+# job, in the hot table or the history a cancel moves it to, is cancelled under that claim.
+CANCELLED_CLAIMS = """
+SELECT m.id
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS m(id, token)
+WHERE EXISTS (SELECT 1 FROM tock_jobs_all j
+              WHERE j.id = m.id AND j.dispatch_token = m.token AND j.state = 'cancelled')
+"""
+
 # A consumer's start: take its worker id, unless another process holds it (a row not
 # stopped, its lease running, announced by another host or pid: the jobs a worker runs are
 # known by its id alone, so two live processes must never share one). Concurrent starts

@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 from cli.main import main as cli
 from shared.core.errors import InvalidInput
+from shared.core.filters import JobFilter
 from shared.core.validation import MAX_PAYLOAD_DEPTH
+from shared.ops.jobs import list_jobs
+from shared.store import OperatorStore
 
 
 def _count(db) -> int:
@@ -63,6 +66,44 @@ def test_a_tenant_with_blank_space_at_an_end_is_refused_everywhere(client, db, t
         assert says in str(info.value)
     assert _count(db) == 0 and client.tenant_weights() == {} and client.limits() == []
     assert client.schedule("email", tenant="a cme").tenant == "a cme"  # inside: fine
+
+
+@pytest.mark.parametrize(("tenant", "says"), [
+    ("a\u200bb", "tenant contains U+200B (ZERO WIDTH SPACE)"),
+    ("acme\x7f", "tenant contains U+007F (a control character)"),
+    ("a\x1b[31mb", "tenant contains U+001B (a control character)"),
+    ("a\x85b", "tenant contains U+0085 (a control character)"),  # C1
+    ("\u2066acme", "tenant contains U+2066 (LEFT-TO-RIGHT ISOLATE)"),
+    ("\ufeffacme", "tenant contains U+FEFF (ZERO WIDTH NO-BREAK SPACE)"),
+    ("a\u00adb", "tenant contains U+00AD (SOFT HYPHEN)"),
+])
+def test_an_invisible_character_in_a_new_tenant_is_refused_everywhere(client, db, tenant,
+                                                                       says):
+    # "a\u200bb" shows as "ab" on the dashboard, in the CLI and in logs, yet is another
+    # tenant with its own share, weight and limits.
+    for call in (lambda: client.schedule("email", tenant=tenant),
+                 lambda: client.schedule_many([{"kind": "email", "tenant": tenant}]),
+                 lambda: client.recurring("r", "email", every=60, tenant=tenant),
+                 lambda: client.set_tenant_weight(tenant, 3),
+                 lambda: client.set_limit("tenant", tenant, max_running=1)):
+        with pytest.raises(InvalidInput) as info:
+            call()
+        assert says in str(info.value)
+    assert _count(db) == 0 and client.tenant_weights() == {} and client.limits() == []
+
+
+def test_joiners_are_kept_and_tenants_stored_with_invisible_characters_can_be_found(client,
+                                                                                    db):
+    for name in ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", "\U0001f469\u200d\U0001f4bb"):
+        assert client.schedule("email", tenant=name).tenant == name  # ZWNJ, ZWJ: words
+    # Stored before the check: filters, a weight's reset and a limit's removal still reach it.
+    db.execute("INSERT INTO tock_jobs (kind, queue, tenant, run_at) VALUES ('email', "
+               "'default', 'a\u200bb', now())")
+    db.execute("INSERT INTO tock_tenant_weights (tenant, weight) VALUES ('a\u200bb', 3)")
+    page = list_jobs(OperatorStore(client.database), JobFilter.of(tenant="a\u200bb"))
+    assert [j.tenant for j in page.jobs] == ["a\u200bb"]
+    assert client.reset_tenant_weight("a\u200bb") is True
+    assert client.remove_limit("tenant", "a\u200bb") is False
 
 
 def test_a_payload_at_the_depth_limit_and_escaped_text_are_stored_exactly(client):

@@ -151,9 +151,29 @@ def test_cancelling_a_running_job_signals_the_handler_and_drops_its_result(
         1, consumer.worker_id, AttemptOutcome.CANCELLED)
     assert attempt.started_at is not None and attempt.finished_at == final.finished_at
     assert "cancelled while it ran" in (attempt.error or "")
-    # An operator's cancel is no alarm: the discarded result is logged at INFO.
+    # An operator's cancel is no alarm: the lost claim and the discarded result are INFO.
     [line] = [r for r in caplog.records if getattr(r, "event", "") == "result_discarded"]
     assert line.levelname == "INFO" and "cancelled while it ran" in line.fields["detail"]
+    events = [(r.levelname, r.event, r.fields["job_id"]) for r in caplog.records
+              if getattr(r, "event", "") in ("cancelled_by_operator", "lease_lost")]
+    assert events == [("INFO", "cancelled_by_operator", job.id)]
+
+
+def test_a_lease_lost_to_expiry_is_a_warning(client, timer, registry, consumers, clock,
+                                             caplog):
+    caplog.set_level(logging.INFO, logger="tock.consumer")
+    registry.add("long", lambda payload, ctx: None)
+    job = client.schedule("long", max_attempts=3)
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    entries = receive(consumer, 1)
+    assert timer.run_once(clock.now + timedelta(seconds=31)).rescued == 1  # no heartbeat
+    clock.advance(31)
+    assert consumer.heartbeat_once() == (0, 1)
+    assert entries[0][0].context.cancelled.is_set()
+    events = [(r.levelname, r.event, r.fields["job_id"]) for r in caplog.records
+              if getattr(r, "event", "") in ("cancelled_by_operator", "lease_lost")]
+    assert events == [("WARNING", "lease_lost", job.id)]
 
 
 def test_unknown_kind_is_retried_with_backoff_then_runs_where_a_handler_is(

@@ -245,3 +245,46 @@ def test_help_shows_the_action_as_optional_as_it_is(command, capsys):
     assert f"usage: tock {command} [-h] [--database-url URL] [--json] [ACTION] ..." in out
     assert "actions (none: list)" in out
     assert out.split("\n\n")[1].strip(), "a description under the usage line"
+
+
+NUMERIC_OPTIONS = [
+    (["enqueue", "email"], "--delay"), (["enqueue", "email"], "--priority"),
+    (["enqueue", "email"], "--max-attempts"), (["enqueue", "email"], "--timeout"),
+    (["jobs"], "--limit"), (["jobs"], "--before-id"), (["workers"], "--stale-seconds"),
+    (["migrate"], "--lock-timeout"), (["schedules", "preview", "nightly"], "-n"),
+    (["limits", "set", "kind", "email"], "--max-running"),
+    (["limits", "set", "kind", "email"], "--rate"),
+    (["limits", "set", "kind", "email", "--rate", "1"], "--per"),
+    (["limits", "set", "kind", "email", "--rate", "1"], "--burst"),
+    (["dashboard"], "--port"),
+]
+
+
+@pytest.mark.parametrize("written", ["1_000", " 5", "5 ", "+5", "\uff15", "\u0665"])
+@pytest.mark.parametrize(("command", "option"), NUMERIC_OPTIONS)
+def test_numbers_python_would_bend_are_usage_errors(command, option, written, capsys):
+    """int() and float() read each of these as a number (1000, 5, ...); the HTTP API
+    refuses them, and so does every numeric option."""
+    with pytest.raises(SystemExit) as info:
+        main([*command, option, written, "--database-url", URL])
+    assert info.value.code == 2
+    assert f"argument {option}: {written!r} is not " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("written", ["1_000", " 5", "+5", "\uff15"])
+@pytest.mark.parametrize("argv", [["show"], ["retry"], ["cancel"], ["tenants", "weight", "a"]])
+def test_job_ids_and_weights_python_would_bend_are_usage_errors(argv, written, capsys):
+    try:
+        code = main([*argv, written, "--database-url", URL])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    assert repr(written) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "written", "value"), [
+    ("--delay", "1000", 1000.0), ("--delay", "0.5", 0.5), ("--delay", ".5", 0.5),
+    ("--timeout", "1e3", 1000.0), ("--priority", "7", 7), ("--max-attempts", "-1", -1)])
+def test_plain_numbers_are_read(option, written, value):
+    args = build_parser().parse_args(["enqueue", "email", option, written])
+    assert getattr(args, option[2:].replace("-", "_")) == value

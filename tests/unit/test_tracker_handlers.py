@@ -9,7 +9,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from consumer.inflight import InFlight, Tracker
-from consumer.tasks import TaskContext
+from consumer.pipeline import Pipeline
+from consumer.tasks import Registry, TaskContext
+from shared.runtime.settings import ConsumerSettings
 from shared.store.rows import Lease
 
 
@@ -47,3 +49,26 @@ def test_a_job_given_back_at_shutdown_still_runs_after_it_is_forgotten():
     assert tracker.handlers() == [released]
     released.handler_returned()
     assert tracker.handlers() == []
+
+
+def test_a_worker_reports_its_busy_slots_not_the_outcomes_still_to_be_written():
+    """A job stays tracked until its outcome is written, while its slot already runs the
+    next one: `tock workers` showed 3 busy of 2."""
+    settings = ConsumerSettings(database_url="postgresql://tock@db.example/tock",
+                                concurrency=2)
+    pipe = Pipeline(settings, Registry(), transport=None, store=None,  # type: ignore[arg-type]
+                    claim_store=None)  # type: ignore[arg-type]
+    first, second, third = _item(1), _item(2), _item(3)
+    pipe.slots.settle(pipe.slots.reserve(2, 0), 2)
+    pipe.tracker.add(first)
+    pipe.tracker.add(second)
+    first.handler_returned()  # its outcome waits for the completer's commit
+    pipe.slots.release()
+    pipe.slots.settle(pipe.slots.reserve(2, 0), 1)
+    pipe.tracker.add(third)
+    assert len(pipe.tracker) == 3
+    assert pipe.announcement().in_flight == 2
+    second.handler_returned()
+    pipe.slots.release()
+    assert pipe.slots.reserve(1, 0) == 1  # a receiver's, not yet a claim: not busy either
+    assert pipe.announcement().in_flight == 1

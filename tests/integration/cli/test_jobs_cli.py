@@ -90,6 +90,11 @@ def test_control_and_bidi_characters_in_job_data_are_shown_as_escapes(tock, db, 
     (["show", "999"], 1, "no job with id 999"),
     (["show", "abc"], 2, "'abc' is not a job id"),
     (["show", "1_000"], 2, "'1_000' is not a job id"),
+    (["show", "9223372036854775808"], 2, "job ids are at most 9223372036854775807"),
+    (["show", "9223372036854775807"], 1, "no job with id 9223372036854775807"),
+    (["cancel", "1", "99999999999999999999"], 2, "argument JOB: job ids are at most"),
+    (["jobs", "--before-id", "99999999999999999999"], 2,
+     "argument --before-id: job ids are at most 9223372036854775807 (a Postgres bigint)"),
     (["cancel"], 2, "say which jobs to cancel"),
     (["retry", "1", "--state", "dead"], 2, "not both"),
     (["jobs", "--tenant", ""], 2, "argument --tenant: the value is empty"),
@@ -130,6 +135,21 @@ def test_retry_and_cancel_by_id(tock, db):
     code, out, _ = tock("retry", "1", "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "scheduled"
     assert "created" not in json.loads(out)[0] and "key" in json.loads(out)[0]
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_a_job_id_given_twice_is_acted_on_once(tock, db, action):
+    tock("enqueue", "email")
+    tock("enqueue", "email")
+    if action == "retry":
+        tock("cancel", "1", "2")
+    code, out, _ = tock(action, "2", "1", "2", "--dry-run")
+    assert code == 0 and out.splitlines() == [f"job 2: would {action}", f"job 1: would {action}"]
+    state = "cancelled" if action == "cancel" else "scheduled"
+    code, out, err = tock(action, "2", "1", "2")
+    assert (code, out.splitlines(), err) == (0, [f"job 2: {state}", f"job 1: {state}"], "")
+    code, out, _ = tock(action, "1", "1", "--json")  # the others came first: refused once
+    assert code == 1 and json.loads(out) == []
 
 
 def test_bulk_retry_counts_first_and_needs_confirmation(tock, db):

@@ -90,3 +90,15 @@ def test_weight_and_reset_print_json_with_json_before_or_after_the_action(tock):
     assert code == 0 and json.loads(out) == {"tenant": "acme", "weight": 1, "was_set": True}
     code, out, _ = tock("tenants", "--json", "reset", "acme")
     assert code == 0 and json.loads(out)["was_set"] is False
+
+
+def test_an_invisible_character_in_a_new_tenant_is_refused_but_found_by_filters(tock, db):
+    for argv in (("enqueue", "email", "--tenant", "a\u200bb"),
+                 ("tenants", "weight", "a\u200bb", "3"),
+                 ("limits", "set", "tenant", "a\u200bb", "--max-running", "1")):
+        code, _, err = tock(*argv)
+        assert code == 2 and "tenant contains U+200B (ZERO WIDTH SPACE)" in err, (argv, err)
+    db.execute("INSERT INTO tock_jobs (kind, queue, tenant, run_at) VALUES ('email', "
+               "'default', 'a\u200bb', now())")
+    code, out, _ = tock("jobs", "--tenant", "a\u200bb", "--json")
+    assert code == 0 and [j["tenant"] for j in json.loads(out)["jobs"]] == ["a\u200bb"]

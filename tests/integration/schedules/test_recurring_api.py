@@ -115,6 +115,18 @@ def test_preview_by_name(client):
         client.preview_schedule("nightly", 3, after="2026-03-27")  # type: ignore[arg-type]
 
 
+def test_a_nearest_weekday_cron_fires_in_every_month_and_w_beside_a_weekday_is_refused(
+        client, db):
+    start = datetime(2026, 12, 31, 12, tzinfo=UTC)
+    client.recurring("month-end", "report", cron="0 9 30W * *", now=start)
+    fires = client.preview_schedule("month-end", 4, after=start)
+    assert [f.local.strftime("%a %m-%d") for f in fires] == [
+        "Fri 01-29", "Fri 02-26", "Tue 03-30", "Fri 04-30"]  # Feb 2027: its last weekday
+    with pytest.raises(InvalidSchedule, match="the day of the week would be ignored"):
+        client.recurring("mixed", "report", cron="0 9 15W * mon")
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 1
+
+
 def test_slot_of_reads_the_run_key():
     assert slot_of("nightly:2026-03-29T01:00:00Z") == datetime(2026, 3, 29, 1, tzinfo=UTC)
     assert slot_of("welcome:42") is None
@@ -205,3 +217,50 @@ def test_a_naive_now_is_refused_not_read_in_the_sessions_zone(client):
     client.recurring("naive", "report", every=60, now=datetime(2020, 1, 1, tzinfo=UTC))
     with pytest.raises(InvalidInput, match="now must be timezone-aware"):
         client.pause_schedule("naive", now=datetime(2020, 1, 1))
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"every": 60, "dst_gap": "skip"}, "dst_gap is given with every=, but it applies to cron "
+                                       "schedules only"),
+    ({"every": 60, "dst_fold": "once"}, "dst_fold is given with every="),  # the default too
+    ({"cron": "0 2 * * *", "backfill_max": 5}, "backfill_max is given with "
+                                               "misfire='latest', but only misfire='all' "
+                                               "backfills missed slots"),
+    ({"every": 60, "misfire": "skip", "backfill_gap": 5}, "backfill_gap is given with "
+                                                          "misfire='skip'"),
+])
+def test_an_option_that_does_not_apply_is_refused_and_nothing_is_written(
+        client, db, options, says):
+    with pytest.raises(InvalidSchedule, match=re.escape(says)):
+        client.recurring("x", "report", now=T0, **options)
+    assert db.execute("SELECT count(*) FROM tock_schedules").fetchone()[0] == 0
+
+
+def test_updates_refuse_an_option_that_does_not_apply_and_drop_those_that_stop_applying(
+        client):
+    client.recurring("e", "report", every=60, now=T0)
+    with pytest.raises(InvalidSchedule, match="dst_gap is given with every="):
+        client.update_schedule("e", dst_gap="skip", now=T0)
+    with pytest.raises(InvalidSchedule, match="backfill_max is given with misfire='latest'"):
+        client.update_schedule("e", backfill_max=5, now=T0)
+    backfills = client.update_schedule("e", misfire="all", backfill_max=5, now=T0)
+    assert (backfills.misfire, backfills.backfill_max) == (Misfire.ALL, 5)
+    latest = client.update_schedule("e", misfire="latest", now=T0)  # the backfill goes too
+    assert (latest.misfire, latest.backfill_max) == (Misfire.LATEST, 100)
+    client.recurring("b", "report", cron="30 2 * * *", tz="Europe/Berlin", dst_gap="skip",
+                     now=T0)
+    switched = client.update_schedule("b", every=60, now=T0)  # its DST policies go too
+    assert (switched.every, switched.dst_gap.value) == (timedelta(seconds=60), "shift")
+
+
+def test_a_stored_schedule_with_options_that_do_not_apply_still_loads_and_updates(client, db):
+    """Stored before these were refused: kept as they are, its place too."""
+    client.recurring("old", "report", every=60, now=T0)
+    db.execute("UPDATE tock_schedules SET dst_gap = 'skip', dst_fold = 'twice', "
+               "backfill_max = 7 WHERE name = 'old'")
+    old = client.get_schedule("old")
+    assert (old.dst_gap.value, old.dst_fold.value, old.backfill_max) == ("skip", "twice", 7)
+    assert [s.name for s in client.list_schedules()] == ["old"]
+    updated = client.update_schedule("old", priority=3, now=T0 + timedelta(minutes=5))
+    assert (updated.priority, updated.dst_gap.value, updated.backfill_max) == (3, "skip", 7)
+    assert updated.next_slot == old.next_slot, "not restarted: the timing did not change"

@@ -1,6 +1,7 @@
 """Slot arithmetic: boundaries, no drift, DST in three zones, spreading, preview."""
 
-from datetime import UTC, datetime, timedelta
+import calendar
+from datetime import UTC, date, datetime, timedelta
 from itertools import islice, pairwise
 from zoneinfo import ZoneInfo
 
@@ -238,3 +239,32 @@ def test_a_cron_whose_next_slot_is_past_the_year_9999_ends_too():
     from croniter import CroniterBadDateError
     with pytest.raises(CroniterBadDateError):
         take(cron("0 0 31 2 *"), utc(2026, 1, 1), 1)
+
+
+def _nearest_weekday(year: int, month: int, day: int) -> date:
+    """The weekday (Mon-Fri) nearest `day` of the month, never in another month; a day past
+    the month's end stands for its last day (croniter's reading: 30W fires in February)."""
+    last = calendar.monthrange(year, month)[1]
+    d = date(year, month, min(day, last))
+    if d.weekday() == 5:  # Saturday: the Friday before, or the Monday after the 1st
+        return d - timedelta(days=1) if d.day > 1 else d + timedelta(days=2)
+    if d.weekday() == 6:  # Sunday: the Monday after, or the Friday before the last day
+        return d + timedelta(days=1) if d.day < last else d - timedelta(days=2)
+    return d
+
+
+def test_w_fires_on_the_nearest_weekday_in_every_month():
+    """Four years of W slots against the rule: `30W` in February (no 30th) is the weekday
+    nearest its last day, `1W` on a Saturday the 1st is Monday the 3rd, never a day of the
+    month before."""
+    for day in (1, 15, 28, 29, 30, 31):
+        slots = take(cron(f"0 9 {day}W * *"), utc(2025, 12, 31, 23), 48)
+        assert [s.at.date() for s in slots] == [
+            _nearest_weekday(2026 + i // 12, i % 12 + 1, day) for i in range(48)], day
+        assert all(s.at.hour == 9 and s.at.weekday() < 5 for s in slots)
+    february = [s.at.date() for s in take(cron("0 0 30W * *"), utc(2027, 1, 31), 1)]
+    assert february == [date(2027, 2, 26)]  # the 28th is a Sunday, the 27th a Saturday
+    assert next_slot(cron("0 0 1W * *"), utc(2026, 7, 31)).at == utc(2026, 8, 3)  # Sat 1st
+    # In a zone, on local dates: 31W in Berlin, May 2026 ends on a Sunday
+    assert local(next_slot(cron("0 9 31W * *", "Europe/Berlin"), utc(2026, 5, 2)),
+                 "Europe/Berlin") == "05-29 09:00+0200"

@@ -25,6 +25,11 @@ def spec(**kw):
                         "weekday) or 6 (second minute hour day month weekday)"),
     ({"cron": "0 0 30 2 *"}, "never fires"),
     ({"cron": "0 0 31 4 *"}, "never fires"),
+    ({"cron": "0 0 15W * 1"}, "cron '0 0 15W * 1': W in the day-of-month field (15W) with "
+                              "a day of the week (1) is not supported"),
+    ({"cron": "0 0 0 30w * mon-fri"}, "day of the week would be ignored"),
+    ({"cron": "0 0 1 * 5#3"}, "# in the day-of-week field (5#3) with a day of the month (1)"),
+    ({"cron": "0 0 15 * fri#3"}, "fire only on days matching both rather than either"),
     ({"cron": "H * * * *"}, "spread="),
     ({"cron": ""}, "non-empty"),
     ({"cron": "*/99999999999999999999 * * * *"}, "step /99999999999999999999 of the minute "
@@ -78,6 +83,9 @@ def test_valid_definitions():
     every = spec(every=timedelta(minutes=5), start=NOW)
     assert every.timing.every == timedelta(minutes=5)
     assert every.timing.anchor == NOW
+    # W and # alone, and L with a day of the week (fires on either), are read correctly
+    for expr in ("0 0 30W * *", "0 0 ? * 5#3", "0 0 L * 1", "0 0 15W * ?"):
+        assert spec(cron=expr).timing.cron == expr
 
 
 @pytest.mark.parametrize(("cron", "fields"), [
