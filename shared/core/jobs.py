@@ -65,6 +65,12 @@ class Job:
     created: bool = True
     attempts: tuple[Attempt, ...] = field(default=())
 
+    @property
+    def key(self) -> str | None:
+        """The idempotency key given as `schedule(key=...)` (stored as `unique_key`), the
+        name the API, the CLI and `--json` use."""
+        return self.unique_key
+
     @classmethod
     def from_row(cls, row: tuple[Any, ...], *, created: bool = True) -> Job:
         """Build from a row selected with `jobs_sql.JOB_COLUMNS` (shared.store)."""

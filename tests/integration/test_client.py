@@ -51,6 +51,7 @@ def test_idempotent_key_returns_the_existing_job(client, db):
     second = client.schedule("email", {"n": 2}, key="welcome:42")
     assert first.created and not second.created
     assert second.id == first.id and second.payload == {"n": 1}
+    assert second.key == first.unique_key == "welcome:42"  # `key`, as schedule(key=) says
     assert _count(db) == 1
 
 
