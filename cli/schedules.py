@@ -57,12 +57,12 @@ def run(args: argparse.Namespace) -> int:
         with _client(args) as client:
             if args.action in (None, "list"):
                 items = client.list_schedules()
-                return _out(args, items, _table_of_schedules(items))
+                return _out(args, [_stored(i) for i in items], _table_of_schedules(items))
             if args.action == "show":
                 sched = client.get_schedule(args.name)
                 runs = client.schedule_runs(args.name)
                 events = client.schedule_history(args.name)
-                data = {"schedule": sched, "runs": runs, "not_run": events}
+                data = {"schedule": _stored(sched), "runs": runs, "not_run": events}
                 return _out(args, data, _show(sched, runs, events))
             if args.action == "preview":
                 fires = client.preview_schedule(args.name, args.n)
@@ -110,6 +110,12 @@ def _out(args: argparse.Namespace, data: Any, text: str) -> int:
     else:
         print(text)
     return EXIT_OK
+
+
+def _stored(sched: Any) -> dict[str, Any]:
+    """A schedule as listed: without `changed`, which only says what a pause, a resume or
+    `recurring()` did."""
+    return {k: v for k, v in _plain(sched).items() if k != "changed"}
 
 
 def _plain(value: Any) -> Any:

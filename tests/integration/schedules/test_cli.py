@@ -34,6 +34,7 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
     data = json.loads(out)
     assert [d["name"] for d in data] == ["nightly", "pulse"]
     assert data[1]["every"] == 15.0
+    assert "changed" not in data[0], "what a pause or recurring() did, not a listing's"
 
     code, out, _ = run(capsys, "show", "nightly")
     assert code == 0 and "Europe/Berlin" in out and "slots not run:" in out
@@ -54,6 +55,7 @@ def test_list_show_preview_pause_resume_delete(env, client, capsys):
         0, "pulse was already paused; nothing changed\n")
     code, out, _ = run(capsys, "--json", "show", "pulse")
     assert json.loads(out)["schedule"]["paused"] is True
+    assert "changed" not in json.loads(out)["schedule"]
     # Paused, it fires nothing: no stale next fire time, and a preview says so.
     code, out, _ = run(capsys, "list")
     assert out.splitlines()[2].split()[-4:-2] == ["-", "(paused)"], out
