@@ -36,10 +36,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from shared.core.backoff import backoff_seconds
 from shared.core.errors import QueueMissing, TransportError
+from shared.core.iso_time import formatted
 from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
@@ -210,7 +211,9 @@ class Rescuer(Loop):
 
 def _lost(lease: ExpiredLease) -> str:
     """The lost attempt's error: whose lease ran out, and why."""
-    at = f"lease expired at {lease.expired_at.isoformat()}"
+    # Read by people on the job page and in `tock show`: the format every time there has.
+    expired = formatted(lease.expired_at.astimezone(UTC), "%Y-%m-%d %H:%M:%S")
+    at = f"lease expired at {expired} UTC"
     of = f"(attempt {lease.attempt} of {lease.max_attempts})"
     if lease.detached:
         return (f"{at}: worker {lease.owner} let the job go (its handler ran past its "

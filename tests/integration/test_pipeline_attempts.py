@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from shared.core.errors import Permanent
 from shared.core.reports import Worker
@@ -80,6 +80,10 @@ def test_expired_lease_is_reclaimed_and_stale_worker_cannot_overwrite(
     assert timer.run_once(rescue_at).rescued == 1
     rescued = client.get(job.id)
     assert rescued.state is JobState.RETRYING and "stopped heartbeating" in rescued.last_error
+    # When, as people read times elsewhere (the lease ran out 30 s after the claim).
+    expired = (clock.now + timedelta(seconds=30)).astimezone(UTC)
+    assert rescued.last_error.startswith(
+        f"lease expired at {expired:%Y-%m-%d %H:%M:%S} UTC: worker "), rescued.last_error
 
     clock_b = Clock(rescue_at + timedelta(seconds=5))
     worker_b = consumers(clock_b)
