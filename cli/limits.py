@@ -84,7 +84,7 @@ def _set(args: argparse.Namespace) -> int:
         limit = client.set_limit(args.scope, key, max_running=args.max_running,
                                  rate=args.rate, per=args.per, burst=args.burst)
         unknown = limit.scope != "tenant" and not client.known_kinds.knows(limit.key)
-    dropped = _dropped(before, limit)
+    dropped = " or ".join(limit.no_longer_has(before))
     if dropped:  # `set` replaces the whole limit: say what the new one no longer has
         print(f"tock: note: this replaced the limit, which no longer has {dropped}; give "
               "every part of a limit in one set", file=sys.stderr)
@@ -99,18 +99,6 @@ def _set(args: argparse.Namespace) -> int:
         return EXIT_OK
     print_table(["scope", "key", "running/max", "rate", "tokens", "waiting"], [_row(limit)])
     return EXIT_OK
-
-
-def _dropped(before: LimitInfo | None, after: LimitInfo) -> str:
-    """What of the limit `before` the limit `after`, which replaced it, no longer has."""
-    if before is None:
-        return ""
-    gone = []
-    if before.max_running is not None and after.max_running is None:
-        gone.append(f"max running {before.max_running}")
-    if before.rate_per_second is not None and after.rate_per_second is None:
-        gone.append(f"a rate of {rate_text(before.rate_per_second)}")
-    return " or ".join(gone)
 
 
 def _remove(args: argparse.Namespace) -> int:

@@ -52,13 +52,22 @@ def list_limits(who: Viewer, request: Request) -> list[models.LimitOut]:
     return [models.LimitOut.of(limit) for limit in _client(request).limits()]
 
 
-@router.put("", response_model=models.LimitOut, summary="Create or replace a limit")
-def set_limit(body: LimitIn, who: Operator, request: Request) -> models.LimitOut:
-    limit = _client(request).set_limit(body.scope, body.key, max_running=body.max_running,
-                                       rate=body.rate, per=body.per, burst=body.burst)
+class LimitSetOut(models.LimitOut):
+    dropped: list[str] = Field(description="what the limit this one replaced had and this "
+                                           "one has not: a set replaces the whole limit")
+
+
+@router.put("", response_model=LimitSetOut, summary="Create or replace a limit")
+def set_limit(body: LimitIn, who: Operator, request: Request) -> LimitSetOut:
+    client = _client(request)
+    before = next((x for x in client.limits()
+                   if x.scope == body.scope and x.key == (body.key or "")), None)
+    limit = client.set_limit(body.scope, body.key, max_running=body.max_running,
+                             rate=body.rate, per=body.per, burst=body.burst)
     emit(log, "limit_set", scope=limit.scope, key=limit.key, max_running=limit.max_running,
          rate_per_second=limit.rate_per_second, burst=limit.burst, role=who.role)
-    return models.LimitOut.of(limit)
+    return LimitSetOut(**models.LimitOut.of(limit).model_dump(),
+                       dropped=limit.no_longer_has(before))
 
 
 class RemovedOut(BaseModel):

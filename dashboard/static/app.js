@@ -429,7 +429,10 @@ async function setLimit(form) {
   }
   try {
     const l = await api("/api/limits", {method: "PUT", body});
-    toast(`Limit set on ${l.scope} ${limitName(l)}.`);
+    // A set replaces the whole limit: say what the one it replaced had and this has not.
+    const gone = l.dropped.length ? `; it no longer has ${l.dropped.join(" or ")} (give ` +
+      "every part of a limit in one set)" : "";
+    toast(`Limit set on ${l.scope} ${limitName(l)}${gone}.`);
   } catch (e) { toast(e.message, true); }
 }
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from shared.core.jobs import Job
+from shared.core.limits import rate_text
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,18 @@ class LimitInfo:
     """Of `in_flight`, handlers still running for jobs that left their worker (cancelled,
     or stuck past their deadline and recovered elsewhere): their slots are held until
     they return."""
+
+    def no_longer_has(self, before: LimitInfo | None) -> list[str]:
+        """What the limit `before`, which this one replaced, had and this one has not: a
+        set replaces the whole limit, so a part left out is gone ("max running 5")."""
+        if before is None:
+            return []
+        gone = []
+        if before.max_running is not None and self.max_running is None:
+            gone.append(f"max running {before.max_running}")
+        if before.rate_per_second is not None and self.rate_per_second is None:
+            gone.append(f"a rate of {rate_text(before.rate_per_second)}")
+        return gone
 
     @property
     def waiting_shown(self) -> str:

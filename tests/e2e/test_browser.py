@@ -328,6 +328,13 @@ def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
     expect(page.locator("#toast")).to_have_text("Limit set on kind report.")
     (limit,) = client.limits()
     assert (limit.max_running, limit.rate_per_second, limit.burst) == (2, 0.5, 7)
+    form.locator("[name=max_running]").fill("")  # the rate alone: max running goes
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#toast")).to_have_text(
+        "Limit set on kind report; it no longer has max running 2 (give every part of a "
+        "limit in one set).")
+    (limit,) = client.limits()
+    assert (limit.max_running, limit.rate_per_second) == (None, 0.5)
     for name in ("rate", "per", "burst"):
         form.locator(f"[name={name}]").fill("")
     form.locator("[name=max_running]").fill("")

@@ -29,6 +29,18 @@ def test_set_list_and_remove(operator, viewer, client):
     assert gone.json()["detail"] == "tenant (no tenant) has no limit; nothing removed"
 
 
+def test_a_set_says_what_the_limit_it_replaced_had_and_it_has_not(operator):
+    def put(**parts):
+        res = operator.put("/api/limits", json={"scope": "tenant", "key": None, **parts})
+        assert res.status_code == 200, res.text
+        return res.json()["dropped"]
+
+    assert put(max_running=5, rate=30, per=60) == []
+    assert put(max_running=5) == ["a rate of 30/min"]
+    assert put(rate=2) == ["max running 5"]
+    assert put(rate=3) == []
+
+
 def test_bad_limits_say_why(operator):
     for body, status, says in (
             ({"scope": "kind", "key": "email"}, 400, "give max_running, a rate, or both"),
