@@ -102,4 +102,5 @@ def add_parser(sub: Sub) -> None:
     p.add_argument("--host", help="default TOCK_DASHBOARD_HOST or 127.0.0.1")
     p.add_argument("--port", type=integer_type("a port number"),
                    help="default TOCK_DASHBOARD_PORT or 8080")
-    p.set_defaults(func=_dashboard)
+    # The dashboard logs unknown TOCK_* variables itself, as every tock process does.
+    p.set_defaults(func=_dashboard, warns_of_settings=True)

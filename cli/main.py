@@ -186,6 +186,13 @@ def _innermost(parser: argparse.ArgumentParser,
     return parser
 
 
+def _note_unknown_settings() -> None:
+    """Name each TOCK_* variable no tock setting has, as the processes warn at start."""
+    for name, near in unknown_variables(os.environ):
+        print(f"tock: note: {name} is set but no tock setting has that name"
+              + (f"; did you mean {near}?" if near else ""), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # The pool's own reconnection warnings would repeat, several lines each, what the one
     # error line below says.
@@ -199,9 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Named by the parser of the action they followed, with its usage, not tock's.
         _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extras)}")
     func: Command = args.func
-    for name, near in unknown_variables(os.environ):  # as the processes warn at start
-        print(f"tock: note: {name} is set but no tock setting has that name"
-              + (f"; did you mean {near}?" if near else ""), file=sys.stderr)
+    if not getattr(args, "warns_of_settings", False):  # a process logs them itself
+        _note_unknown_settings()
     try:
         audit.configure_from_environment()
         return func(args)

@@ -117,6 +117,16 @@ def test_a_mistyped_setting_is_named_as_the_processes_name_it(monkeypatch, capsy
             "you mean TOCK_DATABASE_URL?") in capsys.readouterr().err
 
 
+def test_tock_dashboard_leaves_the_mistyped_setting_to_the_dashboard_s_own_warning(
+        monkeypatch, capsys):
+    """The dashboard logs `unknown_setting` at its start, as every process does: the CLI's
+    note would say it twice."""
+    monkeypatch.setenv("TOCK_DASHBOARD_PORTT", "1")
+    monkeypatch.setattr("cli.cluster._dashboard", lambda args: 0)  # not the server itself
+    assert main(["dashboard", "--port", "8098"]) == 0
+    assert "TOCK_DASHBOARD_PORTT" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("states", ["dead,", "dead,,cancelled", ",dead"])
 def test_a_state_list_with_an_empty_name_is_a_usage_error(states, capsys):
     with pytest.raises(SystemExit) as info:
