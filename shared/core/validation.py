@@ -14,7 +14,9 @@ from typing import Any
 from shared.core.errors import InvalidInput
 from shared.core.text import shown, utf8_problem
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# SQS names are at most 80 characters: the longest TOCK_QUEUE_PREFIX (15), the queue, and
+# its dead-letter queue's "-dlq" must fit.
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,61}$")
 KIND = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 MAX_ATTEMPTS_LIMIT = 1000
@@ -50,10 +52,10 @@ def kind(value: object) -> str:
 
 def queue(value: object) -> str:
     if not isinstance(value, str):
-        raise wrong("queue", "a queue name: 1-64 letters, digits, - or _", value)
+        raise wrong("queue", "a queue name: 1-61 letters, digits, - or _", value)
     if not QUEUE_NAME.fullmatch(value):
         raise InvalidInput(
-            f"queue {shown(value)} is not a valid queue name: 1-64 letters, digits, - or _"
+            f"queue {shown(value)} is not a valid queue name: 1-61 letters, digits, - or _"
         )
     return value
 

@@ -6,11 +6,13 @@ Real SQS; the queues are really deleted."""
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import pytest
 
-from shared.core.errors import QueueMissing
+from shared.core import validation
+from shared.core.errors import InvalidInput, QueueMissing
 from shared.runtime.startup import report_missing_queues
 from shared.transport.base import Outgoing
 from shared.transport.sqs import REPORT_MISSING_EVERY_SECONDS, SqsTransport
@@ -112,3 +114,18 @@ def test_visibility_extensions_on_a_missing_queue_do_not_repeat_the_report(
         assert consumer.visibility.extend() == 1
     assert missing_queues(caplog) == ["default"]
     assert not lines(caplog, "visibility_extend_failed")
+
+
+def test_the_longest_queue_name_fits_sqs_with_the_longest_prefix_and_its_dead_letters(
+        sqs_server):
+    """SQS names are at most 80 characters: a 15-character TOCK_QUEUE_PREFIX, a 61-character
+    queue and "-dlq" are exactly that (a 64-character queue was accepted, and its queues
+    could not be created)."""
+    prefix = f"p{uuid.uuid4().hex[:13]}-"
+    longest = "q" * 61
+    sqs = SqsTransport(prefix, create_missing=True, dead_letter_after=3)
+    assert len(sqs.queue_name(longest) + "-dlq") == 80
+    sqs.check(validation.queue(longest))  # creates both
+    assert sqs.receive(longest, 1, 0, 30) == []
+    with pytest.raises(InvalidInput, match="1-61 letters"):
+        validation.queue("q" * 62)

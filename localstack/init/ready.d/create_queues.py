@@ -19,7 +19,7 @@ from typing import Any
 
 import boto3
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,61}$")
 
 
 def queue_names(raw: str) -> list[str]:

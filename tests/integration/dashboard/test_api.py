@@ -71,7 +71,7 @@ def test_idempotent_key_returns_existing_job(operator):
      "at must be timezone-aware: 2030-01-01T00:00:00 has no timezone"),
     ({"kind": "email", "at": "2030-01-01T00:00:00Z", "delay": 5}, 400, "either at= or delay="),
     ({"kind": "email", "queue": "no spaces"}, 422,
-     "queue 'no spaces' is not a valid queue name: 1-64 letters, digits, - or _"),
+     "queue 'no spaces' is not a valid queue name: 1-61 letters, digits, - or _"),
     ({"kind": "email", "tenant": "a\u0000b"}, 400, "NUL"),
     ({"kind": "email", "priority": "3"}, 422, "valid integer"),
     ({"kind": "email", "payload": "x" * 300_000}, 400, "over the limit"),
