@@ -56,7 +56,8 @@ def render(data: dict[str, Any], plots: list[str]) -> str:
     figures = data["figures"]
     lines = [
         f"# tock benchmark report ({data['profile']} profile)", "",
-        f"Run {data['started_at']}, {(data.get('duration_seconds') or 0) / 60:.1f} minutes, "
+        f"Run {data['started_at']} of tock {env.get('versions', {}).get('tock', 'unknown')}, "
+        f"{(data.get('duration_seconds') or 0) / 60:.1f} minutes, "
         f"on {env.get('cpu_count')} x {env.get('cpu_model')}, load average "
         f"{_load(env.get('load_average_start'))} at the start and "
         f"{_load(env.get('load_average_end'))} at the end. "
