@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from cli import audit
 from cli.arguments import add_common, positive_seconds
@@ -125,10 +126,20 @@ def _launch(command: str, argv: list[str]) -> int:
     return consumer_main(argv, prog="tock consumer")
 
 
+class Parser(argparse.ArgumentParser):
+    """No abbreviated options, in every subcommand (its parsers are of this class too):
+    `--stat` is not `--state` (the API refuses `?stat=` too), and an option added later
+    must not change what a script's abbreviation meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shared.store.migrate import GIVE_UP_AFTER_SECONDS, LOCK_TIMEOUT_SECONDS
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tock", description="tock: a distributed job scheduler on Postgres and SQS. "
         "Settings come from TOCK_* environment variables.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -175,6 +186,23 @@ def _extensions() -> list[Callable[[argparse._SubParsersAction], None]]:  # type
             tenants.add_parser, limits.add_parser]
 
 
+def _refuse_options_before_the_command(parser: argparse.ArgumentParser,
+                                       argv: list[str]) -> None:
+    """`tock --database-url URL stats` read the URL as the command ("invalid choice"), and
+    `tock --json stats` said --json was unrecognized: each command takes its options after
+    its name. Say that, with the command line that works."""
+    if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help"):
+        return
+    commands = next(a.choices for a in parser._actions
+                    if isinstance(a, argparse._SubParsersAction))
+    command = next((a for a in argv if a in commands), None)
+    option = argv[0].split("=", 1)[0]
+    if command is not None:
+        rest = [a for a in argv if a != command]
+        parser.error(f"{option} goes after the command: tock {command} {' '.join(rest)}")
+    parser.error(f"{option} goes after a command, as in: tock stats {option} ...")
+
+
 def _innermost(parser: argparse.ArgumentParser,
                args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the deepest subcommand `args` went through (`tock schedules list`)."""
@@ -201,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] in (["timer"], ["consumer"]):
         return _launch(argv[0], argv[1:])
     parser = build_parser()
+    _refuse_options_before_the_command(parser, argv)
     args, extras = parser.parse_known_args(argv)
     if extras:
         # Named by the parser of the action they followed, with its usage, not tock's.

@@ -298,3 +298,27 @@ def test_job_ids_and_weights_python_would_bend_are_usage_errors(argv, written, c
 def test_plain_numbers_are_read(option, written, value):
     args = build_parser().parse_args(["enqueue", "email", option, written])
     assert getattr(args, option[2:].replace("-", "_")) == value
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--database-url", "postgresql://x@127.0.0.1:1/y", "stats"],
+     "--database-url goes after the command: tock stats --database-url "
+     "postgresql://x@127.0.0.1:1/y"),
+    (["--json", "stats"], "--json goes after the command: tock stats --json"),
+    (["--json"], "--json goes after a command, as in: tock stats --json ..."),
+])
+def test_an_option_before_the_command_is_shown_where_it_goes(argv, says, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["jobs", "--stat", "dead"],
+                                  ["retry", "--state", "dead", "--y"],
+                                  ["schedules", "list", "--js"]])
+def test_abbreviated_options_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+    assert info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
