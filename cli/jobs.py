@@ -158,9 +158,11 @@ def _show(args: argparse.Namespace) -> int:
             print(f"  {name:<{width}} {value if name == 'payload' else cell(value)}")
     if job.attempts:
         print()
+        # A retried job counts its attempts from 1 again: mark where each retry began.
         print_table(["attempt", "outcome", "worker", "started", "finished", "error"], [
-            [a.attempt, a.outcome, a.worker, a.started_at, a.finished_at, a.error]
-            for a in job.attempts])
+            [f"{a.attempt} (retried)" if i and a.attempt <= job.attempts[i - 1].attempt
+             else a.attempt, a.outcome, a.worker, a.started_at, a.finished_at, a.error]
+            for i, a in enumerate(job.attempts)])
     return EXIT_OK
 
 

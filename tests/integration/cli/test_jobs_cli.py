@@ -125,6 +125,18 @@ def test_enqueue_a_payload_too_large_for_the_command_line(tock, db, tmp_path, mo
     assert [row[0] for row in stored] == [payload, payload]
 
 
+def test_show_marks_where_a_retry_began(tock, db, client):
+    job = client.schedule("flaky")
+    for n in (1, 2, 1):  # two attempts, an operator's retry, its first attempt again
+        db.execute("INSERT INTO tock_attempts (job_id, attempt, worker, started_at, "
+                   "finished_at, outcome, error) VALUES (%s, %s, 'w1', now(), now(), "
+                   "'failed', 'boom')", (job.id, n))
+    code, out, _ = tock("show", str(job.id))
+    assert code == 0
+    firsts = [line.split()[0:2] for line in out.splitlines()[-3:]]
+    assert firsts == [["1", "failed"], ["2", "failed"], ["1", "(retried)"]], out
+
+
 def test_retry_and_cancel_by_id(tock, db):
     tock("enqueue", "email")
     code, _, err = tock("retry", "1")
