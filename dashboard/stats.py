@@ -162,11 +162,21 @@ class StatsCache:
                         workers, buckets, self.clock() - started)
 
 
+SERIES_KEPT_SECONDS = 86_400.0
+"""A queue and kind whose unfinished jobs are all gone keeps its per-queue gauges, at 0,
+this long after it was last seen: an alert on its depth or oldest age must read 0, not a
+series that vanished (a threshold rule would hold its last value's state, absent() fire)."""
+
+
 class ClusterCollector(Collector):
     """Prometheus gauges of the whole cluster, from the shared snapshot."""
 
-    def __init__(self, cache: StatsCache) -> None:
+    def __init__(self, cache: StatsCache, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache = cache
+        self.clock = clock
+        self._seen: dict[tuple[str, str], float] = {}
+        """(queue, kind) -> when the snapshot last had unfinished jobs of it."""
+        self._lock = threading.Lock()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("tock_cluster_stats_up",
@@ -208,6 +218,9 @@ class ClusterCollector(Collector):
             oldest.add_metric(labels, q.oldest_due_age_seconds)
             running.add_metric(labels, q.running)
             future.add_metric(labels, q.future)
+        for queue, kind in self._emptied({(q.queue, q.kind) for q in snap.queues}):
+            for gauge in (depth, oldest, running, future):
+                gauge.add_metric([queue, kind], 0)
         yield from (depth, oldest, running, future)
         yield from _tenant_gauges(snap.tenants)
         yield from _limit_gauges(snap.limits)
@@ -235,6 +248,17 @@ class ClusterCollector(Collector):
                                 "How long a statistics snapshot is kept (the TTL, or ten "
                                 "times its computation when that is longer)",
                                 value=self.cache.refresh_seconds)
+
+
+    def _emptied(self, present: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """The (queue, kind) pairs seen within SERIES_KEPT_SECONDS and empty now."""
+        now = self.clock()
+        with self._lock:
+            for pair in present:
+                self._seen[pair] = now
+            for pair in [p for p, at in self._seen.items() if now - at > SERIES_KEPT_SECONDS]:
+                del self._seen[pair]
+            return sorted(self._seen.keys() - present)
 
 
 def _tenant_gauges(tenants: list[TenantStats]) -> Iterator[GaugeMetricFamily]:

@@ -325,6 +325,19 @@ def test_a_big_backlog_is_estimated_past_the_bound_with_its_oldest_age_exact(ope
     assert 'tock_queue_depth{kind="sms",queue="rare"} 1.0' in text
 
 
+def test_a_queue_emptied_of_work_reads_0_in_the_metrics_rather_than_vanishing(
+        operator, anon):
+    job = enqueue(operator, kind="email", queue="mail")["id"]
+    scrape = {"Authorization": f"Bearer {METRICS}"}
+    assert 'tock_queue_depth{kind="email",queue="mail"} 1.0' in anon.get(
+        "/metrics", headers=scrape).text
+    assert operator.post(f"/api/jobs/{job}/cancel").status_code == 200
+    text = anon.get("/metrics", headers=scrape).text
+    for gauge in ("tock_queue_depth", "tock_oldest_due_age_seconds", "tock_jobs_running",
+                  "tock_jobs_scheduled_future"):
+        assert f'{gauge}{{kind="email",queue="mail"}} 0.0' in text, gauge
+
+
 def test_timeline_counts_finished_attempts(operator, db):
     job = enqueue(operator)["id"]
     db.execute("UPDATE tock_jobs SET state = 'succeeded', attempt = 1, "
