@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.core.errors import InvalidInput
 from shared.core.filters import JobFilter
@@ -116,20 +116,22 @@ def plain_number(text: str) -> float:
 def integer_type(what: str) -> Callable[[str], int]:
     """An argument type for an integer in plain decimal digits (`plain_integer`); `what`
     names the value in the refusal, e.g. "an integer"."""
-    def parse(text: str) -> int:
-        try:
-            return plain_integer(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{shown(text)} is not {what}") from None
-    return parse
+    return _plain_type(plain_integer, what)
 
 
 def number_type(what: str) -> Callable[[str], float]:
     """An argument type for a number in plain decimal digits (`plain_number`); `what` names
     the value in the refusal, e.g. "a number of seconds"."""
-    def parse(text: str) -> float:
+    return _plain_type(plain_number, what)
+
+
+T = TypeVar("T")
+
+
+def _plain_type(read: Callable[[str], T], what: str) -> Callable[[str], T]:
+    def parse(text: str) -> T:
         try:
-            return plain_number(text)
+            return read(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{shown(text)} is not {what}") from None
     return parse
