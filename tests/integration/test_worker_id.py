@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -84,9 +84,11 @@ def test_a_stop_while_waiting_for_the_id_exits_0_and_leaves_the_holders_row(
 # --- Postgres away at start: the heartbeat loop takes the id, and nothing is claimed before --
 
 @pytest.fixture
-def started_during_outage(server, sqs_server, caplog) -> Iterator[dict[str, Any]]:
-    """A consumer with the fixed id "fixed-id" started while its own Postgres is down (the
-    id then untaken), a timer and a client; Postgres is back when the test starts."""
+def started_during_outage(server, sqs_server, caplog
+                          ) -> Iterator[Callable[[float], dict[str, Any]]]:
+    """Start, while its own Postgres is down (its id then untaken), a consumer with the
+    fixed id "fixed-id", which another host held with a lease of `holder_lease` seconds
+    just before the outage; then bring Postgres back and start a timer and a client."""
     prefix = f"w{uuid.uuid4().hex[:8]}-"
     SqsTransport(prefix).create_queue("default", visibility_timeout=10)
     registry = Registry()
@@ -99,13 +101,20 @@ def started_during_outage(server, sqs_server, caplog) -> Iterator[dict[str, Any]
                                 max_idle_seconds=0.2))
     client = Client(ClientSettings(database_url=server.url()))
     caplog.set_level(logging.INFO, logger="tock")
-    server.stop("immediate")
-    try:
+
+    def start(holder_lease: float) -> dict[str, Any]:
+        with psycopg.connect(server.url(), autocommit=True) as db:
+            _predecessor(db, "fixed-id", host="another-host", pid=4242,
+                         lease_seconds=holder_lease)
+        server.stop("immediate")  # durable: the holder's row survives
         consumer.start()
         assert any(r.message == "announce_failed" for r in caplog.records)
         server.start()
         timer.start()
-        yield {"consumer": consumer, "client": client, "ran": ran}
+        return {"consumer": consumer, "client": client, "ran": ran}
+
+    try:
+        yield start
     finally:
         consumer.shutdown()
         timer.stop()
@@ -114,31 +123,30 @@ def started_during_outage(server, sqs_server, caplog) -> Iterator[dict[str, Any]
 
 def test_an_id_a_live_process_holds_is_refused_when_postgres_was_away_at_start(
         server, started_during_outage, caplog):
-    consumer, client = started_during_outage["consumer"], started_during_outage["client"]
+    system = started_during_outage(600)
+    consumer, client = system["consumer"], system["client"]
+    job = client.schedule("work")
+    wait_for(lambda: any(r.message == "worker_id_held" for r in caplog.records),
+             timeout=30, message="the heartbeat loop found the id held")
     with psycopg.connect(server.url(), autocommit=True) as db:
-        _predecessor(db, "fixed-id", host="another-host", pid=4242, lease_seconds=600)
-        job = client.schedule("work")
-        wait_for(lambda: any(r.message == "worker_id_held" for r in caplog.records),
-                 timeout=30, message="the heartbeat loop found the id held")
         db.execute("UPDATE tock_workers SET last_heartbeat = now() + interval '1 second' "
                    "WHERE id = 'fixed-id'")  # the holder beats: it is alive
         wait_for(lambda: consumer.supervisor.fatal is not None, timeout=30,
                  message="the consumer stops")
         assert consumer.supervisor.exit_code == 2, consumer.supervisor.fatal
         assert "TOCK_WORKER_ID 'fixed-id' is in use" in consumer.supervisor.fatal
-        assert started_during_outage["ran"] == []
+        assert system["ran"] == []
         assert client.get(job.id).attempt == 0, "claimed under an id another process holds"
         assert _holder(db, "fixed-id") == ("another-host", 4242)
 
 
 def test_the_id_of_a_dead_holder_is_taken_by_the_heartbeat_when_postgres_was_away_at_start(
-        server, started_during_outage, caplog):
-    client = started_during_outage["client"]
+        server, started_during_outage):
+    system = started_during_outage(3)  # it beats no more: its lease runs out
+    client = system["client"]
+    job = client.schedule("work")
+    wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
+             message="the job, run once the dead holder's lease ran out")
     with psycopg.connect(server.url(), autocommit=True) as db:
-        _predecessor(db, "fixed-id", host="another-host", pid=4242, lease_seconds=1.5)
-        job = client.schedule("work")
-        wait_for(lambda: client.get(job.id).state is JobState.SUCCEEDED, timeout=30,
-                 message="the job, run once the dead holder's lease ran out")
-        assert any(r.message == "worker_id_held" for r in caplog.records)
         assert _holder(db, "fixed-id") == (socket.gethostname(), os.getpid())
-    assert started_during_outage["ran"] == [job.id]
+    assert system["ran"] == [job.id]
