@@ -703,6 +703,7 @@ function renderEnqueue() {
     el("label", {}, "priority (0-9)", el("input", {name: "priority", type: "number", min: 0, max: 9, value: 0})),
     el("label", {}, "queue", el("input", {name: "queue", placeholder: "default"})),
     el("label", {}, "key (idempotency)", el("input", {name: "key"})),
+    el("label", {}, "tenant (fair share, limits)", el("input", {name: "tenant"})),
     el("label", {}, "max attempts", el("input", {name: "max_attempts", type: "number", min: 1, max: 1000})),
     el("label", {className: "wide"}, "payload (JSON)", el("textarea", {name: "payload"}, '{"demo": true}')),
     el("div", {className: "wide"}, el("button", {type: "submit", disabled: !canWrite()}, "Enqueue"),
@@ -718,6 +719,7 @@ function renderEnqueue() {
                     delay: Number(data.get("delay") || 0), priority: Number(data.get("priority") || 0)};
     if (data.get("queue").trim()) fields.queue = data.get("queue").trim();
     if (data.get("key")) fields.key = data.get("key");  // as typed: keys are exact
+    if (data.get("tenant")) fields.tenant = data.get("tenant");  // as typed: the API says what is wrong
     if (data.get("max_attempts")) fields.max_attempts = Number(data.get("max_attempts"));
     // The payload goes as typed: parsed and written again by the browser, a number past
     // 2**53 would be rounded, 1e400 become null and a repeated key lose a value, unsaid.

@@ -87,6 +87,22 @@ def test_job_enqueued_through_the_page_reaches_succeeded(
     page.screenshot(path=str(SCREENSHOT), full_page=True)
 
 
+def test_the_enqueue_form_takes_a_tenant_and_shows_the_api_s_refusal(
+        page: Page, live_server: LiveServer, db: Any) -> None:
+    login(page, live_server, OPERATOR)
+    page.click("text=Enqueue")
+    page.fill("[name=kind]", "email")
+    page.fill("[name=delay]", "3600")
+    page.fill("[name=tenant]", " acme")
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+    expect(page.locator("#toast")).to_contain_text("begins or ends with blank space")
+    page.fill("[name=tenant]", "acme")
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+    expect(page).to_have_url(f"{live_server.url}/#/jobs/1")
+    expect(page.locator("dl.fields")).to_contain_text("acme")
+    assert db.execute("SELECT tenant FROM tock_jobs_all WHERE id = 1").fetchone() == ("acme",)
+
+
 def test_dead_jobs_retry_button_sends_it_back_to_scheduled(
         page: Page, live_server: LiveServer, client: Client, db: Any) -> None:
     job = client.schedule("flaky", {"n": 1})
