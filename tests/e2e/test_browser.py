@@ -87,17 +87,20 @@ def test_job_enqueued_through_the_page_reaches_succeeded(
     page.screenshot(path=str(SCREENSHOT), full_page=True)
 
 
+def submit_enqueue(page: Page, **fields: str) -> None:
+    """Fill these fields of the enqueue form (the others keep what they hold) and submit."""
+    for name, value in fields.items():
+        page.fill(f"[name={name}]", value)
+    page.click("[data-testid=enqueue-form] button[type=submit]")
+
+
 def test_the_enqueue_form_takes_a_tenant_and_shows_the_api_s_refusal(
         page: Page, live_server: LiveServer, db: Any) -> None:
     login(page, live_server, OPERATOR)
-    page.click("text=Enqueue")
-    page.fill("[name=kind]", "email")
-    page.fill("[name=delay]", "3600")
-    page.fill("[name=tenant]", " acme")
-    page.click("[data-testid=enqueue-form] button[type=submit]")
+    page.goto(f"{live_server.url}/#/enqueue")
+    submit_enqueue(page, kind="email", delay="3600", tenant=" acme")
     expect(page.locator("#toast")).to_contain_text("begins or ends with blank space")
-    page.fill("[name=tenant]", "acme")
-    page.click("[data-testid=enqueue-form] button[type=submit]")
+    submit_enqueue(page, tenant="acme")
     expect(page).to_have_url(f"{live_server.url}/#/jobs/1")
     expect(page.locator("dl.fields")).to_contain_text("acme")
     assert db.execute("SELECT tenant FROM tock_jobs_all WHERE id = 1").fetchone() == ("acme",)
@@ -581,17 +584,12 @@ def test_a_payload_typed_in_the_enqueue_form_is_stored_and_shown_exactly(
     # back as null) and keeps the last of a repeated key: the form must send the text.
     login(page, live_server, OPERATOR)
     page.goto(f"{live_server.url}/#/enqueue")
-    page.fill("[name=kind]", "email")
-    page.fill("[name=delay]", "3600")
-    page.fill("[name=payload]", '{"a": 1, "a": 2}')
-    page.click("[data-testid=enqueue-form] button[type=submit]")
+    submit_enqueue(page, kind="email", delay="3600", payload='{"a": 1, "a": 2}')
     expect(page.locator("#toast")).to_contain_text("has the key 'a' twice")
-    page.fill("[name=payload]", '{"x": 1e400}')
-    page.click("[data-testid=enqueue-form] button[type=submit]")
+    submit_enqueue(page, payload='{"x": 1e400}')
     expect(page.locator("#toast")).to_contain_text("the number 1e400 is out of a float's range")
     assert db.execute("SELECT count(*) FROM tock_jobs_all").fetchone() == (0,)
-    page.fill("[name=payload]", '{"n": 9007199254740993, "m": 12345678901234567890}')
-    page.click("[data-testid=enqueue-form] button[type=submit]")
+    submit_enqueue(page, payload='{"n": 9007199254740993, "m": 12345678901234567890}')
     expect(page).to_have_url(f"{live_server.url}/#/jobs/1")
     assert db.execute("SELECT payload::text FROM tock_jobs_all").fetchone() == (
         '{"m": 12345678901234567890, "n": 9007199254740993}',)
