@@ -128,12 +128,15 @@ def test_an_id_a_live_process_holds_is_refused_when_postgres_was_away_at_start(
     job = client.schedule("work")
     wait_for(lambda: any(r.message == "worker_id_held" for r in caplog.records),
              timeout=30, message="the heartbeat loop found the id held")
+    ready, why = consumer.supervisor.ready()
+    assert not ready and "heartbeat" in why, why  # nothing claimed, and it says so
     with psycopg.connect(server.url(), autocommit=True) as db:
         db.execute("UPDATE tock_workers SET last_heartbeat = now() + interval '1 second' "
                    "WHERE id = 'fixed-id'")  # the holder beats: it is alive
         wait_for(lambda: consumer.supervisor.fatal is not None, timeout=30,
                  message="the consumer stops")
         assert consumer.supervisor.exit_code == 2, consumer.supervisor.fatal
+        assert not consumer.supervisor.live()[0], "the liveness probe goes red"
         assert "TOCK_WORKER_ID 'fixed-id' is in use" in consumer.supervisor.fatal
         assert system["ran"] == []
         assert client.get(job.id).attempt == 0, "claimed under an id another process holds"
