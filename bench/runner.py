@@ -32,6 +32,7 @@ from bench.profiles import Profile
 from bench.progress import Progress
 from bench.results import Results, validate
 from bench.services import environment, running_services
+from shared.runtime import logs
 
 PHASES = ("services", "raw Postgres ceilings", "raw SQS ceilings", "enqueue",
           "dispatch", "end to end", "database work (memory transport)",
@@ -57,7 +58,8 @@ def run(profile: Profile, out: Path) -> Path:
         ctx = Context(services, profile, results, progress, sampler, out / "logs")
         # Loops run in this process (scale, fairness, profile) log here, not to stderr.
         (out / "logs").mkdir(parents=True, exist_ok=True)
-        in_process = logging.FileHandler(out / "logs" / "in-process.log")
+        in_process = logs.line_handler((out / "logs" / "in-process.log").open("a"), "json",
+                                       "bench")
         in_process.setLevel(logging.INFO)
         logging.getLogger("tock").addHandler(in_process)
         sampler.start()
