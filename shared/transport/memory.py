@@ -62,6 +62,11 @@ class MemoryTransport:
         self._queues: dict[str, _Queue] = {}
         self._cond = threading.Condition()
         self._seq = itertools.count()
+        # Ids as SQS's are: unique, opaque. A counter under one random prefix per transport
+        # costs the process that runs it (a benchmark's) nothing: uuid4 per message read
+        # urandom twice per job.
+        self._prefix = uuid.uuid4().hex[:12]
+        self._ids = itertools.count()
         self.deleted = 0
         """Messages deleted so far, across queues (the benchmark waits on it: a consumer
         deletes a message only after its outcome is committed)."""
@@ -74,7 +79,7 @@ class MemoryTransport:
         with self._cond:
             q = self._queue(queue)
             for entry in entries:
-                msg = _Message(uuid.uuid4().hex, entry.body)
+                msg = _Message(f"{self._prefix}-{next(self._ids)}", entry.body)
                 q.messages[msg.message_id] = msg
                 q.ready.append(msg.message_id)
             self._cond.notify_all()
@@ -197,7 +202,7 @@ class MemoryTransport:
             if msg is None:
                 continue
             msg.receive_count += 1
-            msg.receipt = f"{msg.message_id}:{msg.receive_count}:{uuid.uuid4().hex[:8]}"
+            msg.receipt = f"{msg.message_id}:{msg.receive_count}:{next(self._ids)}"
             msg.visible_at = now + visibility_timeout
             q.by_receipt[msg.receipt] = msg.message_id
             heapq.heappush(q.hidden, (msg.visible_at, next(self._seq), msg.message_id))
