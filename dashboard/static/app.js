@@ -73,6 +73,7 @@ function human(secs) {
 // (e.g. 2026-05-12 13:00:30 +01:00; the zone's name is in the heading).
 const STAMP_FORMATS = new Map();
 const UTC_NAMES = /^(Etc\/)?(UTC|UCT|GMT|Universal|Zulu)$/;
+const BROWSER_ZONE = Intl.DateTimeFormat().resolvedOptions().timeZone || "local";
 
 function stampFormat(tz) {
   if (!STAMP_FORMATS.has(tz)) {
@@ -700,11 +701,15 @@ function renderEnqueue() {
   const form = el("form", {className: "stack", "data-testid": "enqueue-form"},
     el("label", {}, "kind", el("input", {name: "kind", list: "kinds", value: "email", required: true})),
     el("label", {}, "delay (seconds)", el("input", {name: "delay", type: "number", min: 0, step: "any", value: 0})),
+    el("label", {}, `or run at (${BROWSER_ZONE} time)`,
+       el("input", {name: "at", type: "datetime-local", step: 1})),
     el("label", {}, "priority (0-9)", el("input", {name: "priority", type: "number", min: 0, max: 9, value: 0})),
     el("label", {}, "queue", el("input", {name: "queue", placeholder: "default"})),
     el("label", {}, "key (idempotency)", el("input", {name: "key"})),
     el("label", {}, "tenant (fair share, limits)", el("input", {name: "tenant"})),
+    el("label", {}, "concurrency key (per-key limits)", el("input", {name: "concurrency_key"})),
     el("label", {}, "max attempts", el("input", {name: "max_attempts", type: "number", min: 1, max: 1000})),
+    el("label", {}, "timeout (seconds)", el("input", {name: "timeout", type: "number", min: 0, step: "any"})),
     el("label", {className: "wide"}, "payload (JSON)", el("textarea", {name: "payload"}, '{"demo": true}')),
     el("div", {className: "wide"}, el("button", {type: "submit", disabled: !canWrite()}, "Enqueue"),
        canWrite() ? null : el("span", {className: "muted"}, " Read-only: log in as operator to enqueue.")),
@@ -715,12 +720,22 @@ function renderEnqueue() {
     const payload = data.get("payload").trim();
     try { if (payload) JSON.parse(payload); }
     catch (err) { toast(`payload is not JSON: ${err.message}`, true); return; }
-    const fields = {kind: data.get("kind").trim(),
-                    delay: Number(data.get("delay") || 0), priority: Number(data.get("priority") || 0)};
+    const fields = {kind: data.get("kind").trim(), priority: Number(data.get("priority") || 0)};
+    const delay = Number(data.get("delay") || 0);
+    // A time, read in this browser's zone, goes as UTC; a delay beside it too, for the
+    // API to refuse the pair rather than the form to drop one of them unsaid.
+    if (data.get("at")) {
+      const at = new Date(data.get("at"));
+      if (Number.isNaN(at.getTime())) { toast("run at is not a date and time", true); return; }
+      fields.at = at.toISOString();
+    }
+    if (!data.get("at") || delay) fields.delay = delay;
     if (data.get("queue").trim()) fields.queue = data.get("queue").trim();
     if (data.get("key")) fields.key = data.get("key");  // as typed: keys are exact
     if (data.get("tenant")) fields.tenant = data.get("tenant");  // as typed: the API says what is wrong
+    if (data.get("concurrency_key")) fields.concurrency_key = data.get("concurrency_key");
     if (data.get("max_attempts")) fields.max_attempts = Number(data.get("max_attempts"));
+    if (data.get("timeout")) fields.timeout = Number(data.get("timeout"));
     // The payload goes as typed: parsed and written again by the browser, a number past
     // 2**53 would be rounded, 1e400 become null and a repeated key lose a value, unsaid.
     const body = `${JSON.stringify(fields).slice(0, -1)},"payload":${payload || "null"}}`;
