@@ -19,7 +19,7 @@ from cli.arguments import (
     parse_time,
     seconds,
 )
-from cli.output import cell, job_json, print_json, print_table, printable
+from cli.output import cell, job_json, plain, print_json, print_table, printable
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from shared.core.text import LostNumber, json_float, shown
@@ -138,7 +138,10 @@ def _show(args: argparse.Namespace) -> int:
         with store.transaction() as tx:
             why = explain.explain(job, explain.gather(tx, job))
     if args.json:
-        print_json({"job": job_json(job), "explanation": why})
+        # The shape of GET /api/jobs/{id}: the attempts beside the job, the explanation
+        # with its text.
+        print_json({"job": job_json(job), "attempts": plain(job.attempts),
+                    "explanation": {**plain(why), "text": why.text()}})
         return EXIT_OK
     print(f"job {job.id}  {job.kind}  [{job.state}]")
     print()

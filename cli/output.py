@@ -39,9 +39,10 @@ def plain(value: Any) -> Any:
 def job_json(job: Job) -> dict[str, Any]:
     """A job for `--json`, its fields named as the HTTP API names them (`key`, not the
     column's `unique_key`); `created` is added by enqueue alone, the one read it means
-    something to."""
+    something to, and the attempts by `show`, beside the job as the API gives them."""
     fields = plain(job)
     fields.pop("created")
+    fields.pop("attempts")
     return {("key" if name == "unique_key" else name): value
             for name, value in fields.items()}
 

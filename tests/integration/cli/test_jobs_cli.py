@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from devstack.ports import free_port
-from tests.support.dashboard import make_dead
+from tests.support.dashboard import make_dead, run_to
 from tests.support.history import fill_history
 
 
@@ -60,6 +60,21 @@ def test_enqueue_list_and_show(tock, db):
     shown = json.loads(out)
     assert shown["job"]["tenant"] == "acme"
     assert shown["explanation"]["summary"].startswith("Not due until")
+    # GET /api/jobs/{id}'s shape: attempts beside the job, the explanation with its text.
+    assert list(shown) == ["job", "attempts", "explanation"] and shown["attempts"] == []
+    assert "attempts" not in shown["job"]
+    assert shown["explanation"]["text"].startswith("Not due until")
+
+
+def test_show_json_gives_the_attempts_as_the_api_does(tock, db, client):
+    job = client.schedule("email")
+    run_to(db, job.id, "dead", "upstream said no")
+    _, out, _ = tock("show", str(job.id), "--json")
+    shown = json.loads(out)
+    assert [(a["attempt"], a["error"]) for a in shown["attempts"]] == [(1, "upstream said no")]
+    assert set(shown["attempts"][0]) == {"attempt", "worker", "started_at", "finished_at",
+                                         "outcome", "error", "traceback"}
+    assert shown["explanation"]["can_retry"] is True
 
 
 def test_control_and_bidi_characters_in_job_data_are_shown_as_escapes(tock, db, client):
