@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from cli import audit
 from cli.arguments import add_common, positive_seconds
@@ -23,6 +22,7 @@ from shared.core.errors import (
     TockError,
     TransportError,
 )
+from shared.runtime.command_line import Parser
 from shared.runtime.settings import unknown_variables
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
@@ -124,16 +124,6 @@ def _launch(command: str, argv: list[str]) -> int:
     from consumer.__main__ import main as consumer_main
 
     return consumer_main(argv, prog="tock consumer")
-
-
-class Parser(argparse.ArgumentParser):
-    """No abbreviated options, in every subcommand (its parsers are of this class too):
-    `--stat` is not `--state` (the API refuses `?stat=` too), and an option added later
-    must not change what a script's abbreviation meant."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:

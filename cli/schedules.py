@@ -16,6 +16,7 @@ from typing import Any
 from cli import audit
 from cli.arguments import add_common, integer
 from shared.core.iso_time import formatted
+from shared.runtime.command_line import Parser
 
 EXIT_OK, EXIT_REFUSED = 0, 1
 
@@ -30,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                                    "the timers turn each fire time into one job.")
     add_common(p)
     # The same options also after the action (`tock schedules list --json`).
-    after = argparse.ArgumentParser(add_help=False)
+    after = Parser(add_help=False)
     add_common(after, after_action=True)
     # No action lists them, as `tock tenants` and `tock limits` do.
     actions = p.add_subparsers(dest="action", metavar="[ACTION]",

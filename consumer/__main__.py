@@ -1,7 +1,7 @@
 """`python -m consumer --tasks myapp.tasks`: run a consumer until SIGTERM (exit 0), or until
 a loop crashes (exit 70, so the orchestrator restarts it).
 
-`--tasks` takes one module or a comma-separated list, and may be repeated:
+`--tasks` and `--queues` take one name or a comma-separated list, and may be repeated:
 `--tasks a.tasks,b.tasks` is `--tasks a.tasks --tasks b.tasks` (a deployment parameter
 holding a list passes it as one argument).
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from consumer.tasks import registry
 from shared.core import validation
 from shared.core.errors import ConfigError, InvalidInput
+from shared.runtime.command_line import Parser
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure, emit
 from shared.runtime.settings import ConsumerSettings
@@ -94,8 +95,9 @@ def _import_problem(module: str, exc: Exception) -> str:
     return f"cannot import task module {module!r}: {text}"
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int:
-    parser = argparse.ArgumentParser(
+def command_line(prog: str = "python -m consumer") -> Parser:
+    """The consumer's command line."""
+    parser = Parser(
         prog=prog,
         description="Receive tock jobs from SQS and run their handlers. "
                     "Settings come from TOCK_* environment variables.")
@@ -103,18 +105,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
                         metavar="MODULE",
                         help="module whose @task handlers to run; several: "
                              "comma-separated or repeated (a,b or --tasks a --tasks b)")
-    parser.add_argument("--queues", type=queue_names,
-                        help="comma-separated tock queues (default TOCK_QUEUES or 'default')")
+    parser.add_argument("--queues", action="extend", type=queue_names, metavar="QUEUES",
+                        help="tock queues to receive from, comma-separated or repeated "
+                             "(a,b or --queues a --queues b; default TOCK_QUEUES or "
+                             "'default')")
     parser.add_argument("--concurrency", type=int, help="handlers run at once")
     parser.add_argument("--isolation", choices=["thread", "process"],
                         help="run handlers in threads of this process (default "
                              "TOCK_ISOLATION or 'thread') or in child processes, one job "
                              "each, killed when they overrun their timeout; for the kinds "
                              "whose @task does not set isolation=")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int:
+    args = command_line(prog).parse_args(argv)
     overrides: dict[str, object] = {}
     if args.queues is not None:
-        overrides["queues"] = args.queues
+        overrides["queues"] = list(dict.fromkeys(args.queues))  # in order, each once
     if args.concurrency is not None:
         overrides["concurrency"] = args.concurrency
     if args.isolation is not None:

@@ -14,6 +14,7 @@ import sys
 from dashboard.settings import DashboardSettings
 from shared.core.errors import ConfigError
 from shared.core.text import decimal_integer
+from shared.runtime.command_line import Parser
 from shared.runtime.health import cannot_listen
 from shared.runtime.logs import configure, emit
 from shared.runtime.startup import EXIT_CONFIG, database_problem, warn_unknown_settings
@@ -54,7 +55,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m dashboard") -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Serve tock's dashboard, HTTP API, /metrics, /healthz and /readyz. "
                     "Settings come from TOCK_* environment variables "

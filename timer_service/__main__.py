@@ -5,10 +5,10 @@ line (exit 2), as does an unusable database (exit 3; 2 for missing migrations)."
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from shared.core.errors import ConfigError
+from shared.runtime.command_line import Parser
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure
 from shared.runtime.settings import TimerSettings
@@ -16,7 +16,7 @@ from shared.runtime.startup import EXIT_CONFIG, database_problem, warn_unknown_s
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Dispatch due tock jobs to SQS and recover lost ones. "
                     "Settings come from TOCK_* environment variables.")

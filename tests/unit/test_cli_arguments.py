@@ -322,3 +322,28 @@ def test_abbreviated_options_are_refused(argv, capsys):
         main([*argv, "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
     assert info.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "option"), [
+    (["cancel", "--kind", "email", "--kind", "sync", "--dry-run"], "--kind"),
+    (["retry", "--queue", "a", "--queue", "b", "--dry-run"], "--queue"),
+    (["jobs", "--tenant", "a", "--tenant", "b"], "--tenant"),
+    (["jobs", "--since", "2027-01-01T00:00Z", "--since", "2027-02-01T00:00Z"], "--since"),
+    (["enqueue", "email", "--payload", '{"a": 1}', "--payload", '{"b": 2}'], "--payload"),
+    (["enqueue", "email", "--key", "k-a", "--key", "k-b"], "--key"),
+    (["enqueue", "email", "--priority", "1", "--priority", "9"], "--priority"),
+    (["enqueue", "email", "--delay", "5", "--delay", "600"], "--delay"),
+    (["limits", "set", "kind", "k", "--max-running", "1", "--max-running", "2"],
+     "--max-running"),
+])
+def test_a_single_value_option_given_twice_is_refused(argv, option, capsys):
+    # Kept last, `cancel --kind email --kind sync` cancelled the sync jobs alone.
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--database-url", "postgresql://nobody@127.0.0.1:1/none"])
+    assert info.value.code == 2
+    assert f"{option} was given more than once; it takes one value" in capsys.readouterr().err
+
+
+def test_states_may_be_repeated():
+    args = build_parser().parse_args(["jobs", "--state", "dead", "--state", "scheduled"])
+    assert len(args.state) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.__main__ import main, task_modules
+from consumer.__main__ import command_line, main, task_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE_DB = "postgresql://tock@127.0.0.1:1/tock"
@@ -222,3 +222,21 @@ def test_modules_that_register_no_handler_are_named_plainly(tmp_path):
     assert done.stderr.strip() == (
         "tock consumer: no @task handlers registered by plain_a, json (a task module "
         "defines its handlers with @task, see the README's Writing tasks)")
+
+
+def test_queues_may_be_repeated_as_tasks_may():
+    args = command_line().parse_args(["--tasks", "demo.tasks", "--queues", "a",
+                                      "--queues", "b,c"])
+    assert args.queues == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--concurrency", "4", "--concurrency", "8"],
+    ["--isolation", "thread", "--isolation", "process"],
+])
+def test_a_single_value_option_given_twice_is_refused(argv, capsys):
+    # Kept last, `--concurrency 4 --concurrency 8` would run 8 where a script meant 4.
+    with pytest.raises(SystemExit) as stopped:
+        main(["--tasks", "demo.tasks", *argv])
+    assert stopped.value.code == 2
+    assert f"{argv[0]} was given more than once; it takes one value" in capsys.readouterr().err
