@@ -32,6 +32,7 @@ from starlette.types import Scope
 from dashboard import api, limits_api, pages, schedules_api, tenants_api
 from dashboard.auth import Authenticator
 from dashboard.guard import RequestGuard
+from dashboard.head_requests import HeadAsGet
 from dashboard.query import known_query_only
 from dashboard.settings import DashboardSettings
 from dashboard.stats import ClusterCollector, StatsCache
@@ -227,6 +228,8 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response
+
+    app.add_middleware(HeadAsGet)  # added last: the outermost
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> PlainTextResponse:

@@ -62,6 +62,25 @@ def test_pages_probes_and_assets_stay_open(anon):
     assert anon.get("/", follow_redirects=False).headers["location"] == "/login"
 
 
+def test_head_is_answered_as_get_without_a_body_through_uvicorn(live_server):
+    # Load balancers and uptime checks may probe with HEAD; a 405 would read as "down".
+    for path in ("/healthz", "/readyz", "/login"):
+        got, head = (httpx.request(m, live_server.url + path, timeout=10)
+                     for m in ("GET", "HEAD"))
+        assert (head.status_code, head.content) == (200, b""), path
+        assert head.headers["content-type"] == got.headers["content-type"]
+        assert head.headers["content-length"] == got.headers["content-length"]
+    # Through the guard and the route as the GET would go: credentials still needed.
+    assert httpx.head(f"{live_server.url}/api/stats/overview", timeout=10).status_code == 401
+    res = httpx.head(f"{live_server.url}/api/stats/overview", timeout=10,
+                     headers=bearer(VIEWER))
+    assert (res.status_code, res.content) == (200, b"")
+    # A HEAD is never a write: the operator's POST routes answer it as 405, as a GET.
+    res = httpx.head(f"{live_server.url}/api/jobs/1/retry", timeout=10,
+                     headers=bearer(OPERATOR))
+    assert res.status_code == 405
+
+
 def test_a_session_cookie_passes_the_guard_and_a_forged_one_does_not(anon):
     login(anon, VIEWER)
     assert anon.get("/api/me").json()["role"] == "viewer"
