@@ -10,7 +10,8 @@ recurring-schedules API and provides the process-wide default.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from shared.core import validation
 from shared.core.config import ProducerConfig
 from shared.core.errors import (
     ConnectionLost,
+    DatabaseReadOnly,
     DatabaseUnavailable,
     InvalidInput,
     InvalidTransition,
@@ -81,6 +83,22 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @staticmethod
+    @contextmanager
+    def _callers(connection: object | None) -> Iterator[None]:
+        """A write refused as read-only on the caller's connection is the caller's to fix:
+        tock drops and replaces its own connections (`DatabaseReadOnly` is retryable), but
+        not one it was given, which would refuse the same write every time."""
+        try:
+            yield
+        except DatabaseReadOnly as exc:
+            if connection is None:
+                raise
+            raise InvalidInput(
+                "connection= is read-only (its transaction is READ ONLY, or its server a "
+                "standby): nothing was written, and this connection will refuse every "
+                "write; give one in a read-write transaction on the primary") from exc
+
     def _store(self, connection: object | None) -> JobStore:
         """The job store on the caller's transaction (no commit here: a rollback there leaves
         no job), or on the client's own pool."""
@@ -123,7 +141,8 @@ class Client:
             self.known_kinds.check(j.kind for j in new)
         store = self._store(connection)
         try:
-            inserted = store.insert_jobs(new, self._now)
+            with self._callers(connection):
+                inserted = store.insert_jobs(new, self._now)
         except ConnectionLost as exc:
             # The insert was sent and the connection lost before its answer: it may have
             # committed. With a key on every job, sending it again is safe (a job the lost
@@ -258,7 +277,8 @@ class Client:
         its next heartbeat, signals the handler to stop, and its result is never written."""
         validation.job_id(job_id)
         store = self._store(connection)
-        job = store.cancel_job(job_id, self._now)
+        with self._callers(connection):
+            job = store.cancel_job(job_id, self._now)
         return job or self._refused(store, job_id, "cancel",
                                     "scheduled, retrying, dispatched or running")
 
@@ -266,7 +286,8 @@ class Client:
         """Run a dead or cancelled job again now, with a fresh attempt count."""
         validation.job_id(job_id)
         store = self._store(connection)
-        job = store.retry_job(job_id, self._now)
+        with self._callers(connection):
+            job = store.retry_job(job_id, self._now)
         if job is None:
             # The timer's retention loop may have been moving this (pre-0007) job to the
             # history at that instant: the statement saw it in neither place it could act.

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from shared.client import Client
-from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound
+from shared.core.errors import InvalidInput, InvalidTransition, JobNotFound, Retryable
 from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings
 
@@ -92,6 +92,23 @@ def test_enqueue_in_callers_sqlalchemy_transaction(client, database_url, db):
         assert _count(db) == 1
     finally:
         engine.dispose()
+
+
+def test_a_read_only_caller_connection_is_the_callers_error_not_a_retryable_one(
+        client, database_url, db):
+    # tock replaces its own read-only connections (a standby behind stale DNS); one it
+    # was given would refuse the same write however often it were retried.
+    existing = client.schedule("email")
+    with psycopg.connect(database_url) as conn:
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(InvalidInput, match="connection= is read-only") as refused:
+            client.schedule("email", connection=conn)
+        assert not isinstance(refused.value, Retryable) and not conn.closed
+        conn.rollback()
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(InvalidInput, match="connection= is read-only"):
+            client.cancel(existing.id, connection=conn)
+    assert _count(db) == 1 and client.get(existing.id).state == "scheduled"
 
 
 def test_connection_of_another_kind_is_refused(client, db):
