@@ -349,6 +349,11 @@ def interval_of(value: object) -> timedelta:
         if seconds > MAX_EVERY.total_seconds():  # before timedelta(), which overflows
             raise InvalidSchedule(f"every must be at most 366 days, got {seconds:g} s")
         interval = timedelta(seconds=seconds)
+        if interval.total_seconds() != seconds:
+            # A timedelta holds whole microseconds: stored, 2.9999999 would be 3 s.
+            raise InvalidSchedule(
+                f"every must be a whole number of microseconds, got {seconds!r} s (it "
+                f"would be stored as {interval.total_seconds()!r} s)")
     else:
         raise InvalidSchedule("every must be a timedelta or a number of seconds, "
                               f"got {shown(value)}")

@@ -43,6 +43,9 @@ def spec(**kw):
     ({"every": -5}, "must be positive"),
     ({"every": 0.5}, "at least 1 s"),
     ({"every": "10s"}, "timedelta or a number"),
+    ({"every": 2.9999999}, "every must be a whole number of microseconds, got 2.9999999 s "
+                           "(it would be stored as 3.0 s)"),
+    ({"every": 1.0000001}, "whole number of microseconds"),
     ({"every": 10, "cron": "* * * * *"}, "exactly one"),
     ({"every": 10, "tz": "Europe/Berlin"}, "tz= applies to cron"),
     ({"every": 10, "tz": "UTC"}, "tz='UTC' is given with every=, but tz= applies to cron "
@@ -129,3 +132,8 @@ def test_a_start_more_than_ten_years_ahead_is_refused():
         spec(every=3600, start=datetime(9999, 12, 31, tzinfo=UTC))
     later = NOW + timedelta(days=9 * 365)
     assert spec(every=3600, start=later).timing.anchor == later
+
+
+@pytest.mark.parametrize("seconds", [1.1, 1.5, 2.000001, 86400.25, 31622399.999999])
+def test_fractional_intervals_to_the_microsecond_are_kept_exactly(seconds):
+    assert spec(every=seconds).timing.every.total_seconds() == seconds
