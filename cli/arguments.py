@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from shared.core.errors import InvalidInput
 from shared.core.filters import JobFilter
-from shared.core.iso_time import parse_iso_datetime
+from shared.core.iso_time import NoSuchTime, parse_iso_datetime
 from shared.core.messages import MAX_JOB_ID
 from shared.core.states import JobState
 from shared.core.text import decimal_integer, shown
@@ -36,6 +36,8 @@ def parse_time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(_date_only(text, date_only))
     try:
         value = parse_iso_datetime(text)
+    except NoSuchTime as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}") from None

@@ -7,6 +7,7 @@ own `json.loads`."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 
-from shared.core.text import LostNumber, json_float, shown
+from shared.core.text import LostNumber, bounded, json_float, shown
 
 
 class DuplicateKey(ValueError):
@@ -34,14 +35,57 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
+class _Lost:
+    """Where the body held a number a float would not keep (found after parsing, so that
+    the error can say which field it was in)."""
+
+    def __init__(self, error: LostNumber) -> None:
+        self.error = error
+
+
+def _lost_number(value: Any, path: str = "") -> tuple[str, LostNumber] | None:
+    """The first `_Lost` in the parsed body, with its path (`payload.n`, `items[2]`)."""
+    if isinstance(value, _Lost):
+        return path, value.error
+    children = (value.items() if isinstance(value, dict)
+                else enumerate(value) if isinstance(value, list) else ())
+    for key, child in children:
+        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+        found = _lost_number(child, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _parse(body: bytes) -> Any:
+    lost: list[_Lost] = []
+
+    def number(text: str) -> Any:
+        try:
+            return json_float(text)
+        except LostNumber as exc:
+            lost.append(_Lost(exc))
+            return lost[-1]
+
+    value = json.loads(body, object_pairs_hook=_unique, parse_float=number)
+    if lost:
+        path, exc = _lost_number(value) or ("", lost[0].error)
+        # Only a payload can keep such a number, as text; every other field refuses it.
+        advice = ("send it as a string: a payload keeps such a number only as text"
+                  if "payload" in re.split(r"[.\[]", path)
+                  else "no field takes a number that large or that small")
+        raise HTTPException(400, f"request body: {shown(path) if path else 'the body'}: "
+                                 f"the number {bounded(exc.text, 40)} is out of a float's range "
+                                 f"(it would be read as {exc.becomes}): {advice}")
+    return value
+
+
 class StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
             try:
-                self._json = json.loads(body, object_pairs_hook=_unique, parse_float=json_float)
-            except LostNumber as exc:
-                raise HTTPException(400, f"request body: {exc}") from None
+                self._json = _parse(body)
             except DuplicateKey as exc:
                 # FastAPI passes an HTTPException from here on as it is.
                 raise HTTPException(400, f"request body has the key {shown(exc.key)} twice "

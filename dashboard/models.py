@@ -11,7 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from shared.core import validation
 from shared.core.filters import MAX_PAGE_SIZE, JobFilter
-from shared.core.iso_time import parse_iso_datetime
+from shared.core.iso_time import iso_mistake, parse_iso_datetime
 from shared.core.jobs import Attempt, Job
 from shared.core.reports import LimitInfo, QueueKindStats, TenantStats, WorkerInfo
 from shared.core.states import AttemptOutcome, JobState
@@ -32,8 +32,8 @@ def _iso(value: object) -> object:
     try:
         parsed = parse_iso_datetime(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not an ISO 8601 date-time such as "
-                         "2026-12-02T15:04:05Z") from None
+        raise ValueError(iso_mistake(value) or f"{value!r} is not an ISO 8601 date-time "
+                                               "such as 2026-12-02T15:04:05Z") from None
     # Python takes offsets up to 24 h, Postgres up to 15:59: the same instant in UTC
     # suits both. Naive values pass through for shared.validation to refuse by name.
     if parsed.tzinfo is None:

@@ -20,12 +20,44 @@ ISO_DATETIME = re.compile(
     re.ASCII)
 
 
+_SPACE_FOR_PLUS = re.compile(r".*\d \d{2}(?::?\d{2})?", re.ASCII)
+"""`...T00:00:00 01:00`: a `+` offset that a URL query string turned into a space."""
+
+
+class NoSuchTime(ValueError):
+    """Text in the shape of an ISO 8601 date-time that names no real one (`2027-02-29`,
+    `24:00`, a leap second `23:59:60`); its message says which part is out of range."""
+
+
 def parse_iso_datetime(text: str) -> datetime:
     """`text` read as an ISO 8601 date and time of day (with or without a timezone);
-    `ValueError` unless it has exactly that shape and is a real date and time."""
+    `ValueError` unless it has exactly that shape and is a real date and time
+    (`NoSuchTime` when the shape is right)."""
     if not ISO_DATETIME.fullmatch(text):
         raise ValueError(f"not an ISO 8601 date-time: {text!r}")
-    return datetime.fromisoformat(text)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError as exc:
+        # Python's own words: "day is out of range for month", "hour must be in 0..23"
+        reason = str(exc).split(": '")[0]
+        leap = " (leap seconds are not kept: write :59)" if "second must be" in reason else ""
+        raise NoSuchTime(f"{text!r} is not a real date and time: {reason}{leap}") from None
+
+
+def iso_mistake(text: str) -> str:
+    """What is wrong with `text`, which `parse_iso_datetime` refused, beyond its shape: a
+    date or time out of range, or a `+` lost in a URL; "" when nothing more can be said."""
+    try:
+        parse_iso_datetime(text)
+    except NoSuchTime as exc:
+        return str(exc)
+    except ValueError:
+        if _SPACE_FOR_PLUS.fullmatch(text) and ISO_DATETIME.fullmatch(
+                re.sub(r" (\d{2}(?::?\d{2})?)$", r"+\1", text)):
+            return (f"{text!r} has a space where its offset's + would be: in a URL query "
+                    "string + stands for a space, so write it as %2B (or give the time in "
+                    "UTC, with Z)")
+    return ""
 
 
 def formatted(value: datetime, fmt: str) -> str:

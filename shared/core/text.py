@@ -115,6 +115,7 @@ class LostNumber(ValueError):
         super().__init__(f"the number {bounded(text, 40)} is out of a float's range "
                          f"(it would be read as {becomes}): send it as a string")
         self.text = text
+        self.becomes = becomes
 
 
 def json_float(text: str) -> float:

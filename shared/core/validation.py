@@ -195,10 +195,19 @@ def aware(name: str, value: object) -> datetime:
         )
     # Stored in UTC: Postgres refuses offsets past +-15:59 that Python allows.
     try:
-        return value.astimezone(UTC)
+        utc = value.astimezone(UTC)
+        back = utc.astimezone(value.tzinfo)
     except OverflowError:
         raise InvalidInput(f"{name} {shown(value)} is out of range: in UTC it falls outside "
                            "years 1 to 9999") from None
+    if back.replace(tzinfo=None, fold=0) != value.replace(tzinfo=None, fold=0):
+        # A wall time the clocks skip (spring forward): Python gives it an offset anyway,
+        # fold=0 and fold=1 two different instants, neither of them the time written.
+        wall = value.replace(tzinfo=None, fold=0).isoformat()
+        raise InvalidInput(
+            f"{name} {wall} does not exist in {value.tzinfo}: the clocks skip it (a DST "
+            f"gap); give a time that exists, e.g. {back.isoformat()}")
+    return utc
 
 
 def finite_number(name: str, value: object) -> float:

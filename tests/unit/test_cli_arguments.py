@@ -40,6 +40,16 @@ def test_a_time_python_would_read_as_another_is_refused(text):
     assert "is not an ISO 8601 time" in _refusal(text)
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    ("2027-02-29T00:00Z", "is not a real date and time: day is out of range for month"),
+    ("2027-01-01T24:00:00Z", "is not a real date and time: hour must be in 0..23"),
+    ("2027-01-01T23:59:60Z", "is not a real date and time: second must be in 0..59 (leap "
+                             "seconds are not kept: write :59)"),
+])
+def test_a_time_of_the_right_shape_that_does_not_exist_says_which_part(text, says):
+    assert f"{text!r} {says}" in _refusal(text)
+
+
 @pytest.mark.parametrize("text", ["2027-01-01T05:00Z", "2027-01-01 05:00:00+09:00",
                                   "20270101T0500Z", "2027-01-01T05:00:00.5-03:30",
                                   "2027-01-01t05Z"])

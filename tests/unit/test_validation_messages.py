@@ -152,3 +152,21 @@ def test_a_time_whose_timezone_gives_no_usable_offset_is_refused_by_name(zone):
     message = _message(validation.aware, "at", datetime(2030, 1, 1, tzinfo=zone))
     assert message.startswith(f"at has a timezone ({type(zone).__name__}) whose UTC offset "
                               "cannot be used: ")
+
+
+def test_a_wall_time_the_clocks_skip_is_refused_naming_the_zone():
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    berlin = ZoneInfo("Europe/Berlin")
+    for fold in (0, 1):  # two different instants, neither the time written
+        with pytest.raises(InvalidInput) as info:
+            validation.aware("at", datetime(2027, 3, 28, 2, 30, fold=fold, tzinfo=berlin))
+        assert str(info.value) == ("at 2027-03-28T02:30:00 does not exist in Europe/Berlin: "
+                                   "the clocks skip it (a DST gap); give a time that exists, "
+                                   "e.g. " + ("2027-03-28T03:30:00+02:00" if fold == 0
+                                              else "2027-03-28T01:30:00+01:00"))
+    # The fall's repeated hour exists twice: fold chooses which, as Python documents.
+    first = validation.aware("at", datetime(2027, 10, 31, 2, 30, tzinfo=berlin))
+    second = validation.aware("at", datetime(2027, 10, 31, 2, 30, fold=1, tzinfo=berlin))
+    assert (second - first).total_seconds() == 3600

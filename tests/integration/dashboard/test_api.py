@@ -59,6 +59,19 @@ def test_a_time_that_is_not_iso_8601_is_refused_not_read_as_another(operator, wh
     assert res.status_code == 422 and "is not an ISO 8601 date-time" in res.text
 
 
+def test_a_time_that_names_no_real_one_or_lost_its_plus_says_so(operator):
+    res = operator.post("/api/jobs", json={"kind": "email", "at": "2027-02-29T09:00:00Z"})
+    assert res.status_code == 422
+    assert "'2027-02-29T09:00:00Z' is not a real date and time: day is out of range for " \
+           "month" in res.text
+    # created_after=2027-01-01T00:00:00+01:00 unencoded: the query string reads + as space.
+    res = operator.get("/api/jobs?created_after=2027-01-01T00:00:00+01:00")
+    assert res.status_code == 422
+    assert "has a space where its offset's + would be" in res.text and "%2B" in res.text
+    res = operator.get("/api/jobs?created_after=2027-01-01T00:00:00%2B01:00")
+    assert res.status_code == 200
+
+
 def test_idempotent_key_returns_existing_job(operator):
     first = enqueue(operator, key="welcome:1")
     second = enqueue(operator, key="welcome:1")
