@@ -68,15 +68,17 @@ class Scheduler(Loop):
         with self.store.transaction() as tx:
             t = tx.db_now(now)
             due = tx.claim_due(t, self.lookahead.total_seconds(), self.batch_size)
-            due += tx.claim_released_buffers([s.name for s, _ in due], self.batch_size)
+            due += tx.claim_released_buffers([d.schedule.name for d in due], self.batch_size)
             if not due:
                 return 0, 0
             plans = []
-            for sched, active in due:
+            for sched, active, released_at in due:
                 try:
-                    state = ScheduleState(sched.cursor_at, sched.buffered_slot, active)
-                    plans.append((sched, plan(sched.spec, state, t, lookahead=self.lookahead,
-                                              rng=self.rng)))
+                    state = ScheduleState(sched.cursor_at, sched.buffered_slot, active,
+                                          released_at)
+                    plans.append((sched, plan(
+                        sched.spec, state, t, lookahead=self.lookahead,
+                        pass_every=timedelta(seconds=self.idle_seconds), rng=self.rng)))
                 except Exception as exc:  # one bad row must not stop every other schedule
                     emit(log, "schedule_plan_failed", logging.ERROR, schedule=sched.name,
                          error=f"{type(exc).__name__}: {exc}")

@@ -213,8 +213,10 @@ class ScheduleApi:
         return events
 
     def schedule_runs(self, name: str, limit: int = 20) -> list[ScheduleRun]:
-        """The latest jobs the schedule made, newest slot first; also of a deleted schedule
-        (its jobs are left alone), so a name that never had one gives an empty list."""
+        """The latest jobs the schedule made, latest run time first (a backfill's runs,
+        spaced out after an outage, may list an older slot above a newer one); also of a
+        deleted schedule (its jobs are left alone), so a name that never had one gives an
+        empty list."""
         schedule_name(name)
         _limit(limit)
         return self._schedules().runs(name, limit)

@@ -2,8 +2,9 @@
 schedule's stored state and `now`. The timer runs it under the schedule row's lock and
 writes the result in the same transaction (timer_service/scheduler.py).
 
-A slot is *missed* when the timers reach it more than `misfire_grace_seconds` after its fire
-time (all timers down, or a paused database); otherwise it is merely late and runs.
+A slot is *missed* when the timers reach it more than `misfire_grace_seconds` (plus one
+timer pass) after its fire time (all timers down, or a paused database); otherwise it is
+merely late and runs.
 Missed slots follow `misfire`; every slot that does not become a job is audited.
 """
 
@@ -31,6 +32,8 @@ class ScheduleState:
     buffered_slot: datetime | None = None
     has_active_run: bool = False
     """A job of this schedule is scheduled, retrying, dispatched or running."""
+    released_at: datetime | None = None
+    """When the run that held `buffered_slot` back finished (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,17 @@ class _Missed:
 
 
 def plan(spec: ScheduleSpec, state: ScheduleState, now: datetime, *,
-         lookahead: timedelta = timedelta(0), rng: random.Random | None = None) -> Plan:
+         lookahead: timedelta = timedelta(0), pass_every: timedelta = timedelta(0),
+         rng: random.Random | None = None) -> Plan:
     """Decide every slot up to `now + lookahead` (the timer creates jobs that far ahead so
-    their run_at is met exactly; a slot's job runs at slot + spread offset + jitter)."""
+    their run_at is met exactly; a slot's job runs at slot + spread offset + jitter).
+    `pass_every` is how often the timers look: a slot they reach that late was reached by
+    a healthy timer, so it counts on top of the grace."""
     rng = rng or random.Random()
     offset = spread_offset(spec.name, spec.spread_seconds)
-    grace = timedelta(seconds=spec.misfire_grace_seconds)
+    # overlap='skip'/'buffer_one' slots are decided when they come, by the first pass
+    # after: with misfire_grace=0 every one of them was "missed" by a timer that was up.
+    grace = timedelta(seconds=spec.misfire_grace_seconds) + pass_every
     # overlap='skip'/'buffer_one' ask whether the earlier run is still going *when the slot
     # comes*: a slot decided `lookahead` early would be judged against a run that still had
     # that long to finish (with every=1 s, the run of the slot before, barely started).
@@ -137,7 +145,8 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: datetime, *,
                                 "on_time" if now <= fire_at + lookahead - early else "late"))
 
     candidates = _misfire(spec, missed, on_time, audits, now=now, rng=rng)
-    fires, buffered = _overlap(spec, state, candidates, audits, now=now, offset=offset)
+    fires, buffered = _overlap(spec, state, candidates, audits, now=now, offset=offset,
+                               grace=grace)
     next_fire = upcoming + offset if upcoming is not None else None
     return Plan(fires, audits, cursor, upcoming, next_fire, buffered)
 
@@ -176,15 +185,18 @@ def _misfire(spec: ScheduleSpec, missed: _Missed, on_time: list[Fire],
 
 
 def _overlap(spec: ScheduleSpec, state: ScheduleState, candidates: list[Fire],
-             audits: list[AuditEntry], *, now: datetime,
-             offset: timedelta) -> tuple[list[Fire], datetime | None]:
+             audits: list[AuditEntry], *, now: datetime, offset: timedelta,
+             grace: timedelta) -> tuple[list[Fire], datetime | None]:
     active = state.has_active_run
     buffered = state.buffered_slot
     fires: list[Fire] = []
     if buffered is not None and not active:
-        if now - (buffered + offset) > timedelta(seconds=spec.misfire_grace_seconds):
-            # Held back by the overlap, then the timers were away past the grace (an
-            # outage): as stale as the slots the outage passed over, so not run now.
+        # Late from when it could first run: its own time, or when the run holding it back
+        # finished, whichever came last. A run longer than the grace is no outage.
+        free_at = max(buffered + offset, state.released_at or buffered + offset)
+        if now - free_at > grace:
+            # Held back by the overlap, then the timers were away past the grace once it
+            # was free (an outage): as stale as the slots the outage passed over.
             audits.append(AuditEntry(
                 "missed", buffered, buffered, 1,
                 "held back by an earlier run (overlap='buffer_one'), then not reached "

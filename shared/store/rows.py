@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
+from shared.core.schedules import Schedule
 from shared.core.states import AttemptOutcome, JobState
 
 
@@ -167,6 +168,16 @@ class Rescue:
     delay_seconds: float
     error: str
     worker: str | None
+
+
+class DueSchedule(NamedTuple):
+    """A schedule a timer has locked to plan, with what the overlap policy needs."""
+
+    schedule: Schedule
+    active: bool
+    """A run of it is scheduled, retrying, dispatched or running."""
+    released_at: datetime | None
+    """With a buffered slot: when its newest run finished (None: no finished run)."""
 
 
 @dataclass(frozen=True)

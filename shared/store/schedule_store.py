@@ -11,7 +11,7 @@ from shared.core import validation
 from shared.core.schedules import Schedule, ScheduleEvent, ScheduleRun, ScheduleSpec, slot_of
 from shared.store import schedules_sql as sql
 from shared.store.base import Store
-from shared.store.rows import AuditRecord, Cursor, SlotJob
+from shared.store.rows import AuditRecord, Cursor, DueSchedule, SlotJob
 
 
 class ScheduleStore(Store):
@@ -70,7 +70,8 @@ class ScheduleStore(Store):
                 for r in self._rows(sql.SELECT_AUDIT, {"name": name, "limit": limit})]
 
     def runs(self, name: str, limit: int) -> list[ScheduleRun]:
-        """The latest jobs the schedule made, newest slot first."""
+        """The latest jobs the schedule made, latest run time first (a backfill's runs, spaced
+        out after an outage, may list an older slot above a newer one)."""
         rows = self._rows(sql.SELECT_RUNS, {"name": name, "limit": limit})
         return [ScheduleRun(job_id, slot_of(key) or run_at, state, run_at)
                 for job_id, key, state, run_at in rows]
@@ -78,18 +79,18 @@ class ScheduleStore(Store):
     # --- timer ----------------------------------------------------------------------------
 
     def claim_due(self, now: datetime, lookahead_seconds: float, limit: int
-                  ) -> list[tuple[Schedule, bool]]:
+                  ) -> list[DueSchedule]:
         """Due schedules, locked (SKIP LOCKED), each with whether a run of it is still
         unfinished (for the overlap policy)."""
         rows = self._rows(sql.CLAIM_DUE_SCHEDULES, {
             "now": now, "lookahead": lookahead_seconds, "limit": limit})
-        return [(Schedule.from_row(r), bool(r[-1])) for r in rows]
+        return [DueSchedule(Schedule.from_row(r), bool(r[-1]), r[-2]) for r in rows]
 
     def claim_released_buffers(self, taken: Sequence[str], limit: int
-                               ) -> list[tuple[Schedule, bool]]:
+                               ) -> list[DueSchedule]:
         """overlap='buffer_one' schedules whose blocking run has finished, locked."""
         rows = self._rows(sql.CLAIM_RELEASED_BUFFERS, {"taken": list(taken), "limit": limit})
-        return [(Schedule.from_row(r), bool(r[-1])) for r in rows]
+        return [DueSchedule(Schedule.from_row(r), bool(r[-1]), r[-2]) for r in rows]
 
     def insert_slot_jobs(self, slots: Sequence[SlotJob]) -> list[tuple[int, str]]:
         """Insert the slots' jobs; a run key that exists makes nothing. Returns (id, key)

@@ -92,12 +92,20 @@ _ACTIVE_RUN = """EXISTS (
     WHERE j.schedule_name = s.name
       AND j.state IN ('scheduled', 'retrying', 'dispatched', 'running'))"""
 
+# overlap='buffer_one': when the run that held the buffered slot back finished (the newest
+# run's, in the history), so that the slot is judged late from then, not from its own time.
+_RELEASED_AT = """CASE WHEN s.buffered_slot IS NOT NULL THEN (
+    SELECT h.finished_at FROM tock_history_jobs h
+    WHERE h.schedule_name = s.name AND h.schedule_name IS NOT NULL
+    ORDER BY h.run_at DESC, h.id DESC LIMIT 1) END"""
+
 # Due schedules, locked: SKIP LOCKED hands each row to one timer at a time, and a row
 # another timer advanced while we waited is re-checked against the WHERE clause on its new
 # version (READ COMMITTED), so it is not taken when no longer due. The job insert's unique
 # key is the second guard: whatever happens, a slot yields at most one job.
 CLAIM_DUE_SCHEDULES = f"""
-SELECT {SCHEDULE_COLUMNS.replace("name,", "s.name,", 1)}, {_ACTIVE_RUN} AS active
+SELECT {SCHEDULE_COLUMNS.replace("name,", "s.name,", 1)}, {_RELEASED_AT} AS released_at,
+       {_ACTIVE_RUN} AS active
 FROM tock_schedules s
 WHERE NOT s.paused AND s.next_fire_at <= {NOW} + make_interval(secs => %(lookahead)s)
 ORDER BY s.next_fire_at
@@ -107,7 +115,8 @@ FOR UPDATE OF s SKIP LOCKED
 
 # overlap='buffer_one': schedules holding a slot whose blocking run has now finished.
 CLAIM_RELEASED_BUFFERS = f"""
-SELECT {SCHEDULE_COLUMNS.replace("name,", "s.name,", 1)}, false AS active
+SELECT {SCHEDULE_COLUMNS.replace("name,", "s.name,", 1)}, {_RELEASED_AT} AS released_at,
+       false AS active
 FROM tock_schedules s
 WHERE s.buffered_slot IS NOT NULL AND NOT s.paused AND s.name <> ALL(%(taken)s)
   AND NOT {_ACTIVE_RUN}

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from consumer.service import Consumer
 from consumer.tasks import Registry
 from shared.schedules.slots import slot_key
+from tests.support.dashboard import run_to
 from timer_service.service import Timer
 
 T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -122,6 +123,47 @@ def test_overlap_buffer_one_runs_the_newest_waiting_slot_when_the_run_ends(
                                                    slot_key("sync", T0 + 180 * S)]
     (event,) = client.schedule_history("sync")
     assert (event.reason, event.first_slot) == ("overlap_replaced", T0 + 120 * S)
+    timer.close()
+
+
+def test_a_buffered_slot_runs_when_a_run_longer_than_the_grace_ends(
+        client, db, transport, timer_settings):
+    # every=10 s, grace 3 s, the first run still going at the next slot and 5 s past it:
+    # the slot it held back is judged late from the run's end (the timers never were
+    # away), so it runs; it was dropped as "missed" before.
+    start = db.execute("SELECT now() - interval '25 s'").fetchone()[0]
+    client.recurring("long", "report", every=10, overlap="buffer_one", misfire_grace=3,
+                     start=start, now=start)
+    timer = make_timer(timer_settings, transport)
+    assert timer.run_once(now=start + 10 * S).fired == 1
+    assert timer.run_once(now=start + 20 * S).fired == 0  # 20 s waits in the buffer
+    (first,) = db.execute("SELECT id FROM tock_jobs WHERE unique_key = %s",
+                          (slot_key("long", start + 10 * S),)).fetchone()
+    run_to(db, first, "succeeded")  # about 25 s: 5 s past the buffered slot
+    (ended,) = db.execute("SELECT finished_at FROM tock_history_jobs WHERE id = %s",
+                          (first,)).fetchone()
+    assert ended - (start + 20 * S) > 3 * S
+    assert timer.run_once(now=ended + 500 * MS).fired == 1
+    assert slot_key("long", start + 20 * S) in [k for k, _, _ in jobs(db, "long")]
+    assert client.schedule_history("long") == []
+    timer.close()
+
+
+def test_a_grace_of_zero_still_runs_the_slots_a_healthy_timer_reaches(
+        client, db, transport, timer_settings):
+    # skip/buffer_one slots are decided when they come, by the first pass after (one every
+    # half lookahead): with misfire_grace=0 each was recorded "missed" by a timer that was up.
+    for name, overlap in (("skip", "skip"), ("buffer", "buffer_one"), ("allow", "allow")):
+        client.recurring(name, "report", every=2, overlap=overlap, misfire="skip",
+                         misfire_grace=0, now=T0)
+    timer = make_timer(timer_settings, transport, lookahead=1.0)  # a pass every 0.5 s
+    assert timer.run_once(now=T0 + 2 * S + 400 * MS).fired == 3
+    for name in ("skip", "buffer", "allow"):
+        assert client.schedule_history(name) == [], name
+    # An outage is still one: every timer away for 2 s, past grace and pass, misses 4 s.
+    timer.run_once(now=T0 + 6 * S + 100 * MS)
+    missed = [e.first_slot for e in client.schedule_history("allow") if e.reason == "missed"]
+    assert missed == [T0 + 4 * S]
     timer.close()
 
 

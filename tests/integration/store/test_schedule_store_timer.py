@@ -15,6 +15,7 @@ from shared.store import ScheduleStore
 from shared.store.rows import AuditRecord, Cursor, SlotJob
 from tests.integration.store.helpers import add_job, count, secs
 from tests.integration.store.schedule_rows import M, add_schedule, schedule_row
+from tests.support.dashboard import run_to
 
 # --- audit / insert_audit / runs --------------------------------------------------------------
 
@@ -99,16 +100,16 @@ def test_claim_due_takes_due_schedules_in_fire_order_with_their_active_flag(
     add_job(db, run_at=now - M, schedule_name="busy", state="running")
     with schedule_store.transaction() as tx:
         claimed = tx.claim_due(now, lookahead_seconds=10, limit=10)
-    assert [(s.name, active) for s, active in claimed] == [
+    assert [(s.name, active) for s, active, _ in claimed] == [
         ("done", False), ("busy", True), ("due", False), ("soon", False)]
-    assert [s.name for s, _ in schedule_store.claim_due(now, 0, limit=2)] == ["done", "busy"]
+    assert [s.name for s, _, _ in schedule_store.claim_due(now, 0, limit=2)] == ["done", "busy"]
 
 
 @pytest.mark.parametrize("state", ["scheduled", "retrying", "dispatched", "running"])
 def test_claim_due_counts_every_unfinished_state_as_active(schedule_store, db, now, state):
     add_schedule(schedule_store, now, "busy", fire_at=now)
     add_job(db, run_at=now - M, schedule_name="busy", state=state)
-    assert [(s.name, active) for s, active in schedule_store.claim_due(now, 0, 10)] == [
+    assert [(s.name, active) for s, active, _ in schedule_store.claim_due(now, 0, 10)] == [
         ("busy", True)]
 
 
@@ -118,7 +119,7 @@ def test_claim_due_skips_a_schedule_another_transaction_holds(
     add_schedule(schedule_store, now, "free", fire_at=now - secs(1))
     other.execute("SELECT name FROM tock_schedules WHERE name = 'held' FOR UPDATE")
     with ScheduleStore.on(impatient).transaction() as tx:
-        assert [s.name for s, _ in tx.claim_due(now, 0, 10)] == ["free"]
+        assert [s.name for s, _, _ in tx.claim_due(now, 0, 10)] == ["free"]
 
 
 def test_claim_released_buffers_takes_buffered_schedules_no_run_blocks(
@@ -130,10 +131,27 @@ def test_claim_released_buffers_takes_buffered_schedules_no_run_blocks(
     add_job(db, run_at=now - M, schedule_name="free", state="succeeded")
     add_job(db, run_at=now - M, schedule_name="blocked", state="running")
     claimed = schedule_store.claim_released_buffers(["taken"], 10)
-    assert [(s.name, s.buffered_slot, active) for s, active in claimed] == [
+    assert [(s.name, s.buffered_slot, active) for s, active, _ in claimed] == [
         ("free", now, False)]
-    assert {s.name for s, _ in schedule_store.claim_released_buffers([], 10)} == {
+    assert {s.name for s, _, _ in schedule_store.claim_released_buffers([], 10)} == {
         "free", "taken"}
+
+
+def test_a_released_buffer_comes_with_when_its_newest_run_finished(schedule_store, db, now):
+    add_schedule(schedule_store, now, "free")
+    db.execute("UPDATE tock_schedules SET buffered_slot = %s", (now,))
+    older = add_job(db, run_at=now - 2 * M, schedule_name="free")
+    newer = add_job(db, run_at=now - M, schedule_name="free")
+    run_to(db, newer, "succeeded")  # the run that held the slot back
+    run_to(db, older, "dead")  # finished later, but the older run
+    finished = db.execute("SELECT finished_at FROM tock_history_jobs WHERE id = %s",
+                          (newer,)).fetchone()[0]
+    (due,) = schedule_store.claim_released_buffers([], 10)
+    assert (due.schedule.name, due.active, due.released_at) == ("free", False, finished)
+    db.execute("UPDATE tock_schedules SET buffered_slot = NULL")
+    db.execute("UPDATE tock_schedules SET next_fire_at = %s", (now,))
+    (due,) = schedule_store.claim_due(now, 0, 10)
+    assert due.released_at is None  # nothing buffered: not looked up
 
 
 def test_claim_released_buffers_skips_a_schedule_another_transaction_holds(
@@ -143,7 +161,7 @@ def test_claim_released_buffers_skips_a_schedule_another_transaction_holds(
     db.execute("UPDATE tock_schedules SET buffered_slot = %s", (now,))
     other.execute("SELECT name FROM tock_schedules WHERE name = 'held' FOR UPDATE")
     with ScheduleStore.on(impatient).transaction() as tx:
-        assert [s.name for s, _ in tx.claim_released_buffers([], 10)] == ["free"]
+        assert [s.name for s, _, _ in tx.claim_released_buffers([], 10)] == ["free"]
 
 
 # --- insert_slot_jobs / advance ---------------------------------------------------------------

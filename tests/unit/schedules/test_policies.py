@@ -93,6 +93,22 @@ def test_overlap_skip_and_buffer_one():
     assert len(allow.fires) == 1
 
 
+def test_a_buffered_slot_runs_when_a_run_longer_than_the_grace_ends():
+    # every=10 s, grace 3 s, a run of 15 s: the slot it held back is 5 s past its time
+    # when the run ends, yet the timers never were away; it runs then.
+    buf = every(10, overlap="buffer_one", misfire_grace=3)
+    ended = T0 + 25 * S
+    freed = plan(buf, ScheduleState(T0 + 20 * S, T0 + 20 * S, False, released_at=ended),
+                 ended + S / 2)
+    assert [(f.slot, f.why) for f in freed.fires] == [(T0 + 20 * S, "buffered")]
+    assert freed.audits == []
+    # Freed, then every timer away past the grace: missed, as after any outage.
+    stale = plan(buf, ScheduleState(T0 + 20 * S, T0 + 20 * S, False, released_at=ended),
+                 ended + 4 * S)
+    assert stale.fires == [] or all(f.slot != T0 + 20 * S for f in stale.fires)
+    assert [(a.reason, a.first_slot) for a in stale.audits] == [("missed", T0 + 20 * S)]
+
+
 def test_spread_and_jitter_place_the_run_inside_the_window():
     spec = every(3600, name="hourly-report", spread=600, jitter=30)
     offset = spread_offset("hourly-report", 600)
