@@ -24,6 +24,8 @@ def _tenant(args: argparse.Namespace, *, with_weight: bool) -> tuple[str | None,
         usage = "--no-tenant" if args.no_tenant else "TENANT"
         missing = ("; the weight N (1..1000) is missing"
                    if with_weight and len(values) == expected - 1 else
+                   f"; {len(values) - expected} argument(s) too many"
+                   if len(values) > expected and not args.no_tenant else
                    "; give a TENANT or --no-tenant, one of the two")
         raise InvalidInput(f"expected {usage}{' N' if with_weight else ''}, got "
                            f"{' '.join(values) or 'nothing'}{missing}")

@@ -82,10 +82,12 @@ def logout(request: Request, auth: Annotated[Authenticator, Depends(authenticato
            csrf_token: Annotated[str, Form()] = "") -> Response:
     cookie = request.cookies.get(SESSION_COOKIE)
     principal = auth.read_session(cookie) if cookie else None
-    if principal is not None and (
-            not same_origin(request) or not principal.csrf_token
-            or not same_secret(csrf_token, principal.csrf_token)):
+    if principal is not None and not same_origin(request):
         raise HTTPException(403, "cross-site logout refused")
+    if principal is not None and (not principal.csrf_token
+                                  or not same_secret(csrf_token, principal.csrf_token)):
+        raise HTTPException(403, "logout refused: the csrf_token form field is missing or "
+                                 "wrong (the dashboard's Log out button sends it)")
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

@@ -14,6 +14,10 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from shared.core.errors import InvalidInput
+from shared.core.text import shown
+
+SHOWN_UNKNOWN = 5
+"""Unknown parameters an error names before it counts the rest."""
 
 
 def known_query_only(request: Request) -> None:
@@ -28,7 +32,10 @@ def known_query_only(request: Request) -> None:
     unknown = sorted(set(request.query_params.keys()) - params.keys())
     if unknown:
         takes = ", ".join(sorted(params)) or "none"
-        raise InvalidInput(f"unknown query parameter {', '.join(map(repr, unknown))}; "
+        # Named, but not all of thousands: the answer stays the size of the mistake's kind.
+        named = ", ".join(shown(name) for name in unknown[:SHOWN_UNKNOWN])
+        more = f" and {len(unknown) - SHOWN_UNKNOWN} more" if len(unknown) > SHOWN_UNKNOWN else ""
+        raise InvalidInput(f"unknown query parameter {named}{more}; "
                            f"{request.method} {route.path} takes: {takes}")
     given = Counter(name for name, _ in request.query_params.multi_items())
     twice = sorted(name for name, n in given.items() if n > 1 and not params[name])

@@ -58,7 +58,7 @@ def schedule_name(value: object) -> str:
     """Check a schedule name: it is half of every run key (`name:<slot>`), so no colons."""
     if not isinstance(value, str) or not NAME.fullmatch(value):
         raise InvalidSchedule(
-            f"schedule name {value!r} is not valid: 1-100 letters, digits and . _ - "
+            f"schedule name {shown(value)} is not valid: 1-100 letters, digits and . _ - "
             "(starting with a letter or digit)")
     return value
 

@@ -43,6 +43,8 @@ def test_bad_weights_and_tenants_are_refused_with_the_reason(tock):
     assert code == 2 and "expected TENANT, got nothing" in err
     code, _, err = tock("tenants", "weight", "--no-tenant", "acme", "5")
     assert code == 2 and "give a TENANT or --no-tenant, one of the two" in err
+    code, _, err = tock("tenants", "weight", "acme", "3", "extra")
+    assert code == 2 and "expected TENANT N, got acme 3 extra; 1 argument(s) too many" in err
     code, _, err = tock("tenants", "weight", "x" * 200, "5")
     assert code == 2 and "tenant must be at most 128 characters" in err
 

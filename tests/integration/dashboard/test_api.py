@@ -422,6 +422,8 @@ def test_login_session_and_csrf(anon, db):
     res = anon.post("/api/jobs", json={"kind": "email"},
                     headers={"X-CSRF-Token": session_csrf, "Origin": "http://evil.example"})
     assert res.status_code == 403 and "cross-site" in res.json()["detail"]
+    res = anon.post("/logout", follow_redirects=False)  # same site, the field left out
+    assert res.status_code == 403 and "csrf_token form field is missing or wrong" in res.text
     res = anon.post("/logout", data={"csrf_token": session_csrf}, follow_redirects=False)
     assert res.status_code == 303
     assert anon.get("/api/me").status_code == 401
@@ -479,6 +481,10 @@ def test_unknown_query_parameters_are_refused_not_ignored(operator):
         "unknown query parameter 'stat'; GET /api/jobs takes: before_id, created_after")
     res = operator.get("/api/jobs?=null&kind=email")
     assert res.status_code == 400 and "unknown query parameter ''" in res.json()["detail"]
+    res = operator.get("/api/jobs?" + "&".join(f"p{i}=1" for i in range(3000)))
+    assert res.status_code == 400 and len(res.text) < 400
+    assert "unknown query parameter 'p0', 'p1', 'p10', 'p100', 'p1000' and 2995 more" \
+        in res.json()["detail"]
     res = operator.get("/api/workers", params={"x": "1"})
     assert res.status_code == 400 and "GET /api/workers takes: none" in res.json()["detail"]
     assert operator.get("/api/jobs", params={"state": "dead"}).status_code == 200

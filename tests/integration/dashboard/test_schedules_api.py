@@ -32,6 +32,8 @@ def test_unknown_and_invalid_names(operator):
     assert res.json()["detail"][0]["msg"] == (
         "schedule name 'bad:name' is not valid: 1-100 letters, digits and . _ - (starting "
         "with a letter or digit)")  # in words, not the regular expression
+    res = operator.get("/api/schedules/" + "x" * 5000)
+    assert res.status_code == 422 and len(res.json()["detail"][0]["msg"]) < 200
     assert operator.get("/api/schedules/beat/preview", params={"n": 0}).status_code == 422
 
 
