@@ -162,9 +162,18 @@ class Client:
                     again.sqlstate) from again
         by_key = {j.unique_key: j for j in inserted if j.unique_key}
         try:
-            self._existing(store, new, by_key)
+            try:
+                self._existing(store, new, by_key)
+            except DatabaseUnavailable:
+                if connection is not None:
+                    raise
+                # A read, safe to repeat: a Postgres restart between the insert and it is
+                # a delay (the pool waits for the server), as for any other call.
+                self._existing(store, new, by_key)
         except DatabaseUnavailable as exc:
             if connection is not None:
+                raise
+            if not inserted:  # every key was taken: this call wrote nothing
                 raise
             raise ConnectionLost(  # the insert did commit: not "nothing was written"
                 f"{exc}; the new job(s) were written but those whose key was taken could not "

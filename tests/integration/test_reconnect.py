@@ -22,6 +22,8 @@ from shared.client import Client
 from shared.core.errors import Retryable
 from shared.core.states import JobState
 from shared.runtime.settings import ClientSettings, ConsumerSettings, TimerSettings
+from shared.store import producer_sql
+from shared.store.base import Store
 from shared.store.database import Database
 from shared.store.statistics_store import StatisticsStore
 from shared.transport.sqs import SqsTransport
@@ -49,6 +51,31 @@ def test_a_producer_call_waiting_through_a_short_outage_succeeds(server):
         job = client.schedule("during", {"n": 1})  # waits, reconnects, succeeds
         back.join()
         assert client.get(job.id).payload == {"n": 1}
+    finally:
+        client.close()
+
+
+def test_a_keyed_call_whose_key_read_meets_a_crash_waits_it_out(server, monkeypatch):
+    # Postgres killed between the insert (every key already taken: nothing written) and
+    # the read of the jobs holding the keys: that read is safe to repeat, so the call
+    # rides the restart as any call does. It raised ConnectionLost, saying "the new
+    # job(s) were written", of a call that wrote nothing.
+    client = Client(ClientSettings(database_url=server.url()))
+    try:
+        held = client.schedule("email", key="k-1")
+        real = Store._execute
+        crashes: list[threading.Thread] = []
+
+        def crash_first(conn: Any, query: Any, params: Any) -> Any:
+            # On the connection the read has checked out, as the statement goes.
+            if query is producer_sql.SELECT_JOBS_BY_KEY and not crashes:
+                crashes.append(_outage(server, 2.0))
+            return real(conn, query, params)
+
+        monkeypatch.setattr(Store, "_execute", staticmethod(crash_first))
+        again = client.schedule("email", key="k-1")
+        crashes[0].join()
+        assert (again.id, again.created) == (held.id, False)
     finally:
         client.close()
 
