@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
     except ConfigError as exc:
         print(f"tock consumer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if health is not None:
+        health.start()  # "starting" while the database is checked
     try:
         return _run(settings, modules, health)
     finally:
@@ -198,7 +200,6 @@ def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | 
     consumer.stop_flag.install_signal_handlers()
     if health is not None:
         health.live, health.ready = consumer.supervisor.live, consumer.supervisor.ready
-        health.start()
     # After the probes answer (live, not ready): with SQS away this check waits out about
     # three call timeouts per queue, and a start-up probe that got no answer meanwhile
     # would have the platform restart the consumer for an outage, over and over.

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -
 def _run(settings: TimerSettings, health: HealthServer | None) -> int:
     configure(settings.log_format, settings.log_level, "timer")
     warn_unknown_settings()
+    if health is not None:
+        health.start()  # "starting" while the database is checked
     problem = database_problem(settings.database_url)
     if problem:
         print(f"tock timer: {problem[1]}", file=sys.stderr)
@@ -53,7 +55,6 @@ def _run(settings: TimerSettings, health: HealthServer | None) -> int:
     timer.stop_flag.install_signal_handlers()
     if health is not None:
         health.live, health.ready = timer.supervisor.live, timer.supervisor.ready
-        health.start()
     return timer.run_forever()
 
 

@@ -40,6 +40,13 @@ def _starting() -> tuple[bool, str]:
     return False, "starting"
 
 
+def _alive_starting() -> tuple[bool, str]:
+    # Live while it checks Postgres and SQS at start: that check ends within seconds
+    # (the process goes on, or exits 3 to be restarted), and failing liveness for an
+    # outage would only have the platform restart it over and over.
+    return True, "starting"
+
+
 def cannot_listen(exc: OSError, host: str, port: int, *, host_setting: str,
                   port_setting: str) -> ConfigError:
     """A failed bind as one line naming the setting to change: the host for a name that
@@ -57,10 +64,11 @@ class HealthServer:
     of them).
 
     Made, it already listens (`ConfigError`, naming TOCK_HEALTH_PORT or _HOST, if it
-    cannot), so a process binds it before it touches Postgres or SQS and sets `live`
-    and `ready` once its loops exist; until then both answer "starting"."""
+    cannot), so a process binds and starts it before it touches Postgres or SQS and sets
+    `live` and `ready` once its loops exist; until then both answer "starting", live and
+    not ready. A port that listens without answering would read as a hung process."""
 
-    def __init__(self, port: int, *, live: Probe = _starting, ready: Probe = _starting,
+    def __init__(self, port: int, *, live: Probe = _alive_starting, ready: Probe = _starting,
                  host: str | None = None, process: str = "tock") -> None:
         self.live, self.ready, self.process = live, ready, process
         self.metrics = exported_by(process)
@@ -76,6 +84,8 @@ class HealthServer:
                                         name="tock-health", daemon=True)
 
     def start(self) -> HealthServer:
+        if self._thread.is_alive():
+            return self
         self._thread.start()
         emit(log, "health_server_started", process=self.process, port=self.port)
         return self

@@ -120,6 +120,31 @@ def test_processes_serve_probes_on_tock_health_port(database_url, queue_prefix, 
     assert '"event": "health_server_started"' in logs[1]
 
 
+@pytest.mark.parametrize("args", [["-m", "timer_service"],
+                                  ["-m", "consumer", "--tasks", "demo.tasks"]])
+def test_probes_answer_starting_while_the_database_check_waits(args):
+    # A Postgres that takes the connection and never answers (frozen, or a partition):
+    # the probe port listened without answering until the check gave up (exit 3), which
+    # reads as a hung process rather than one starting.
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)
+        url = f"postgresql://tock@127.0.0.1:{frozen.getsockname()[1]}/tock"
+        port = free_port()
+        proc = _spawn(args, {"TOCK_DATABASE_URL": url, "TOCK_HEALTH_HOST": "127.0.0.1",
+                             "TOCK_HEALTH_PORT": str(port)})
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: get(base + "/healthz")[0] != 0, timeout=30,
+                     message="the probe port answering")
+            assert get(base + "/healthz") == (200, "ok: starting\n")
+            assert get(base + "/readyz") == (503, "not ok: starting\n")
+            assert proc.poll() is None  # still checking the database
+        finally:
+            err = _stop(proc)
+    assert "health_server_started" in err
+
+
 def test_a_port_it_cannot_listen_on_is_a_config_error_naming_the_setting():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
