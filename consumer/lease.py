@@ -30,6 +30,7 @@ from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline
 from consumer.worker_id import WorkerIdTaker
 from shared.core.errors import QueueMissing, Retryable, TransportError
+from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
@@ -95,13 +96,32 @@ class LeaseKeeper(Loop):
         # A job whose outcome is being written in the meantime is not lost: it is done.
         lost = [i for i in items if i.job_id not in kept and not i.completing]
         cancelled = pipe.store.cancelled_claims([i.lease for i in lost])
+        claims_lost = self._claims_lost([i for i in lost if i.job_id not in cancelled])
         for item in lost:
             item.lease_lost = True
             item.stop("lease lost")
             metrics.LEASES_LOST.inc()
-            _log_lost(item, pipe.worker_id, cancelled=item.job_id in cancelled)
+            _log_lost(item, pipe.worker_id, cancelled=item.job_id in cancelled,
+                      claim_lost=item.job_id in claims_lost)
         self._record_lingering()
         return len(kept), len(lost)
+
+    def _claims_lost(self, lost: list[InFlight]) -> set[int]:
+        """Of leases lost otherwise than by a cancel, those whose claim itself was lost (a
+        database crash took its asynchronous commit): the job still carries the token this
+        worker claimed it with, dispatched again or claimed anew from the same message.
+        A lease that expired and was rescued has a new token."""
+        if not lost:
+            return set()
+        try:
+            states = self.pipe.store.job_states([i.job_id for i in lost])
+        except Retryable:
+            return set()  # cannot tell: said as a lease taken over
+        # Dispatched again, or running from the same message on another worker. A lease
+        # that expired leaves the job retrying (its token is replaced at its next dispatch).
+        return {i.job_id for i in lost if i.job_id in states
+                and states[i.job_id][0] in (JobState.DISPATCHED, JobState.RUNNING)
+                and states[i.job_id][1] == i.lease.token}
 
     def _record_lingering(self) -> None:
         """Handlers still running here for jobs this worker lost or let go keep their
@@ -127,7 +147,8 @@ class LeaseKeeper(Loop):
             emit(log, "untracked_job_released", logging.WARNING, job_id=job_id,
                  attempt=attempt, worker=pipe.worker_id,
                  detail="running on this worker in the database, but not held here (a "
-                        "claim's reply or an outcome was lost with a database connection); "
+                        "claim's reply or an outcome was lost with a database connection, "
+                        "or an earlier process with this worker id stopped holding it); "
                         "its lease is left to expire and the timer retries it")
 
     def stuck_slots(self) -> int:
@@ -203,16 +224,23 @@ class LeaseKeeper(Loop):
                     "recovered elsewhere; its thread and slot stay busy until it returns")
 
 
-def _log_lost(item: InFlight, worker: str, *, cancelled: bool) -> None:
+def _log_lost(item: InFlight, worker: str, *, cancelled: bool, claim_lost: bool) -> None:
     """A claim a heartbeat found lost. An operator's cancel is expected, so INFO under its
-    own event; any other loss (the lease expired and the job was taken over) is WARNING."""
+    own event; any other loss is WARNING: the lease expired and the job was taken over, or
+    the claim itself did not survive a database restart (`cause`)."""
     if cancelled:
         emit(log, "cancelled_by_operator", logging.INFO, job_id=item.job_id,
              attempt=item.attempt, worker=worker,
              detail="the handler is told to stop (ctx.cancelled); its result is dropped")
+    elif claim_lost:
+        emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
+             worker=worker, cause="claim_lost",
+             detail="the claim did not survive a database restart; the job runs again "
+                    "(this attempt number again); result will be dropped")
     else:
         emit(log, "lease_lost", logging.WARNING, job_id=item.job_id, attempt=item.attempt,
-             worker=worker, detail="expired and taken over; result will be dropped")
+             worker=worker, cause="taken_over",
+             detail="expired and taken over; result will be dropped")
 
 
 def let_go(pipe: Pipeline, item: InFlight) -> bool:

@@ -363,6 +363,9 @@ def test_limits_panel_shows_use_and_operators_set_and_remove_limits(
     for name, value in (("rate", "30"), ("per", "60"), ("burst", "7")):
         form.locator(f"[name={name}]").fill(value)
     form.locator("button[type=submit]").click()
+    # The toast reads as the first submit's did: wait for the second's write itself.
+    wait_for(lambda: client.limits()[0].rate_per_second is not None,
+             message="the rate limit written")
     expect(page.locator("#toast")).to_have_text("Limit set on kind report.")
     (limit,) = client.limits()
     assert (limit.max_running, limit.rate_per_second, limit.burst) == (2, 0.5, 7)

@@ -175,9 +175,29 @@ def test_a_lease_lost_to_expiry_is_a_warning(client, timer, registry, consumers,
     clock.advance(31)
     assert consumer.heartbeat_once() == (0, 1)
     assert entries[0][0].context.cancelled.is_set()
-    events = [(r.levelname, r.event, r.fields["job_id"]) for r in caplog.records
+    events = [(r.levelname, r.event, r.fields["job_id"], r.fields["cause"])
+              for r in caplog.records
               if getattr(r, "event", "") in ("cancelled_by_operator", "lease_lost")]
-    assert events == [("WARNING", "lease_lost", job.id)]
+    assert events == [("WARNING", "lease_lost", job.id, "taken_over")]
+
+
+def test_a_claim_lost_to_a_database_crash_is_not_called_taken_over(
+        client, timer, registry, consumers, clock, caplog, db):
+    caplog.set_level(logging.INFO, logger="tock.consumer")
+    registry.add("long", lambda payload, ctx: None)
+    job = client.schedule("long")
+    consumer = consumers(clock)
+    dispatch(timer, clock.now)
+    receive(consumer, 1)
+    # What a crash leaves of a claim whose asynchronous commit was lost: the row as the
+    # timer's dispatch left it, with the token this worker claimed it by.
+    db.execute("UPDATE tock_jobs SET state = 'dispatched', attempt = attempt - 1, "
+               "lease_owner = NULL, lease_expires_at = NULL, started_at = NULL "
+               "WHERE id = %s", (job.id,))
+    assert consumer.heartbeat_once() == (0, 1)
+    [line] = [r for r in caplog.records if getattr(r, "event", "") == "lease_lost"]
+    assert (line.levelname, line.fields["cause"]) == ("WARNING", "claim_lost")
+    assert "did not survive a database restart" in line.fields["detail"]
 
 
 def test_unknown_kind_is_retried_with_backoff_then_runs_where_a_handler_is(
