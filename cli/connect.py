@@ -38,8 +38,11 @@ def check_reachable(url: str, *, migrated: bool = True) -> None:
         raise ConfigError(f"the database at {redacted(url)} refuses what the URL asks for: "
                           f"{reason} (fix TOCK_DATABASE_URL or --database-url)")
     if reason is not None:
+        # Not answering (down, restarting, frozen, or another address): where it is may
+        # be right, so the setting is named as the place to check, not as the culprit.
         raise DatabaseUnavailable(f"cannot use the database at {redacted(url)}: {reason} "
-                                  "(set TOCK_DATABASE_URL or --database-url)")
+                                  "(is that server up? TOCK_DATABASE_URL or --database-url "
+                                  "says where it is)")
     if migrated:
         pending = missing_migrations(url)
         if pending:

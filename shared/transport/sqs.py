@@ -179,6 +179,7 @@ class SqsTransport:
         self._known: set[str] = set()
         """Queues this transport has found or created: one created again was lost."""
         self._missing_said: dict[str, float] = {}
+        self._recreated_said: dict[str, float] = {}
         """When each missing queue was last reported (by `_clock`)."""
 
     def queue_name(self, queue: str) -> str:
@@ -355,6 +356,14 @@ class SqsTransport:
         if not lost:
             _log(logging.INFO, "queue_created", queue=queue, sqs_queue=self.queue_name(queue))
             return
+        # The timer's senders meet the loss at once, each creating the queue (CreateQueue
+        # is idempotent): one line for the event, not one per thread.
+        now = self._clock()
+        with self._lock:
+            said = self._recreated_said.get(queue)
+            if said is not None and now - said < REPORT_MISSING_EVERY_SECONDS:
+                return
+            self._recreated_said[queue] = now
         _log(logging.WARNING, "queue_recreated", queue=queue,
              sqs_queue=self.queue_name(queue),
              detail="the queue was gone (deleted, or SQS restarted) and is created again "

@@ -6,7 +6,9 @@ Real SQS; the queues are really deleted."""
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -55,6 +57,24 @@ def test_a_queue_deleted_while_running_is_recreated_with_a_warning(queue_prefix,
     got = wait_for(lambda: sqs.receive("default", 10, 1, 30), timeout=20, message="a message")
     assert {m.body for m in got} <= {"after"}
     assert not lines(caplog, "queue_missing")
+
+
+def test_senders_that_meet_a_lost_queue_together_say_so_once(queue_prefix, caplog):
+    # The timer's senders (TOCK_SEND_CONCURRENCY threads) meet the loss at once, and each
+    # creates the queue again: one warning for the event, not one per thread.
+    caplog.set_level(logging.INFO, logger="tock.sqs")
+    sqs = SqsTransport(queue_prefix, create_missing=True)
+    sqs.check("default")
+    sqs.client.delete_queue(QueueUrl=sqs.url("default"))
+    start = threading.Barrier(8)
+
+    def send(n: int) -> list[Any]:
+        start.wait()
+        return sqs.send_batch("default", [Outgoing(str(n), "after")])
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(send, range(8))) == [[]] * 8
+    assert len(lines(caplog, "queue_recreated")) == 1
 
 
 def test_a_missing_queue_is_reported_once_per_30_s_per_queue(queue_prefix, caplog):

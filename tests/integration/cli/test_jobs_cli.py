@@ -311,7 +311,8 @@ def test_schedule_commands_check_the_database_as_every_command_does(tock, pg_ser
     (ClientSettings.database_url) and an unmigrated database got no `tock migrate` hint."""
     port = free_port()
     code, _, err = tock(*command, "--database-url", f"postgresql://me@127.0.0.1:{port}/x")
-    assert code == 3 and "(set TOCK_DATABASE_URL or --database-url)" in err
+    assert code == 3
+    assert "(is that server up? TOCK_DATABASE_URL or --database-url says where it is)" in err
     assert "ClientSettings" not in err
     url = pg_server.create_database(f"empty_{uuid.uuid4().hex[:8]}")
     code, _, err = tock(*command, "--database-url", url)
