@@ -22,7 +22,9 @@ class Repeats(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         first = record.args[0] if isinstance(record.args, tuple) and record.args else ""
-        key = (str(record.msg), str(first))
+        # A pool's name is text; a connection ("discarding closed connection: %s") is
+        # another object each time, which would make every line news.
+        key = (str(record.msg), first if isinstance(first, str) else type(first).__name__)
         now = record.created
         if now - self._last.get(key, -self.seconds) < self.seconds:
             return False
