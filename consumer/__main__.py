@@ -198,12 +198,16 @@ def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | 
         print(f"tock consumer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     consumer.stop_flag.install_signal_handlers()
+    checking = f"starting: checking the SQS queue(s) {', '.join(settings.queues)}"
     if health is not None:
-        health.live, health.ready = consumer.supervisor.live, consumer.supervisor.ready
+        health.live = consumer.supervisor.live
+        health.ready = lambda: (False, checking)
     # After the probes answer (live, not ready): with SQS away this check waits out about
     # three call timeouts per queue, and a start-up probe that got no answer meanwhile
     # would have the platform restart the consumer for an outage, over and over.
     report_missing_queues(consumer.pipe.transport, settings.queues)
+    if health is not None:
+        health.ready = consumer.supervisor.ready
     try:
         code = consumer.run_forever()
     except ConfigError as exc:  # a handler process could not start; a worker id in use

@@ -145,6 +145,29 @@ def test_probes_answer_starting_while_the_database_check_waits(args):
     assert "health_server_started" in err
 
 
+def test_a_consumer_checking_a_frozen_sqs_at_start_says_so_when_probed(database_url):
+    # SQS that takes the connection and never answers: the start-up check of the queues
+    # waits out its call timeouts, and readiness said "no successful heartbeat pass yet".
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(16)
+        port = free_port()
+        proc = _spawn(["-m", "consumer", "--tasks", "demo.tasks"], {
+            "TOCK_DATABASE_URL": database_url, "TOCK_HEALTH_HOST": "127.0.0.1",
+            "TOCK_HEALTH_PORT": str(port),
+            "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{frozen.getsockname()[1]}"})
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: "SQS" in get(base + "/readyz")[1], timeout=30,
+                     message="readiness naming the SQS check")
+            assert get(base + "/readyz") == (
+                503, "not ok: starting: checking the SQS queue(s) default\n")
+            assert get(base + "/healthz")[0] == 200
+        finally:
+            proc.kill()  # its shutdown is not what is tested: no wait for the SQS timeouts
+            proc.communicate()
+
+
 def test_a_port_it_cannot_listen_on_is_a_config_error_naming_the_setting():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
