@@ -358,12 +358,8 @@ class SqsTransport:
             return
         # The timer's senders meet the loss at once, each creating the queue (CreateQueue
         # is idempotent): one line for the event, not one per thread.
-        now = self._clock()
-        with self._lock:
-            said = self._recreated_said.get(queue)
-            if said is not None and now - said < REPORT_MISSING_EVERY_SECONDS:
-                return
-            self._recreated_said[queue] = now
+        if not self._due_to_say(self._recreated_said, queue):
+            return
         _log(logging.WARNING, "queue_recreated", queue=queue,
              sqs_queue=self.queue_name(queue),
              detail="the queue was gone (deleted, or SQS restarted) and is created again "
@@ -371,15 +367,22 @@ class SqsTransport:
                     "sends their jobs again once they have waited its dispatch timeout "
                     "(TOCK_DISPATCH_TIMEOUT_SECONDS)")
 
+    def _due_to_say(self, said: dict[str, float], queue: str) -> bool:
+        """Whether a line of the kind `said` records is due for `queue`: at most once per
+        REPORT_MISSING_EVERY_SECONDS (recorded as said when it is)."""
+        now = self._clock()
+        with self._lock:
+            last = said.get(queue)
+            if last is not None and now - last < REPORT_MISSING_EVERY_SECONDS:
+                return False
+            said[queue] = now
+            return True
+
     def _report_missing(self, queue: str, operation: str) -> None:
         """`queue_missing`, at most once per REPORT_MISSING_EVERY_SECONDS per queue: every
         loop using the queue meets it on every pass."""
-        now = self._clock()
-        with self._lock:
-            said = self._missing_said.get(queue)
-            if said is not None and now - said < REPORT_MISSING_EVERY_SECONDS:
-                return
-            self._missing_said[queue] = now
+        if not self._due_to_say(self._missing_said, queue):
+            return
         _log(logging.ERROR, "queue_missing", queue=queue, sqs_queue=self.queue_name(queue),
              operation=operation,
              detail="create it (infra/ templates), or set TOCK_CREATE_QUEUES=1 for a local "
