@@ -26,6 +26,7 @@ from shared.core import validation
 from shared.core.errors import ConfigError, InvalidInput
 from shared.runtime.command_line import Parser
 from shared.runtime.health import HealthServer
+from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import configure, emit
 from shared.runtime.settings import ConsumerSettings
 from shared.runtime.startup import (
@@ -157,10 +158,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m consumer") -> int
     except ConfigError as exc:
         print(f"tock consumer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    # A stop asked for while it starts (its probes answer from here on) is kept, and
+    # honoured as soon as the consumer exists: a clean exit, not a death by SIGTERM.
+    early = StopFlag()
+    early.install_signal_handlers()
     if health is not None:
         health.start()  # "starting" while the database is checked
     try:
-        return _run(settings, modules, health)
+        return _run(settings, modules, health, early)
     finally:
         if health is not None:
             health.close()
@@ -185,8 +190,11 @@ def _check_process_isolation(settings: ConsumerSettings) -> None:
     check_sendable(isolated)
 
 
-def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | None) -> int:
+def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | None,
+         early: StopFlag) -> int:
     problem = database_problem(settings.database_url)
+    if early.is_set():  # asked to stop meanwhile: what the check found no longer matters
+        return 0
     if problem:
         print(f"tock consumer: {problem[1]}", file=sys.stderr)
         return problem[0]
@@ -198,6 +206,8 @@ def _run(settings: ConsumerSettings, modules: list[str], health: HealthServer | 
         print(f"tock consumer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     consumer.stop_flag.install_signal_handlers()
+    if early.is_set():
+        consumer.stop_flag.set()
     checking = f"starting: checking the SQS queue(s) {', '.join(settings.queues)}"
     if health is not None:
         health.live = consumer.supervisor.live

@@ -10,6 +10,7 @@ import sys
 from shared.core.errors import ConfigError
 from shared.runtime.command_line import Parser
 from shared.runtime.health import HealthServer
+from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import configure
 from shared.runtime.settings import TimerSettings
 from shared.runtime.startup import EXIT_CONFIG, database_problem, warn_unknown_settings
@@ -39,9 +40,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m timer_service") -
 def _run(settings: TimerSettings, health: HealthServer | None) -> int:
     configure(settings.log_format, settings.log_level, "timer")
     warn_unknown_settings()
+    # A stop asked for while it starts (its probes answer from here on) is kept, and
+    # honoured as soon as the timer exists: a clean exit, not a death by SIGTERM.
+    early = StopFlag()
+    early.install_signal_handlers()
     if health is not None:
         health.start()  # "starting" while the database is checked
     problem = database_problem(settings.database_url)
+    if early.is_set():  # asked to stop meanwhile: what the check found no longer matters
+        return 0
     if problem:
         print(f"tock timer: {problem[1]}", file=sys.stderr)
         return problem[0]
@@ -53,6 +60,8 @@ def _run(settings: TimerSettings, health: HealthServer | None) -> int:
         print(f"tock timer: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     timer.stop_flag.install_signal_handlers()
+    if early.is_set():
+        timer.stop_flag.set()
     if health is not None:
         health.live, health.ready = timer.supervisor.live, timer.supervisor.ready
     return timer.run_forever()

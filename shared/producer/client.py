@@ -45,6 +45,11 @@ CALL_TIMEOUT_SETTING = "TOCK_CALL_TIMEOUT_SECONDS (ClientSettings.call_timeout_s
 """Where a client call's statement timeout comes from, named when one runs past it."""
 
 
+KEYED_INSERT_ATTEMPTS = 3
+"""Attempts of a keyed insert after the first was cut off in flight (each may wait the
+pool's timeout for the database)."""
+
+
 class Client:
     """A connection pool and the producer operations over it. Thread-safe."""
 
@@ -153,13 +158,7 @@ class Client:
                     f"{exc}; the connection was lost after the job(s) were sent, so they may "
                     "have been written: calling again could enqueue them twice (give each job "
                     "a key= to make a repeat safe)", exc.sqlstate) from exc
-            try:
-                inserted = store.insert_jobs(new, self._now)
-            except DatabaseUnavailable as again:
-                raise ConnectionLost(
-                    f"{again}; the first attempt was cut off after the job(s) were sent, so "
-                    "they may have been written: calling again with the same keys is safe",
-                    again.sqlstate) from again
+            inserted = self._insert_keyed_again(store, new)
         by_key = {j.unique_key: j for j in inserted if j.unique_key}
         try:
             try:
@@ -200,6 +199,21 @@ class Client:
             out.append(replace(found, created=False) if j.unique_key in seen else found)
             seen.add(j.unique_key)
         return out
+
+    def _insert_keyed_again(self, store: JobStore, new: list[NewJob]) -> list[Job]:
+        """The insert of keyed jobs again, after an attempt cut off in flight. A cut (a
+        crash, a network cut) can meet the next attempt too, on a connection the pool
+        had not yet seen die: each waits for the database as any call does, a few times."""
+        for attempt in range(KEYED_INSERT_ATTEMPTS):
+            try:
+                return store.insert_jobs(new, self._now)
+            except DatabaseUnavailable as again:
+                if attempt + 1 == KEYED_INSERT_ATTEMPTS:
+                    raise ConnectionLost(
+                        f"{again}; the first attempt was cut off after the job(s) were sent, "
+                        "so they may have been written: calling again with the same keys is "
+                        "safe", again.sqlstate) from again
+        raise AssertionError("unreachable")
 
     def _existing(self, store: JobStore, new: list[NewJob], by_key: dict[str, Job]) -> None:
         """Fill `by_key` with the jobs that hold the keys not inserted. A key can be held

@@ -140,6 +140,9 @@ def test_probes_answer_starting_while_the_database_check_waits(args):
             assert get(base + "/healthz") == (200, "ok: starting\n")
             assert get(base + "/readyz") == (503, "not ok: starting\n")
             assert proc.poll() is None  # still checking the database
+            # A stop asked for now is a clean exit (0), not a death by SIGTERM (-15).
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
         finally:
             err = _stop(proc)
     assert "health_server_started" in err
@@ -155,7 +158,9 @@ def test_a_consumer_checking_a_frozen_sqs_at_start_says_so_when_probed(database_
         proc = _spawn(["-m", "consumer", "--tasks", "demo.tasks"], {
             "TOCK_DATABASE_URL": database_url, "TOCK_HEALTH_HOST": "127.0.0.1",
             "TOCK_HEALTH_PORT": str(port),
-            "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{frozen.getsockname()[1]}"})
+            "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{frozen.getsockname()[1]}",
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test"})
         try:
             base = f"http://127.0.0.1:{port}"
             wait_for(lambda: "SQS" in get(base + "/readyz")[1], timeout=30,
