@@ -192,7 +192,8 @@ class SqsTransport:
         if cached:
             return cached
         try:
-            found = self.client.get_queue_url(QueueName=self.queue_name(queue))["QueueUrl"]
+            found = _field(self.client.get_queue_url(QueueName=self.queue_name(queue)),
+                           "GetQueueUrl", "QueueUrl")
         except ClientError as exc:
             if _code(exc) in MISSING_CODES:
                 raise QueueMissing(
@@ -214,15 +215,17 @@ class SqsTransport:
             "VisibilityTimeout": str(visibility_timeout or self.visibility_timeout)}
         try:
             if dead_letter_after:
-                dlq = self.client.create_queue(QueueName=self.queue_name(queue) + "-dlq")
-                arn = self.client.get_queue_attributes(
-                    QueueUrl=dlq["QueueUrl"], AttributeNames=["QueueArn"]
-                )["Attributes"]["QueueArn"]
+                dlq = _field(self.client.create_queue(
+                    QueueName=self.queue_name(queue) + "-dlq"), "CreateQueue", "QueueUrl")
+                arn = _field(self.client.get_queue_attributes(
+                    QueueUrl=dlq, AttributeNames=["QueueArn"]).get("Attributes", {}),
+                    "GetQueueAttributes", "QueueArn")
                 attributes["RedrivePolicy"] = json.dumps(
                     {"deadLetterTargetArn": arn, "maxReceiveCount": str(dead_letter_after)})
-            url = self.client.create_queue(QueueName=self.queue_name(queue),
-                                           Attributes=attributes)["QueueUrl"]  # type: ignore[arg-type]
-        except (ClientError, BotoCoreError) as exc:
+            url = _field(self.client.create_queue(
+                QueueName=self.queue_name(queue), Attributes=attributes),  # type: ignore[arg-type]
+                "CreateQueue", "QueueUrl")
+        except (ClientError, BotoCoreError, TransportError) as exc:
             raise TransportError(
                 f"cannot create SQS queue {queue!r}: {shorten_handles(str(exc))}") from exc
         self._remember(queue, url)
@@ -239,7 +242,7 @@ class SqsTransport:
             batch.append(one)
         resp = self._call("SendMessageBatch", queue, self.client.send_message_batch,
                           Entries=batch)
-        return _failures(resp)
+        return _failures(resp, [entry.entry_id for entry in entries])
 
     def receive(self, queue: str, max_messages: int = MAX_BATCH, wait_seconds: int = 20,
                 visibility_timeout: int = 60) -> list[Received]:
@@ -251,7 +254,8 @@ class SqsTransport:
             MessageSystemAttributeNames=["ApproximateReceiveCount"])
         return [
             Received(
-                message_id=m["MessageId"], receipt=m["ReceiptHandle"], body=m.get("Body", ""),
+                message_id=_field(m, "ReceiveMessage", "MessageId"),
+                receipt=_field(m, "ReceiveMessage", "ReceiptHandle"), body=m.get("Body", ""),
                 receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
             )
             for m in resp.get("Messages", [])
@@ -263,7 +267,7 @@ class SqsTransport:
         resp = self._call(
             "DeleteMessageBatch", queue, self.client.delete_message_batch,
             Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)])
-        return _failures(resp)
+        return _failures(resp, [str(i) for i in range(len(receipts))])
 
     def change_visibility_batch(self, queue: str, receipts: list[str],
                                 timeout_seconds: int) -> list[EntryFailure]:
@@ -274,7 +278,7 @@ class SqsTransport:
             Entries=[{"Id": str(i), "ReceiptHandle": r,
                       "VisibilityTimeout": min(timeout_seconds, MAX_VISIBILITY_SECONDS)}
                      for i, r in enumerate(receipts)])
-        return _failures(resp)
+        return _failures(resp, [str(i) for i in range(len(receipts))])
 
     def check(self, queue: str) -> None:
         """GetQueueUrl (which every tock role may call), creating the queue if it is
@@ -405,8 +409,29 @@ def _describe(exc: ClientError) -> str:
     return f"{err.get('Code', '?')}: {shorten_handles(err.get('Message', str(exc)))}"
 
 
-def _failures(resp: Any) -> list[EntryFailure]:
-    return [
-        EntryFailure(f["Id"], f.get("Code", "?"), shorten_handles(f.get("Message", "")))
+NO_REPLY = "NoReply"
+"""The code of an entry a batch reply left out: it may or may not have been done."""
+
+
+def _field(reply: Any, operation: str, name: str) -> str:
+    """`reply[name]`, or TransportError: a server starting or being killed (LocalStack's
+    gateway does this) can answer 200 with an empty body, which boto3 returns as a reply
+    with no fields rather than an error."""
+    value = reply.get(name) if isinstance(reply, dict) else None
+    if value is None:
+        raise TransportError(f"SQS {operation} answered without {name} (an empty reply: "
+                             "is the server starting or stopping?)")
+    return str(value)
+
+
+def _failures(resp: Any, ids: Sequence[str]) -> list[EntryFailure]:
+    """The entries of a batch call that did not succeed: those SQS refused, and those its
+    reply does not mention (an empty reply is no promise that anything was done)."""
+    failed = [
+        EntryFailure(str(f.get("Id")), f.get("Code", "?"), shorten_handles(f.get("Message", "")))
         for f in resp.get("Failed", [])
     ]
+    answered = {f.entry_id for f in failed} | {
+        str(s.get("Id")) for s in resp.get("Successful", [])}
+    return failed + [EntryFailure(i, NO_REPLY, "SQS's reply did not mention this entry")
+                     for i in ids if i not in answered]

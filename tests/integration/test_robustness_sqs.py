@@ -7,19 +7,24 @@ seam (a call that hangs)."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from consumer.claimer import Claimer
 from consumer.service import Consumer
+from shared.core.errors import TransportError
 from shared.core.states import AttemptOutcome, JobState
-from shared.transport.base import MAX_WAIT_SECONDS, EntryFailure
-from shared.transport.sqs import ATTEMPTS, SqsTransport
+from shared.transport.base import MAX_WAIT_SECONDS, EntryFailure, Outgoing
+from shared.transport.sqs import ATTEMPTS, NO_REPLY, SqsTransport
 from tests.faults.waiting import hold_fault
 from tests.support.drive import db_now, dispatch, receive
+from tests.support.sqs_gateway import SqsGateway
 from tests.support.wait import wait_for
 from timer_service.dispatcher import (
     REFUSED_BACKOFF_CAP_SECONDS,
@@ -522,3 +527,42 @@ def test_messages_lost_with_a_recreated_queue_are_resent_while_running_jobs_hold
         again = client.get(job.id)
         assert again.state in (JobState.SCHEDULED, JobState.RETRYING), again.state
         assert again.dispatch_token != sent[job.id]
+
+
+def test_empty_replies_from_sqs_are_failures_and_the_timer_sends_again_after(
+        client, timer_settings, transport, queue_prefix, clock_now):
+    """A LocalStack being killed or started answers 200 with an empty body, which boto3
+    returns as a reply with no fields. Nothing may read that as success, nor crash on it:
+    a queue lookup is a TransportError (it was a KeyError that stopped the timer's dispatch
+    loop), and a batch entry the reply does not mention failed (a send the reply did not
+    confirm leaves the job due)."""
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client())
+        via.url("default")  # known before the server goes strange, as in a running timer
+        timer = Timer(timer_settings, via)
+        try:
+            job = client.schedule("k")
+            transport.send_batch("default", [Outgoing("m", "held")])
+            [held] = wait_for(lambda: via.receive("default", wait_seconds=1,
+                                                  visibility_timeout=60),
+                              timeout=20, message="the message arrives")
+            gateway.empty = True
+
+            with pytest.raises(TransportError, match="answered without QueueUrl"):
+                SqsTransport(queue_prefix, client=gateway.client()).url("default")
+            with pytest.raises(TransportError, match="answered without QueueUrl"):
+                SqsTransport(queue_prefix, client=gateway.client()).create_queue("other")
+            assert [f.code for f in via.delete_batch("default", [held.receipt])] == [NO_REPLY]
+            assert [f.code for f in via.change_visibility_batch(
+                "default", [held.receipt], 30)] == [NO_REPLY]
+            first = timer.run_once(clock_now)
+            assert (first.dispatched, first.refused) == (0, 1)
+            assert client.get(job.id).state is JobState.SCHEDULED
+            assert gateway.emptied >= 5
+
+            gateway.empty = False
+            again = timer.run_once(clock_now + timedelta(minutes=10))
+            assert (again.dispatched, again.refused) == (1, 0)
+            assert client.get(job.id).state is JobState.DISPATCHED
+        finally:
+            timer.close()
