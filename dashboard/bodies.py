@@ -105,13 +105,28 @@ class StrictJsonRequest(Request):
         return self._json
 
 
+NO_BODY = (b"", b"{}", b"null")
+"""What a route that takes no body accepts as one: nothing, or JSON saying nothing."""
+
+
 class StrictJsonRoute(APIRoute):
-    """An APIRoute whose handler sees a `StrictJsonRequest`."""
+    """An APIRoute whose handler sees a `StrictJsonRequest`. A route that takes no body
+    (cancel, retry, pause, ...) refuses one that says something: the caller meant it to
+    count (`{"reason": ...}`, a query parameter sent in the body) and it would not."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def strict(request: Request) -> Response:
-            return await handler(StrictJsonRequest(request.scope, request.receive))
+            strict_request = StrictJsonRequest(request.scope, request.receive)
+            if not takes_body and request.method != "GET":
+                body = (await strict_request.body()).strip()
+                if body not in NO_BODY:
+                    raise HTTPException(
+                        400, f"{request.method} {request.url.path} takes no request body "
+                             f"(got {len(body):,} bytes): send none; what it acts on is "
+                             "named in the path and the query string")
+            return await handler(strict_request)
 
         return strict

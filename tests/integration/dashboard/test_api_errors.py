@@ -68,6 +68,30 @@ def test_a_bodyless_post_with_a_form_type_passes(operator, client):
     assert res.status_code == 200, res.text
 
 
+@pytest.mark.parametrize("body", [b'{"reason": "customer asked"}', b'[1]', b'"now"'])
+def test_an_action_that_takes_no_body_refuses_one_that_says_something(operator, client, body):
+    """`{"reason": ...}` on a cancel would be dropped unread: the caller meant it to count."""
+    job = client.schedule("email")
+    res = operator.post(f"/api/jobs/{job.id}/cancel", content=body, headers=JSON)
+    assert res.status_code == 400
+    assert res.json()["detail"] == (
+        f"POST /api/jobs/{job.id}/cancel takes no request body (got {len(body)} bytes): "
+        "send none; what it acts on is named in the path and the query string")
+    assert client.get(job.id).state.value == "scheduled", "nothing was done"
+    client.set_limit("kind", "email", max_running=2)
+    res = operator.request("DELETE", "/api/limits", params={"scope": "kind", "key": "email"},
+                           content=b'{"scope": "tenant"}', headers=JSON)
+    assert res.status_code == 400
+    assert [limit.key for limit in client.limits()] == ["email"], "the limit is kept"
+
+
+@pytest.mark.parametrize("body", [b"", b"{}", b" {} ", b"null"])
+def test_an_action_that_takes_no_body_accepts_an_empty_one(operator, client, body):
+    job = client.schedule("email")
+    res = operator.post(f"/api/jobs/{job.id}/cancel", content=body, headers=JSON)
+    assert res.status_code == 200, res.text
+
+
 def test_the_login_form_still_posts_as_a_form(anon):
     anon.get("/login")
     res = anon.post("/login", data={"token": "wrong", "csrf_token":
