@@ -1,6 +1,10 @@
 """`RequestGuard`: the checks every request passes before FastAPI sees it (pure ASGI, so
 nothing has read the body yet), in this order:
 
+0. Headers said twice: a request that sends Host, Authorization, Origin, Content-Type,
+   the CSRF header or Sec-Fetch-Site more than once is 400, naming it. Each is read as
+   one value, and which of two a check reads (the first) is not what every proxy in
+   front forwards or logs.
 1. Host: the Host header (without port) must be on TOCK_DASHBOARD_ALLOWED_HOSTS, or the
    answer is 400 "host not allowed". This stops DNS rebinding: a page on a name the
    attacker points at this address sends that name as Host. The probes (/healthz,
@@ -31,10 +35,12 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dashboard.auth import SESSION_COOKIE, Authenticator, bearer_token
+from dashboard.auth import CSRF_HEADER, SESSION_COOKIE, Authenticator, bearer_token
 from dashboard.settings import DashboardSettings, split_host
 
 PROBES = frozenset({"/healthz", "/readyz"})
+SAID_ONCE = ("Host", "Authorization", "Origin", "Content-Type", CSRF_HEADER, "Sec-Fetch-Site")
+"""Headers a request may send at most once (step 0)."""
 MAX_JSON_DEPTH = 100
 """Levels of [ and { in a request body. An enqueued payload may nest
 shared.core.validation's limit (64) deep, inside the body's own object."""
@@ -131,6 +137,11 @@ class RequestGuard:
             return
         path: str = scope["path"]
         headers = Headers(scope=scope)
+        twice = next((name for name in SAID_ONCE if len(headers.getlist(name)) > 1), None)
+        if twice is not None:
+            await _reply(send, 400, f"the {twice} header was sent "
+                                    f"{len(headers.getlist(twice))} times: send it once")
+            return
         if path not in PROBES:
             host, _ = split_host(headers.get("host", ""))
             if not self.settings.host_allowed(host):

@@ -3,6 +3,8 @@ Origin of browser state changes judged by it (DNS rebinding)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -182,3 +184,34 @@ def test_session_state_changes_need_this_very_origin(anon, db):
 
 
 # ------------------------------------------------------------ credentials before the body
+
+
+@pytest.mark.parametrize(("name", "values"), [
+    ("Authorization", [f"Bearer {OPERATOR}", "Bearer someone-else"]),
+    ("Origin", ["http://127.0.0.1", "http://evil.example"]),
+    ("Host", ["127.0.0.1", "tock.example.com"]),
+    ("Content-Type", ["application/json", "text/plain"]),
+])
+def test_a_header_read_as_one_value_sent_twice_is_refused(live_server, db, name, values):
+    """Which of two Authorization (or Origin, Host) headers a check reads is not what every
+    proxy in front of the dashboard forwards or logs: refused, over a real HTTP server."""
+    conn = http.client.HTTPConnection("127.0.0.1", live_server.port, timeout=10)
+    conn.putrequest("POST", "/api/jobs", skip_host=True)
+    if name != "Host":
+        conn.putheader("Host", "127.0.0.1")
+    if name != "Authorization":
+        conn.putheader("Authorization", f"Bearer {OPERATOR}")
+    if name != "Content-Type":
+        conn.putheader("Content-Type", "application/json")
+    for value in values:
+        conn.putheader(name, value)
+    body = b'{"kind": "email"}'
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    res = conn.getresponse()
+    text = res.read()
+    assert res.status == 400, text
+    if name != "Host":  # uvicorn's HTTP parser refuses two Host headers on its own
+        assert json.loads(text)["detail"] == f"the {name} header was sent 2 times: send it once"
+    conn.close()
+    assert jobs(db) == 0
