@@ -463,13 +463,19 @@ function rateText(perSecond) {
   }
 }
 
+// The snapshot's own age of the beat: a beat committed while the snapshot was read is
+// newer than the snapshot's clock, and would read "in 0.2 s".
+function beatAge(secs) {
+  return secs < 0.05 ? "just now" : `${human(secs)} ago`;
+}
+
 function workerTable(list, now) {
   if (!list.length) return el("p", {className: "muted"}, "No consumer has reported in the last hour.");
   return el("table", {}, el("thead", {}, el("tr", {},
     ["worker", "status", "queues", "busy", "last heartbeat", "started"].map(h => el("th", {}, h)))),
     el("tbody", {}, list.map(w => el("tr", {"data-testid": "worker-row"},
       el("td", {}, w.id), el("td", {}, badge(w.status)), el("td", {}, w.queues.join(", ")),
-      el("td", {}, `${w.in_flight} / ${w.concurrency}`), el("td", {}, ago(w.last_heartbeat, now)),
+      el("td", {}, `${w.in_flight} / ${w.concurrency}`), el("td", {}, beatAge(w.heartbeat_age_seconds)),
       el("td", {}, stamp(w.started_at))))));
 }
 

@@ -215,7 +215,8 @@ def sample_leaf(leaf: str) -> pgsql.Composed:
 WORKERS = f"""
 SELECT id, host, pid, queues, kinds, concurrency, in_flight, started_at, last_heartbeat,
        stopped_at, lease_expires_at,
-       extract(epoch FROM n.now - last_heartbeat)::float8,
+       -- now() is the transaction's start: a beat committed since reads as newer.
+       greatest(extract(epoch FROM n.now - last_heartbeat), 0)::float8,
        lease_expires_at < n.now,
        (SELECT count(*) FROM tock_jobs j
         WHERE {state_is('j', 'running')} AND j.lease_owner = w.id)

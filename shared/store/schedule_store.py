@@ -70,11 +70,13 @@ class ScheduleStore(Store):
                 for r in self._rows(sql.SELECT_AUDIT, {"name": name, "limit": limit})]
 
     def runs(self, name: str, limit: int) -> list[ScheduleRun]:
-        """The latest jobs the schedule made, latest run time first (a backfill's runs, spaced
-        out after an outage, may list an older slot above a newer one)."""
+        """The latest jobs the schedule made (by run time, which the index orders), newest
+        slot first: a run waiting to retry has a later run time than the slots after it,
+        and would otherwise be listed above them."""
         rows = self._rows(sql.SELECT_RUNS, {"name": name, "limit": limit})
-        return [ScheduleRun(job_id, slot_of(key) or run_at, state, run_at)
+        runs = [ScheduleRun(job_id, slot_of(key) or run_at, state, run_at)
                 for job_id, key, state, run_at in rows]
+        return sorted(runs, key=lambda run: (run.slot, run.job_id), reverse=True)
 
     # --- timer ----------------------------------------------------------------------------
 

@@ -72,6 +72,20 @@ def test_runs_are_the_schedules_jobs_newest_slot_first(schedule_store, db, now):
     ]
 
 
+def test_a_run_waiting_to_retry_is_listed_at_its_slot_not_its_retry_time(
+        schedule_store, db, now):
+    add_schedule(schedule_store, now, "tick")
+    slots = [now + i * M for i in range(3)]
+    made = dict((key, job_id) for job_id, key in schedule_store.insert_slot_jobs(
+        [SlotJob("tick", s, slot_key("tick", s)) for s in slots]))
+    db.execute("UPDATE tock_jobs SET state = 'retrying', run_at = %s WHERE unique_key = %s",
+               (now + 10 * M, slot_key("tick", slots[0])))
+    assert [run.slot for run in schedule_store.runs("tick", 10)] == slots[::-1]
+    [first] = [run for run in schedule_store.runs("tick", 10) if run.slot == slots[0]]
+    assert first == ScheduleRun(made[slot_key("tick", slots[0])], slots[0], "retrying",
+                                now + 10 * M)
+
+
 def test_runs_of_a_job_without_a_run_key_use_its_run_at(schedule_store, db, now):
     add_schedule(schedule_store, now, "tick")
     job = add_job(db, run_at=now + secs(5), schedule_name="tick")
