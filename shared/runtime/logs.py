@@ -81,7 +81,8 @@ class HumanFormatter(logging.Formatter):
         event = getattr(record, "event", None) or record.getMessage()
         if "\n" in event:  # libpq's hints come on lines of their own: one entry, one line
             event = " ".join(event.split())
-        fields = " ".join(f"{k}={_short(v)}" for k, v in _fields(record).items())
+        fields = " ".join(f"{k}={_short(v, whole=k == 'detail')}"
+                          for k, v in _fields(record).items())
         level = "" if record.levelno == logging.INFO else f"{record.levelname} "
         line = f"{ts} {self.process_name:<10} {level}{event:<22} {fields}".rstrip()
         if record.exc_info:
@@ -89,11 +90,13 @@ class HumanFormatter(logging.Formatter):
         return line
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, *, whole: bool = False) -> str:
+    """A field's value on one line, cut at 120 characters unless `whole` (a `detail`,
+    which says what to do, and is no use cut short)."""
     text = str(value)
     if not text or any(c.isspace() for c in text):
         text = json.dumps(text)
-    return text if len(text) <= 120 else text[:117] + "..."
+    return text if whole or len(text) <= 120 else text[:117] + "..."
 
 
 

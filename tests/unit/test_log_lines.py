@@ -145,3 +145,15 @@ def test_a_human_log_entry_is_one_line_whatever_its_message_holds():
     for record in (pool, ours):
         line = HumanFormatter("timer").format(record)
         assert "\n" not in line and "Is the server running?" in line, line
+
+
+def test_a_human_log_line_keeps_a_detail_whole_and_cuts_other_long_fields():
+    """A walkthrough read `queue_recreated`'s detail as "... the messages it held are...":
+    the part saying what happens next was cut."""
+    record = logging.LogRecord("tock.sqs", logging.WARNING, "", 0, "x", (), None)
+    record.event = "queue_recreated"
+    detail = "the queue was gone " + "and is created again " * 10 + "THE END"
+    record.fields = {"queue": "q" * 200, "detail": detail}
+    line = HumanFormatter("timer").format(record)
+    assert json.dumps(detail) in line
+    assert f"queue={'q' * 117}..." in line
