@@ -73,9 +73,10 @@ def _parse(body: bytes) -> Any:
         # Only a payload can keep such a number, as text; every other field refuses it.
         advice = ("send it as a string: a payload keeps such a number only as text"
                   if "payload" in re.split(r"[.\[]", path)
-                  else "no field takes a number that large or that small")
+                  else "no field takes a number that large or that small"
+                  if exc.becomes in ("0", "infinity") else "send fewer digits")
         raise HTTPException(400, f"request body: {shown(path) if path else 'the body'}: "
-                                 f"the number {bounded(exc.text, 40)} is out of a float's range "
+                                 f"the number {bounded(exc.text, 40)} {exc.why(exc.becomes)} "
                                  f"(it would be read as {exc.becomes}): {advice}")
     return value
 

@@ -87,16 +87,36 @@ class Scheduler(Loop):
 
     def _write(self, tx: ScheduleStore, plans: list[tuple[Schedule, Plan]],
                t: datetime) -> int:
-        made = tx.insert_slot_jobs([
-            SlotJob(sched.name, self._shape(fire, t), slot_key(sched.name, fire.slot))
-            for sched, p in plans for fire in p.fires])
+        slots = [(SlotJob(sched.name, self._shape(fire, t), slot_key(sched.name, fire.slot)),
+                  fire.slot) for sched, p in plans for fire in p.fires]
+        made = tx.insert_slot_jobs([job for job, _ in slots])
+        taken = self._taken_elsewhere(tx, slots, {k for _, k in made})
         tx.insert_audit([
             AuditRecord(sched.name, e.reason, e.first_slot, e.last_slot, e.slot_count, e.detail)
-            for sched, p in plans for e in p.audits], t)
+            for sched, p in plans for e in p.audits] + taken, t)
         tx.advance([(s.name, Cursor(p.cursor, p.next_slot, p.next_fire_at, p.buffered_slot))
                     for s, p in plans], t)
         self._log(plans, {k for _, k in made})
         return len(made)
+
+    def _taken_elsewhere(self, tx: ScheduleStore, slots: list[tuple[SlotJob, datetime]],
+                         made: set[str]) -> list[AuditRecord]:
+        """Audit records of the slots whose run key a job of another origin holds (a
+        producer's `key=` of that form, from before such keys were refused): the slot is
+        not run, and that must not pass in silence. A key a run of this schedule holds
+        (another timer's, a backfill's) is the de-duplication working."""
+        held = tx.keys_held_elsewhere([job for job, _ in slots if job.key not in made])
+        out = []
+        for job, slot in slots:
+            if job.key in held:
+                detail = (f"job {held[job.key]}, not a run of this schedule, holds its run "
+                          f"key {job.key!r} (a key= given to schedule()); the slot is not run")
+                AUDITED.labels("key_taken").inc()
+                emit(log, "schedule_slots_not_run", logging.WARNING, schedule=job.schedule,
+                     reason="key_taken", first_slot=slot.isoformat(),
+                     last_slot=slot.isoformat(), slots=1, detail=detail)
+                out.append(AuditRecord(job.schedule, "key_taken", slot, slot, 1, detail))
+        return out
 
     def _shape(self, fire: Fire, t: datetime) -> datetime:
         """Apply the per-timer cap: a run whose second is full moves to the next free one."""

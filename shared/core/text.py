@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from datetime import date, time, timedelta
+from decimal import Decimal
 
 ELLIPSIS = " [...]"
 SHOWN_TEXT_LIMIT = 60
@@ -108,14 +109,20 @@ def decimal_integer(text: str) -> int:
 
 
 class LostNumber(ValueError):
-    """A JSON number that a float would not keep: too small (read as 0) or too large (read
-    as infinity)."""
+    """A JSON number that a float would not keep: too small (read as 0), too large (read
+    as infinity), or with more digits than a float holds (1.00000000000000000001 would
+    be read as 1.0)."""
 
     def __init__(self, text: str, becomes: str) -> None:
-        super().__init__(f"the number {bounded(text, 40)} is out of a float's range "
-                         f"(it would be read as {becomes}): send it as a string")
+        super().__init__(f"the number {bounded(text, 40)} {self.why(becomes)} (it would be "
+                         f"read as {becomes}): send it as a string")
         self.text = text
         self.becomes = becomes
+
+    @staticmethod
+    def why(becomes: str) -> str:
+        return ("is out of a float's range" if becomes in ("0", "infinity")
+                else "has more digits than a float keeps")
 
 
 def json_float(text: str) -> float:
@@ -127,4 +134,8 @@ def json_float(text: str) -> float:
         raise LostNumber(text, "infinity")
     if value == 0.0 and any(c in "123456789" for c in text.lower().split("e")[0]):
         raise LostNumber(text, "0")
+    # The float's shortest text is the number the payload will hold: a number it is not
+    # (more digits than 17 significant ones keep) would be changed in silence.
+    if Decimal(text) != Decimal(repr(value)):
+        raise LostNumber(text, repr(value))
     return value

@@ -297,6 +297,22 @@ def optional_text(name: str, value: object, max_length: int) -> str | None:
     return value
 
 
+RUN_KEY = re.compile(r".:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?Z\Z", re.DOTALL)
+"""The form of the keys schedules give their runs (shared.schedules.slots.slot_key)."""
+
+
+def job_key(value: object) -> str | None:
+    """A job's `key=`: text, and not of the form schedules key their runs with, which
+    would take that slot from a schedule of that name (its run would not be made)."""
+    key = optional_text("key", value, MAX_KEY_LENGTH)
+    if key is not None and RUN_KEY.search(key):
+        raise InvalidInput(
+            f"key {shown(key)} has the form of a schedule's run key (<schedule name>:<UTC "
+            "time>Z): a job keyed so would take that slot from a schedule of that name, "
+            "which would then not run it; write the time another way (+00:00 for Z, say)")
+    return key
+
+
 MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 1, 1000
 
 

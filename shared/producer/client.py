@@ -263,8 +263,7 @@ class Client:
                     at=at, delay_seconds=delay,
                     max_attempts=validation.max_attempts(spec.get("max_attempts")),
                     timeout_seconds=validation.timeout_seconds(spec.get("timeout")),
-                    unique_key=validation.optional_text(
-                        "key", spec.get("key"), validation.MAX_KEY_LENGTH),
+                    unique_key=validation.job_key(spec.get("key")),
                     tenant=validation.new_tenant(spec.get("tenant")),
                     concurrency_key=validation.optional_text(
                         "concurrency_key", spec.get("concurrency_key"),

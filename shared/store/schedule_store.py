@@ -103,6 +103,14 @@ class ScheduleStore(Store):
             "names": [s.schedule for s in slots], "run_ats": [s.run_at for s in slots],
             "keys": [s.key for s in slots]})]
 
+    def keys_held_elsewhere(self, slots: Sequence[SlotJob]) -> dict[str, int]:
+        """Of these slots' run keys, those a job that is not the schedule's own holds (a
+        producer's `key=` written before such keys were refused): key -> that job's id."""
+        if not slots:
+            return {}
+        return dict(self._rows(sql.KEYS_HELD_ELSEWHERE, {
+            "names": [s.schedule for s in slots], "keys": [s.key for s in slots]}))
+
     def insert_audit(self, records: Sequence[AuditRecord], now: datetime) -> None:
         if not records:
             return

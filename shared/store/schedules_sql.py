@@ -138,6 +138,16 @@ ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
 RETURNING id, unique_key
 """
 
+# Run keys INSERT_SLOT_JOBS found taken, by a job that is not a run of that schedule.
+KEYS_HELD_ELSEWHERE = """
+SELECT f.unique_key, coalesce(j.id, h.id)
+FROM unnest(%(names)s::text[], %(keys)s::text[]) AS f(name, unique_key)
+LEFT JOIN tock_jobs j ON j.unique_key = f.unique_key
+LEFT JOIN tock_history_jobs h ON j.id IS NULL AND h.unique_key = f.unique_key
+WHERE coalesce(j.id, h.id) IS NOT NULL
+  AND coalesce(j.schedule_name, h.schedule_name) IS DISTINCT FROM f.name
+"""
+
 INSERT_AUDIT = f"""
 INSERT INTO tock_schedule_audit (schedule, reason, first_slot, last_slot, slot_count, detail,
                                  recorded_at)

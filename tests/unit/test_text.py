@@ -4,6 +4,7 @@ including its suffix."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -179,7 +180,20 @@ def test_a_json_number_a_float_would_not_keep_is_refused(text, becomes):
         json.loads(f'{{"x": {text}}}', parse_float=json_float)
 
 
+@pytest.mark.parametrize(("text", "becomes"), [
+    ("1.00000000000000000001", "1.0"), ("9007199254740993.0", "9007199254740992.0"),
+    ("3.141592653589793238", "3.141592653589793"), ("1." + "0" * 1000 + "1", "1.0"),
+])
+def test_a_json_number_with_more_digits_than_a_float_keeps_is_refused(text, becomes):
+    """"Stored exactly as given or refused": a walkthrough's 1.00000000000000000001 was
+    stored as 1.0."""
+    with pytest.raises(LostNumber, match=rf"has more digits than a float keeps \(it would be "
+                                         rf"read as {re.escape(becomes)}\)"):
+        json.loads(f'{{"x": {text}}}', parse_float=json_float)
+
+
 @pytest.mark.parametrize("text", ["0.0", "-0.0", "0e5", "0.000e-999", "5e-324", "1.5",
-                                  "1.7976931348623157e308"])
+                                  "1.7976931348623157e308", "0.1", "2.50", "1E2",
+                                  "0.30000000000000004", "1.0000000000000000"])
 def test_json_numbers_a_float_keeps_are_read_as_json_reads_them(text):
     assert json.loads(text, parse_float=json_float) == json.loads(text)

@@ -251,17 +251,24 @@ def test_a_cancel_of_a_mistyped_id_cancels_nothing(operator, client):
     assert client.get(job.id).state.value == "scheduled"
 
 
-@pytest.mark.parametrize(("number", "becomes"), [("1e-400", "0"), ("-1e400", "infinity")])
+@pytest.mark.parametrize(("number", "becomes", "why"), [
+    ("1e-400", "0", "is out of a float's range"),
+    ("-1e400", "infinity", "is out of a float's range"),
+    ("1.00000000000000000001", "1.0", "has more digits than a float keeps"),
+])
 def test_a_number_a_float_would_not_keep_is_a_400_not_stored_changed(operator, db, number,
-                                                                     becomes):
+                                                                     becomes, why):
     res = operator.post("/api/jobs", content=f'{{"kind": "email", "payload": {{"x": '
                                              f'{number}}}}}'.encode(), headers=JSON)
     assert res.status_code == 400, res.text
-    assert res.json()["detail"] == (f"request body: 'payload.x': the number {number} is "
-                                    f"out of a float's range (it would be read as {becomes}): "
+    assert res.json()["detail"] == (f"request body: 'payload.x': the number {number} {why} "
+                                    f"(it would be read as {becomes}): "
                                     "send it as a string: a payload keeps such a number only "
                                     "as text")
     assert jobs(db) == 0
+    res = operator.post("/api/jobs", content=b'{"kind": "email", "timeout": '
+                        b'30.00000000000000000001}', headers=JSON)
+    assert res.json()["detail"].endswith("(it would be read as 30.0): send fewer digits")
 
 
 @pytest.mark.parametrize(("body", "path"), [

@@ -4,7 +4,11 @@ Berlin, the per-timer cap on fires per second, paused schedules."""
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from shared.core.errors import InvalidInput
 from shared.schedules.slots import slot_key
+from shared.store.rows import SlotJob
 from timer_service.scheduler import Scheduler
 
 S = timedelta(seconds=1)
@@ -87,3 +91,41 @@ def test_a_broken_row_does_not_stop_the_other_schedules(client, db, schedule_sto
     assert Scheduler(schedule_store, lookahead_seconds=0).step(t0 + timedelta(hours=1)) == 1
     assert keys(db, "good") == ["good:2026-06-01T13:00:00Z"]
     assert "schedule_plan_failed" in caplog.text
+
+
+def test_a_run_key_a_producer_cannot_take_any_more_is_refused_at_schedule(client, db):
+    t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    client.recurring("tick", "report", every=60, now=t0)
+    taken = slot_key("tick", t0 + 60 * S)
+    with pytest.raises(InvalidInput, match="has the form of a schedule's run key"):
+        client.schedule("email", key=taken)
+    with pytest.raises(InvalidInput, match=r"job #1: key .* run key"):
+        client.schedule_many([{"kind": "email"}, {"kind": "email", "key": taken}])
+    assert db.execute("SELECT count(*) FROM tock_jobs").fetchone()[0] == 0
+    client.schedule("email", key="tick:2026-06-01T12:01:00+00:00")  # another form: fine
+
+
+def test_a_slot_whose_run_key_another_job_holds_is_audited_not_dropped_in_silence(
+        client, db, schedule_store, caplog):
+    """A producer of an earlier version could take a schedule's run key with `key=`: the
+    timer's insert then makes nothing, which must leave the record every slot not run
+    leaves, not pass for another timer's run of it."""
+    t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    client.recurring("tick", "report", every=60, now=t0)
+    slot = t0 + 60 * S
+    db.execute("INSERT INTO tock_jobs (kind, queue, payload, run_at, unique_key) "
+               "VALUES ('email', 'default', '{}', %s, %s)", (t0 + 3600 * S, slot_key("tick", slot)))
+    holder = db.execute("SELECT id FROM tock_jobs").fetchone()[0]
+    scheduler = Scheduler(schedule_store, lookahead_seconds=0)
+    assert scheduler.step(slot) == 0
+    assert scheduler.step(slot + 60 * S) == 1, "the next slot is the schedule's own"
+    (event,) = client.schedule_history("tick")
+    assert (event.reason, event.first_slot, event.slot_count) == ("key_taken", slot, 1)
+    assert f"job {holder}, not a run of this schedule" in event.detail
+    assert "schedule_slots_not_run" in caplog.text
+    # A slot made by another timer is the de-duplication working: nothing recorded.
+    client.recurring("tock", "report", every=60, now=t0)
+    other = Scheduler(schedule_store, lookahead_seconds=0)
+    schedule_store.insert_slot_jobs([SlotJob("tock", slot, slot_key("tock", slot))])
+    other.step(slot)
+    assert client.schedule_history("tock") == []
