@@ -36,7 +36,7 @@ STEPS = {
     "pipeline.py:delete": "consumer: DeleteMessageBatch",
     "logs.py:emit": "structured logging (emit)",
     "rescuer.py:rescue_expired": "timer: lease rescue query",
-    "rescuer.py:redispatch_stuck": "timer: stuck re-dispatch query",
+    "lost_messages.py:redispatch_stuck": "timer: stuck re-dispatch query",
     "dispatcher.py:seconds_until_next_due": "timer: next-due query",
 }
 

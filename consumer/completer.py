@@ -38,6 +38,7 @@ class Completer(Loop):
     def __init__(self, pipe: Pipeline) -> None:
         super().__init__()
         self.pipe = pipe
+        self.pass_bound_seconds = pipe.sqs_pass_bound()  # its deletes
         self.group_commit_seconds = pipe.settings.group_commit_ms / 1000
         self._retrying: list[Finished] = []
 

@@ -265,6 +265,7 @@ class VisibilityKeeper(Loop):
         super().__init__()
         self.pipe = pipe
         self.idle_seconds = pipe.settings.heartbeat_seconds
+        self.pass_bound_seconds = pipe.sqs_pass_bound()
 
     def run_once(self, now: datetime | None = None) -> int:
         self.extend()
@@ -283,6 +284,7 @@ class VisibilityKeeper(Loop):
         for q, items in by_queue.items():
             receipts = [item.receipt for item in items]
             for i in range(0, len(receipts), MAX_BATCH):
+                asked = time.monotonic()
                 try:
                     failures = pipe.transport.change_visibility_batch(
                         q, receipts[i:i + MAX_BATCH], pipe.settings.visibility_timeout_seconds)
@@ -292,6 +294,10 @@ class VisibilityKeeper(Loop):
                         emit(log, "visibility_extend_failed", logging.WARNING, queue=q,
                              error=str(exc))
                     refused += len(receipts[i:i + MAX_BATCH])
+                    if pipe.hung(asked):
+                        # SQS is not answering: every other call would hang as long, and
+                        # the pass must end within its bound. The next beat tries again.
+                        return refused
                     continue
                 # A job whose outcome was written meanwhile has had its message deleted:
                 # SQS refuses that receipt, and nothing is wrong.

@@ -13,6 +13,7 @@ import logging
 import os
 import queue as queues
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,10 @@ from shared.core.reports import Worker
 from shared.runtime import metrics
 from shared.runtime.logs import emit
 from shared.runtime.settings import ConsumerSettings
+from shared.runtime.supervisor import DEFAULT_PASS_BOUND_SECONDS
 from shared.store.job_store import JobStore
 from shared.transport.base import MAX_BATCH, Transport
+from shared.transport.sqs import ATTEMPTS
 
 log = logging.getLogger("tock.consumer")
 
@@ -88,28 +91,57 @@ class Pipeline:
 
     def delete(self, queue: str, receipts: list[str]) -> None:
         """Delete messages, 10 per call; a failure is counted and logged (such a message
-        comes back later and claims nothing)."""
+        comes back later and claims nothing). After a call SQS left unanswered the rest
+        are not tried: each would hang as long, holding up the outcomes behind them."""
         for i in range(0, len(receipts), MAX_BATCH):
+            asked = time.monotonic()
             try:
                 failures = self.transport.delete_batch(queue, receipts[i:i + MAX_BATCH])
             except TransportError as exc:
                 metrics.SQS_ERRORS.labels("DeleteMessageBatch").inc()
-                emit(log, "delete_failed", logging.WARNING, queue=queue, error=str(exc))
+                emit(log, "delete_failed", logging.WARNING, queue=queue, error=str(exc),
+                     **self._left(asked, len(receipts) - i - MAX_BATCH))
+                if self.hung(asked):
+                    return
                 continue
             if failures:
                 metrics.SQS_ERRORS.labels("DeleteMessageBatch").inc(len(failures))
 
     def make_visible(self, queue: str, receipts: list[str], after_seconds: int = 0) -> None:
         """Let messages be received again after `after_seconds` (0: at once). A failure is
-        logged: they come back after their visibility timeout anyway."""
+        logged: they come back after their visibility timeout anyway (and after a call SQS
+        left unanswered, the rest are left to that)."""
         for i in range(0, len(receipts), MAX_BATCH):
+            asked = time.monotonic()
             try:
                 self.transport.change_visibility_batch(queue, receipts[i:i + MAX_BATCH],
                                                        after_seconds)
             except TransportError as exc:
                 metrics.SQS_ERRORS.labels("ChangeMessageVisibilityBatch").inc()
                 emit(log, "visibility_change_failed", logging.WARNING, queue=queue,
-                     error=str(exc))
+                     error=str(exc), **self._left(asked, len(receipts) - i - MAX_BATCH))
+                if self.hung(asked):
+                    return
+
+    def sqs_pass_bound(self) -> float:
+        """The liveness bound of a loop whose pass makes SQS calls that stop at the first
+        one SQS leaves unanswered (`hung`): that call's ATTEMPTS x the call timeout, with
+        room for its statements. An SQS that hangs must not fail liveness: a restart
+        cures nothing there."""
+        return max(DEFAULT_PASS_BOUND_SECONDS,
+                   ATTEMPTS * self.settings.sqs_call_timeout_seconds + 60)
+
+    def hung(self, asked: float) -> bool:
+        """Whether an SQS call made at `asked` (monotonic) failed only after its timeout:
+        SQS is not answering, and the next call would wait as long."""
+        return time.monotonic() - asked >= self.settings.sqs_call_timeout_seconds
+
+    def _left(self, asked: float, rest: int) -> dict[str, Any]:
+        """Log fields for the messages a hung call leaves untried."""
+        if rest <= 0 or not self.hung(asked):
+            return {}
+        return {"not_tried": rest, "detail": "SQS did not answer: the rest are not tried "
+                "now (their messages come back after the visibility timeout)"}
 
     def announcement(self) -> Worker:
         return Worker(

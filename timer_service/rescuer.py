@@ -1,4 +1,4 @@
-"""Recovery: jobs whose worker stopped heartbeating, and jobs whose SQS message was lost.
+"""Recovery of jobs whose worker stopped heartbeating.
 
 A running job whose lease expired (by the database clock) goes back to `retrying` with
 backoff, or to `dead` when that was its last attempt; the lost attempt is recorded as
@@ -15,20 +15,8 @@ just ended: frozen (a stopped process, a hung host or disk), it fails no stateme
 no worker can renew meanwhile, and the query, sent before the freeze, runs the moment it
 ends, before the workers' own renewals.
 
-A dispatched job nobody claimed for `dispatch_timeout_seconds` is sent again only on
-evidence that its message is gone: its SQS queue holds fewer messages than it has
-dispatched jobs. The messages waiting (visible) are the dispatched jobs'; those in flight
-are first the running jobs' (each holds its message until its outcome is written), and
-only what is in flight beyond one per running job may be a dispatched job's (received,
-its claim under way, or deferred). So a lost message is found while the queue is busy
-too: counting every message in flight as a dispatched job's let each running job hide one
-lost message for as long as work flowed. A running job whose message was deleted as a
-redelivered copy makes the count a little high, at worst one extra message for a job
-already older than the timeout (never a second run: the resend changes the token). A
-long backlog therefore resends nothing, however old; a purged or recreated queue, or
-messages moved to the dead-letter queue, resend as many of the oldest stuck jobs as
-messages are missing. A recreated queue is evidence of its own: every job dispatched well
-before its creation time lost its message.
+Jobs whose SQS message was lost are the `LostMessages` loop's (timer_service/lost_messages.py):
+it asks SQS, which may hang, and a lease rescue must not wait for it.
 """
 
 from __future__ import annotations
@@ -36,10 +24,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from shared.core.backoff import backoff_seconds
-from shared.core.errors import QueueMissing, TransportError
 from shared.core.iso_time import formatted
 from shared.core.states import JobState
 from shared.runtime import metrics
@@ -47,7 +34,6 @@ from shared.runtime.logs import emit
 from shared.runtime.supervisor import Loop
 from shared.store.job_store import JobStore
 from shared.store.rows import ExpiredLease, Rescue
-from shared.transport.base import Transport
 
 log = logging.getLogger("tock.timer.rescue")
 
@@ -59,51 +45,29 @@ maintenance interval (the pass may start late in it): 3 s by default, well withi
 slack of the default lease (30 s, renewed every 10 s: 20 s)."""
 
 
-CREATED_SLACK = timedelta(seconds=60)
-"""A job dispatched this long before its queue's creation time went with the old queue for
-sure: a dispatch's sends, retries included, end well within it (its claim's `now()` is
-`dispatched_at`, and a sender that finds the queue missing creates it first)."""
-
-
 class Rescuer(Loop):
     """Runs every `interval_seconds` (a full batch goes on at once)."""
 
     name = "rescue"
 
-    def __init__(self, store: JobStore, transport: Transport, *, batch_size: int,
-                 default_max_attempts: int, backoff_base_seconds: float,
-                 backoff_cap_seconds: float, dispatch_timeout_seconds: float,
+    def __init__(self, store: JobStore, *, batch_size: int, default_max_attempts: int,
+                 backoff_base_seconds: float, backoff_cap_seconds: float,
                  interval_seconds: float) -> None:
         super().__init__()
         self.store = store
-        self.transport = transport
         self.batch_size = batch_size
         self.default_max_attempts = default_max_attempts
         self.backoff_base = backoff_base_seconds
         self.backoff_cap = backoff_cap_seconds
-        self.dispatch_timeout = dispatch_timeout_seconds
         self.idle_seconds = interval_seconds
-        # Counting a queue's jobs costs more than the lease scan: at most every few seconds.
-        self._redispatch_every = max(interval_seconds, min(10.0, dispatch_timeout_seconds / 2))
-        self._next_redispatch = 0.0
         self.monotonic: Callable[[], float] = time.monotonic  # tests move it
         self._back_at: float | None = None
         """(time.monotonic()) When a pass first reached the database after this process
         started or after the database was last found unavailable."""
 
     def run_once(self, now: datetime | None = None) -> int:
-        """Rescue expired leases, then (every few seconds) re-dispatch jobs whose message
-        was lost; 0 unless a batch was full."""
-        rescued = self.rescue_expired(now)
-        redispatched = 0
-        if now is not None or time.monotonic() >= self._next_redispatch:
-            self._next_redispatch = time.monotonic() + self._redispatch_every
-            redispatched = self.redispatch_stuck(now)
-            if redispatched >= self.batch_size:
-                # More are lost (a purged queue, a restarted SQS): the next pass, which
-                # comes at once, takes them too, instead of a batch per interval.
-                self._next_redispatch = 0.0
-        return int(rescued >= self.batch_size or redispatched >= self.batch_size)
+        """Rescue expired leases; 0 unless a batch was full."""
+        return int(self.rescue_expired(now) >= self.batch_size)
 
     def rescue_expired(self, now: datetime | None = None) -> int:
         """Move running jobs with an expired lease to retrying or dead; returns how many.
@@ -167,46 +131,6 @@ class Rescuer(Loop):
         if self._back_at is None or (down_at is not None and down_at >= self._back_at):
             return 0.0, start
         return start - self._back_at, None
-
-    def redispatch_stuck(self, now: datetime | None = None) -> int:
-        """Make dispatched jobs whose message is gone due again (see the module docstring);
-        returns how many."""
-        total = 0
-        for queue, stuck in self.store.stuck_queues(self.dispatch_timeout, now).items():
-            missing = self._missing_messages(queue)
-            if not missing:
-                continue
-            ids = self.store.redispatch_stuck(queue, self.dispatch_timeout,
-                                              min(missing, stuck, self.batch_size), now)
-            if ids:
-                total += len(ids)
-                metrics.REDISPATCHED.inc(len(ids))
-                emit(log, "redispatch_lost", logging.WARNING, queue=queue, jobs=len(ids),
-                     missing_messages=missing, job_ids=ids[:20])
-        return total
-
-    def _missing_messages(self, queue: str) -> int:
-        """How many messages `queue` lacks; 0 when SQS cannot tell (no evidence, no resend).
-        See the module's docstring for the arithmetic."""
-        dispatched, running = self.store.queue_expected(queue)
-        created = None
-        try:
-            waiting, in_flight = self.transport.counts(queue)
-            created = self.transport.created_at(queue)
-        except QueueMissing:
-            waiting = in_flight = 0  # the queue is gone, and every message with it
-        except TransportError as exc:
-            emit(log, "queue_depth_unknown", logging.WARNING, queue=queue, error=str(exc))
-            return 0
-        missing = max(dispatched - waiting - max(in_flight - running, 0), 0)
-        if created is not None:
-            # Made again (a restarted LocalStack, a queue deleted and created): what was
-            # sent well before went with the old queue. A job dispatched just before may
-            # have been sent just after (the timer creates a missing queue as it sends):
-            # those the count above judges.
-            missing = max(missing, self.store.dispatched_before(
-                queue, created - CREATED_SLACK))
-        return missing
 
 
 def _lost(lease: ExpiredLease) -> str:

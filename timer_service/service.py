@@ -1,18 +1,20 @@
-"""The timer service: six loops (seven with backlog metrics) on one database pool, any
+"""The timer service: seven loops (eight with backlog metrics) on one database pool, any
 number of instances side by side with no leader (every claim is FOR UPDATE SKIP LOCKED).
 
     schedule   turns recurring schedules' due slots into jobs (timer_service/scheduler.py)
     dispatch   claims due jobs and sends them to SQS (timer_service/dispatcher.py)
     dispatch-watch  while a pair is backlogged or held back by the dispatch window, work
                falling due for the others goes out at once (timer_service/due_watcher.py)
-    rescue     expired leases and lost messages (timer_service/rescuer.py)
+    rescue     expired leases (timer_service/rescuer.py)
+    redispatch dispatched jobs whose SQS message was lost, on evidence from SQS's counts
+               (timer_service/lost_messages.py): a loop of its own, as SQS may hang
     retention  the history's day partitions and retention (timer_service/retention.py)
     statistics an ANALYZE of tock_jobs when its statistics lag far behind it
                (timer_service/statistics.py)
     backlog-metrics  with TOCK_CLOUDWATCH_NAMESPACE set: each queue's backlog to
                CloudWatch, for autoscaling (timer_service/backlog_metrics.py)
 
-`run_once(now)` runs one pass of schedule, rescue and dispatch, in that order, on the
+`run_once(now)` runs one pass of schedule, rescue, redispatch and dispatch, in that order, on the
 caller's thread (tests; the retention loop has its own `run_once(now)`, as it runs every
 TOCK_RETENTION_INTERVAL_SECONDS); `run_forever()` runs each loop on its own supervised
 thread until SIGTERM.
@@ -41,6 +43,7 @@ from shared.transport.sqs import SqsTransport
 from timer_service.backlog_metrics import BacklogMetrics
 from timer_service.dispatcher import Dispatcher
 from timer_service.due_watcher import DueWatcher
+from timer_service.lost_messages import LostMessages
 from timer_service.rescuer import Rescuer
 from timer_service.retention import Retention
 from timer_service.scheduler import Scheduler
@@ -77,7 +80,7 @@ class Timer:
         # A dispatch's transaction stays open through its sends: past SQS's retries (3
         # tries of the call timeout) the server may end it, never before.
         self.database = Database.for_service(
-            settings.database_url, max_size=8 if settings.cloudwatch_namespace else 7,
+            settings.database_url, max_size=9 if settings.cloudwatch_namespace else 8,
             name="tock-timer", synchronous_commit=False,
             idle_in_transaction_seconds=max(SERVICE_IDLE_IN_TRANSACTION_SECONDS,
                                             4 * settings.sqs_call_timeout_seconds + 20))
@@ -94,12 +97,16 @@ class Timer:
                                      dispatch_window=settings.dispatch_window,
                                      dispatch_window_seconds=settings.dispatch_window_seconds)
         self.rescuer = Rescuer(
-            jobs, self.transport, batch_size=settings.batch_size,
+            jobs, batch_size=settings.batch_size,
             default_max_attempts=settings.default_max_attempts,
             backoff_base_seconds=settings.backoff_base_seconds,
             backoff_cap_seconds=settings.backoff_cap_seconds,
-            dispatch_timeout_seconds=settings.dispatch_timeout_seconds,
             interval_seconds=settings.maintenance_interval_seconds)
+        self.lost_messages = LostMessages(
+            jobs, self.transport, batch_size=settings.batch_size,
+            dispatch_timeout_seconds=settings.dispatch_timeout_seconds,
+            interval_seconds=settings.maintenance_interval_seconds,
+            call_timeout_seconds=settings.sqs_call_timeout_seconds)
         self.scheduler = Scheduler(
             ScheduleStore(self.database), batch_size=settings.schedule_batch_size,
             batches_per_pass=settings.schedule_batches_per_pass,
@@ -116,8 +123,9 @@ class Timer:
                                      vacuum_dead_rows=settings.vacuum_dead_rows)
         self.stop_flag = StopFlag()
         self.supervisor = Supervisor("timer", self.stop_flag)
-        self.supervisor.watch(self.scheduler, self.rescuer, self.dispatcher, self.due_watcher,
-                              self.retention, self.statistics)
+        self.supervisor.watch(self.scheduler, self.rescuer, self.lost_messages,
+                              self.dispatcher, self.due_watcher, self.retention,
+                              self.statistics)
         self.backlog_metrics: BacklogMetrics | None = None
         if settings.cloudwatch_namespace:
             self.backlog_metrics = BacklogMetrics(
@@ -136,7 +144,7 @@ class Timer:
         stuck jobs, then dispatch one batch of due jobs. `now` pins the database clock."""
         fired = self.scheduler.run_once(now)
         rescued = self.rescuer.rescue_expired(now)
-        redispatched = self.rescuer.redispatch_stuck(now)
+        redispatched = self.lost_messages.redispatch_stuck(now)
         sent, refused = self.dispatcher.dispatch_due(now)
         return PassResult(sent, refused, rescued, redispatched, fired)
 

@@ -60,6 +60,10 @@ class _Beat:
     """The start of the pass last logged as stalled."""
 
 
+DEFAULT_PASS_BOUND_SECONDS = 120.0
+"""A loop's pass running longer fails liveness, unless the loop sets a bound of its own."""
+
+
 class Loop:
     """Base of every long-running loop. Subclasses set the class attributes and implement
     `run_once`; a pass that returns 0 (nothing to do) is followed by `idle_seconds` of
@@ -68,7 +72,7 @@ class Loop:
     name = "loop"
     threads = 1
     idle_seconds = 0.0
-    pass_bound_seconds: float | None = 120.0
+    pass_bound_seconds: float | None = DEFAULT_PASS_BOUND_SECONDS
     """A pass running longer than this makes the process not live (None: no bound)."""
     ready_within_seconds: float | None = None
     """The process is ready only while this loop succeeded this recently (None: ignored)."""

@@ -192,8 +192,11 @@ class SqsTransport:
         if cached:
             return cached
         try:
-            found = _field(self.client.get_queue_url(QueueName=self.queue_name(queue)),
-                           "GetQueueUrl", "QueueUrl")
+            found: str = _field(self.client.get_queue_url(QueueName=self.queue_name(queue)),
+                                "GetQueueUrl", "QueueUrl")
+        except UNREADABLE as exc:
+            raise TransportError(f"SQS GetQueueUrl answered what cannot be read: "
+                                 f"{type(exc).__name__}: {exc}") from exc
         except ClientError as exc:
             if _code(exc) in MISSING_CODES:
                 raise QueueMissing(
@@ -222,10 +225,10 @@ class SqsTransport:
                     "GetQueueAttributes", "QueueArn")
                 attributes["RedrivePolicy"] = json.dumps(
                     {"deadLetterTargetArn": arn, "maxReceiveCount": str(dead_letter_after)})
-            url = _field(self.client.create_queue(
+            url: str = _field(self.client.create_queue(
                 QueueName=self.queue_name(queue), Attributes=attributes),  # type: ignore[arg-type]
                 "CreateQueue", "QueueUrl")
-        except (ClientError, BotoCoreError, TransportError) as exc:
+        except (ClientError, BotoCoreError, TransportError, *UNREADABLE) as exc:
             raise TransportError(
                 f"cannot create SQS queue {queue!r}: {shorten_handles(str(exc))}") from exc
         self._remember(queue, url)
@@ -252,13 +255,18 @@ class SqsTransport:
             WaitTimeSeconds=min(wait_seconds, MAX_WAIT_SECONDS),
             VisibilityTimeout=visibility_timeout,
             MessageSystemAttributeNames=["ApproximateReceiveCount"])
+        messages = resp.get("Messages", [])
+        if not isinstance(messages, list):
+            raise TransportError("SQS ReceiveMessage answered Messages that are not a list")
         return [
             Received(
                 message_id=_field(m, "ReceiveMessage", "MessageId"),
-                receipt=_field(m, "ReceiveMessage", "ReceiptHandle"), body=m.get("Body", ""),
-                receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+                receipt=_field(m, "ReceiveMessage", "ReceiptHandle"),
+                body=str(m.get("Body", "")),
+                receive_count=_count(m.get("Attributes") or {"ApproximateReceiveCount": "1"},
+                                     "ApproximateReceiveCount"),
             )
-            for m in resp.get("Messages", [])
+            for m in messages
         ]
 
     def delete_batch(self, queue: str, receipts: list[str]) -> list[EntryFailure]:
@@ -301,8 +309,10 @@ class SqsTransport:
                  "ApproximateNumberOfMessagesDelayed"]
         resp = self._call("GetQueueAttributes", queue, self.client.get_queue_attributes,
                           AttributeNames=names)
-        visible, in_flight, delayed = (int(resp.get("Attributes", {}).get(n, "0"))
-                                       for n in names)
+        # No zeros for a reply without them: "the queue is empty" would make the timer
+        # send its whole backlog again (an empty reply of a server starting or stopping).
+        attributes = _field(resp, "GetQueueAttributes", "Attributes", kind=dict)
+        visible, in_flight, delayed = (_count(attributes, n) for n in names)
         return visible + delayed, in_flight
 
     def created_at(self, queue: str) -> datetime | None:
@@ -310,8 +320,15 @@ class SqsTransport:
         again (a restarted LocalStack, an operator's mistake) has a new one."""
         resp = self._call("GetQueueAttributes", queue, self.client.get_queue_attributes,
                           AttributeNames=["CreatedTimestamp"])
-        value = resp.get("Attributes", {}).get("CreatedTimestamp")
-        return datetime.fromtimestamp(int(value), UTC) if value else None
+        attributes = _field(resp, "GetQueueAttributes", "Attributes", kind=dict)
+        value = attributes.get("CreatedTimestamp")
+        if not value:
+            return None
+        try:
+            return datetime.fromtimestamp(int(value), UTC)
+        except (ValueError, OverflowError, OSError):
+            raise TransportError(f"SQS GetQueueAttributes answered CreatedTimestamp "
+                                 f"{shorten_handles(str(value))[:40]!r}, not a time") from None
 
     def _call(self, name: str, queue: str, method: Callable[..., Any], **kwargs: Any) -> Any:
         try:
@@ -323,8 +340,12 @@ class SqsTransport:
     def _call_once(self, name: str, queue: str, method: Callable[..., Any],
                    **kwargs: Any) -> Any:
         for attempt in (1, 2):
+            url = self._url_or_create(queue)
             try:
-                return method(QueueUrl=self._url_or_create(queue), **kwargs)
+                return method(QueueUrl=url, **kwargs)
+            except UNREADABLE as exc:  # botocore's parser, on a reply of the wrong shape
+                raise TransportError(f"SQS {name} answered what cannot be read: "
+                                     f"{type(exc).__name__}: {exc}") from exc
             except ClientError as exc:
                 if _code(exc) not in MISSING_CODES:
                     raise TransportError(f"SQS {name} failed: {_describe(exc)}") from exc
@@ -409,29 +430,55 @@ def _describe(exc: ClientError) -> str:
     return f"{err.get('Code', '?')}: {shorten_handles(err.get('Message', str(exc)))}"
 
 
+UNREADABLE = (AttributeError, TypeError, KeyError, ValueError)
+"""What botocore's parser raises on a reply of the wrong shape (a map where it expects a
+list, text where a number): not its own errors, so caught around the call alone."""
+
 NO_REPLY = "NoReply"
 """The code of an entry a batch reply left out: it may or may not have been done."""
 
 
-def _field(reply: Any, operation: str, name: str) -> str:
-    """`reply[name]`, or TransportError: a server starting or being killed (LocalStack's
-    gateway does this) can answer 200 with an empty body, which boto3 returns as a reply
-    with no fields rather than an error."""
+def _field(reply: Any, operation: str, name: str, *, kind: type = str) -> Any:
+    """`reply[name]`, a `kind`, or TransportError: a server starting or being killed
+    (LocalStack's gateway does this) can answer 200 with an empty body, which boto3
+    returns as a reply with no fields rather than an error."""
     value = reply.get(name) if isinstance(reply, dict) else None
     if value is None:
         raise TransportError(f"SQS {operation} answered without {name} (an empty reply: "
                              "is the server starting or stopping?)")
-    return str(value)
+    if not isinstance(value, kind):
+        raise TransportError(f"SQS {operation} answered a {type(value).__name__} as "
+                             f"{name}, not a {kind.__name__}")
+    return value
+
+
+def _count(attributes: Any, name: str) -> int:
+    """A count SQS gives as text (`"12"`), or TransportError."""
+    if not isinstance(attributes, dict) or name not in attributes:
+        raise TransportError(f"SQS answered without the attribute {name}")
+    try:
+        return int(attributes[name])
+    except (TypeError, ValueError):
+        raise TransportError(f"SQS answered {name} = "
+                             f"{shorten_handles(str(attributes[name]))[:40]!r}, not a "
+                             "count") from None
+
+
+def _entries(resp: Any, name: str) -> list[dict[str, Any]]:
+    """The entries of a batch reply's `name` list that are objects (the rest say nothing)."""
+    found = resp.get(name, []) if isinstance(resp, dict) else []
+    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
 
 
 def _failures(resp: Any, ids: Sequence[str]) -> list[EntryFailure]:
     """The entries of a batch call that did not succeed: those SQS refused, and those its
     reply does not mention (an empty reply is no promise that anything was done)."""
     failed = [
-        EntryFailure(str(f.get("Id")), f.get("Code", "?"), shorten_handles(f.get("Message", "")))
-        for f in resp.get("Failed", [])
+        EntryFailure(str(f.get("Id")), str(f.get("Code", "?")),
+                     shorten_handles(str(f.get("Message", ""))))
+        for f in _entries(resp, "Failed")
     ]
     answered = {f.entry_id for f in failed} | {
-        str(s.get("Id")) for s in resp.get("Successful", [])}
+        str(s.get("Id")) for s in _entries(resp, "Successful")}
     return failed + [EntryFailure(i, NO_REPLY, "SQS's reply did not mention this entry")
                      for i in ids if i not in answered]

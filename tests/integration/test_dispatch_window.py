@@ -326,9 +326,9 @@ def test_a_running_fleet_keeps_a_backlog_in_postgres_and_a_newcomer_starts_early
 
 
 def test_more_lost_messages_than_a_batch_are_all_sent_again_at_once(db, windowed, transport):
-    """A restarted SQS loses a whole window. The rescuer re-sends a batch per pass, and a
-    full pass is followed at once by the next, not by one batch per re-send interval
-    (10 s here): on the real clock, one call after another, as the loop makes them."""
+    """A restarted SQS loses a whole window. The lost-message loop re-sends a batch per
+    pass, and a full pass says so (1), which the loop follows at once with the next, not
+    after its interval (10 s here): on the real clock, one call after another."""
     lost = 35
     db.execute("""
         INSERT INTO tock_jobs (kind, state, run_at, payload, dispatched_at, dispatch_token)
@@ -336,18 +336,18 @@ def test_more_lost_messages_than_a_batch_are_all_sent_again_at_once(db, windowed
                now() - interval '2 minutes', gen_random_uuid()
         FROM generate_series(1, %s)
     """, (lost,))
-    rescuer = windowed.rescuer
-    assert rescuer._redispatch_every >= 10  # so a gated pass would wait that long
+    loop = windowed.lost_messages
+    assert loop.idle_seconds >= 10  # so a pass that said "nothing more" would wait that long
 
     def sent_again() -> int:
         return db.execute("SELECT count(*) FROM tock_jobs WHERE state <> 'dispatched'"
                           ).fetchone()[0]
 
-    passes: list[int] = []
+    passes: list[tuple[int, int]] = []
     for _ in range(10):
         before = sent_again()
-        rescuer.run_once()
-        passes.append(sent_again() - before)
-        if passes[-1] < windowed.settings.batch_size:
+        more = loop.run_once()
+        passes.append((sent_again() - before, more))
+        if not more:
             break
-    assert passes == [10, 10, 10, 5]
+    assert passes == [(10, 1), (10, 1), (10, 1), (5, 0)]

@@ -19,11 +19,13 @@ import pytest
 from consumer.claimer import Claimer
 from consumer.service import Consumer
 from shared.core.errors import TransportError
+from shared.core.reports import Worker
 from shared.core.states import AttemptOutcome, JobState
 from shared.transport.base import MAX_WAIT_SECONDS, EntryFailure, Outgoing
 from shared.transport.sqs import ATTEMPTS, NO_REPLY, SqsTransport
 from tests.faults.waiting import hold_fault
-from tests.support.drive import db_now, dispatch, receive
+from tests.integration.store.helpers import add_dispatched, add_running
+from tests.support.drive import db_now, dispatch, make_consumer, receive
 from tests.support.sqs_gateway import SqsGateway
 from tests.support.wait import wait_for
 from timer_service.dispatcher import (
@@ -455,7 +457,7 @@ def test_a_running_jobs_message_deleted_as_a_redelivery_resends_no_waiting_job(
     dispatch(timer, clock_now)
     tokens = {j.id: client.get(j.id).dispatch_token for j in waiting}
     later = clock_now + timedelta(minutes=10)
-    assert timer.rescuer.redispatch_stuck(later) == 0
+    assert timer.lost_messages.redispatch_stuck(later) == 0
     assert {j.id: client.get(j.id).dispatch_token for j in waiting} == tokens, "none resent"
 
 
@@ -475,7 +477,7 @@ def test_a_lost_message_is_resent_while_running_jobs_hold_messages_of_their_own(
     [message] = transport.receive("default", 1, 0, 30)  # lost: someone else deleted it
     assert transport.delete_batch("default", [message.receipt]) == []
     later = clock_now + timedelta(minutes=10)
-    assert timer.rescuer.redispatch_stuck(later) == 1
+    assert timer.lost_messages.redispatch_stuck(later) == 1
     again = client.get(waiting.id)
     assert again.state is JobState.SCHEDULED and again.dispatch_token != sent
 
@@ -491,7 +493,7 @@ def test_a_queue_made_as_its_first_batch_is_sent_resends_nothing(
     try:
         assert dispatch(timer, early) == 3
         tokens = {j.id: client.get(j.id).dispatch_token for j in jobs}
-        assert timer.rescuer.redispatch_stuck(clock_now + timedelta(minutes=10)) == 0
+        assert timer.lost_messages.redispatch_stuck(clock_now + timedelta(minutes=10)) == 0
         assert {j.id: client.get(j.id).dispatch_token for j in jobs} == tokens
     finally:
         transport.client.delete_queue(QueueUrl=transport.url("fresh"))
@@ -522,7 +524,7 @@ def test_messages_lost_with_a_recreated_queue_are_resent_while_running_jobs_hold
     assert {i.job_id for i in consumer.in_flight()} == {j.id for j in held}
     assert transport.depth("default") == 2, "as many messages as dispatched jobs"
     later = clock_now + timedelta(minutes=10)
-    assert timer.rescuer.redispatch_stuck(later) == 2
+    assert timer.lost_messages.redispatch_stuck(later) == 2
     for job in lost:
         again = client.get(job.id)
         assert again.state in (JobState.SCHEDULED, JobState.RETRYING), again.state
@@ -566,3 +568,113 @@ def test_empty_replies_from_sqs_are_failures_and_the_timer_sends_again_after(
             assert client.get(job.id).state is JobState.DISPATCHED
         finally:
             timer.close()
+
+
+@pytest.mark.parametrize(("operation", "reply", "call"), [
+    ("GetQueueAttributes", b"", "counts"),
+    ("GetQueueAttributes", b'{"Attributes": "x"}', "counts"),
+    ("GetQueueAttributes", b'{"Attributes": {"ApproximateNumberOfMessages": "abc"}}', "counts"),
+    ("GetQueueAttributes", b'{"Attributes": {"CreatedTimestamp": "9' + b"9" * 30 + b'"}}',
+     "created_at"),
+    ("ReceiveMessage", b'{"Messages": "x"}', "receive"),
+    ("ReceiveMessage", b'{"Messages": [1]}', "receive"),
+    ("ReceiveMessage", b'{"Messages": [{"MessageId": 5, "ReceiptHandle": "r"}]}', "receive"),
+    ("SendMessageBatch", b'{"Successful": "x"}', "send"),
+])
+def test_a_reply_of_the_wrong_shape_is_a_transport_error_not_a_crash(
+        transport, queue_prefix, operation, reply, call):
+    """A chaos walkthrough's proxy garbled SQS's replies: the timer's and the consumer's
+    loops crashed (exit 70) on an int() of "abc", a timestamp out of range and botocore's
+    own AttributeError. Each is a TransportError, which the loops retry."""
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client())
+        via.url("default")
+        gateway.replies[operation] = reply
+        calls = {"counts": lambda: via.counts("default"),
+                 "created_at": lambda: via.created_at("default"),
+                 "receive": lambda: via.receive("default", wait_seconds=0),
+                 "send": lambda: via.send_batch("default", [Outgoing("1", "b")])}
+        with pytest.raises(TransportError, match="SQS"):
+            calls[call]()
+
+
+def test_an_empty_count_reply_sends_no_backlog_again(client, timer_settings, transport,
+                                                      queue_prefix, clock_now):
+    """Read as zeros, an empty GetQueueAttributes reply said the queue was empty, and the
+    timer sent every old dispatched job again, pass after pass (a chaos walkthrough saw
+    the same jobs go out three times in 30 s). No count, no evidence, no resend."""
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client())
+        timer = Timer(timer_settings, via)
+        try:
+            jobs = client.schedule_many([{"kind": "k"} for _ in range(5)])
+            dispatch(timer, clock_now)
+            tokens = {j.id: client.get(j.id).dispatch_token for j in jobs}
+            gateway.replies["GetQueueAttributes"] = b""
+            later = clock_now + timedelta(minutes=10)
+            assert timer.lost_messages.redispatch_stuck(later) == 0
+            assert {j.id: client.get(j.id).dispatch_token for j in jobs} == tokens
+            gateway.replies.clear()
+            assert timer.lost_messages.redispatch_stuck(later) == 0, "all five are in SQS"
+        finally:
+            timer.close()
+
+
+def test_a_hung_sqs_does_not_hold_up_the_lease_rescue(db, timer_settings, transport,
+                                                      queue_prefix):
+    """The lost-message check asks SQS, which can hang for 3 x the call timeout per queue;
+    it shared a pass with the lease rescue, so a consumer killed during an SQS freeze had
+    its jobs rescued half a minute late (a chaos walkthrough). Now the rescue goes on."""
+    settings = timer_settings.model_copy(update={"dispatch_timeout_seconds": 5,
+                                                  "maintenance_interval_seconds": 0.2})
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        timer = Timer(settings, SqsTransport(queue_prefix, client=gateway.client()))
+        try:
+            now = db_now(db)
+            add_dispatched(db, now, dispatched_at=now - timedelta(minutes=5))
+            lease = add_running(db, now, worker="gone", lease_until=now - timedelta(seconds=5))
+            timer.rescuer.store.heartbeat(Worker("gone", "h", 1, ["default"], [], 4, 1),
+                                          [lease], 1, now=now - timedelta(seconds=6))
+            gateway.hang.add("GetQueueAttributes")
+            timer.start()
+            wait_for(lambda: gateway.held, timeout=30, message="the SQS count to hang")
+            wait_for(lambda: db.execute("SELECT state::text FROM tock_jobs_all WHERE id = %s",
+                                        (lease.job_id,)).fetchone()[0] == "retrying",
+                     timeout=30, message="the expired lease rescued while SQS hangs")
+            assert not gateway.release.is_set()
+        finally:
+            gateway.release.set()
+            timer.stop()
+
+
+def test_a_hung_delete_is_not_followed_by_the_rest_of_the_pass(
+        consumer_settings, registry, transport, queue_prefix):
+    """The completer deletes a written group's messages 10 per call: into an SQS that does
+    not answer, each call waited out its retries, and the outcomes behind them waited for
+    all of them (a pass of 5 x 3 x the call timeout failed liveness). One unanswered call
+    ends the pass: the rest come back after their visibility timeout and claim nothing."""
+    settings = consumer_settings.model_copy(update={"sqs_call_timeout_seconds": 0.5})
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client(read_timeout=0.5,
+                                                                attempts=ATTEMPTS))
+        via.url("default")
+        consumer = make_consumer(settings, registry, via)
+        try:
+            gateway.hang.add("DeleteMessageBatch")
+            consumer.pipe.delete("default", [f"receipt-{i}" for i in range(50)])
+            assert gateway.held == ATTEMPTS, "one call's tries, then no more"
+            gateway.hang.add("ChangeMessageVisibilityBatch")
+            consumer.pipe.make_visible("default", [f"receipt-{i}" for i in range(50)])
+            assert gateway.held == 2 * ATTEMPTS
+        finally:
+            gateway.release.set()
+            consumer.close()
+    assert consumer.completer.pass_bound_seconds >= 120
+    slow = consumer_settings.model_copy(update={"sqs_call_timeout_seconds": 45})
+    bound = make_consumer(slow, registry, transport)
+    try:
+        # A 45 s call timeout: one unanswered call takes 3 x 45 s, within the bound.
+        assert bound.completer.pass_bound_seconds >= 3 * 45
+        assert bound.visibility.pass_bound_seconds >= 3 * 45
+    finally:
+        bound.close()

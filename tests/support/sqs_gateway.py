@@ -1,11 +1,15 @@
 """An HTTP gateway in front of the real SQS server that can be told to answer every call
 with an empty 200, as LocalStack's own gateway does for a moment while it is killed or
-started (boto3 turns such a reply into a reply with no fields, not an error).
+started (boto3 turns such a reply into a reply with no fields, not an error), to answer
+one operation with a body of its own (a reply of the wrong shape), or to hold one
+operation's calls until released (an SQS that hangs).
 
     with SqsGateway(upstream=os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
         transport = SqsTransport(prefix, client=gateway.client())
         gateway.empty = True    # every call now gets an empty 200 ...
         gateway.empty = False   # ... and is forwarded again
+        gateway.replies["GetQueueAttributes"] = b'{"Attributes": "x"}'
+        gateway.hang.add("GetQueueAttributes"); ...; gateway.release.set()
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ class SqsGateway:
         self.empty = False
         self.emptied = 0
         """Calls answered with an empty 200."""
+        self.replies: dict[str, bytes] = {}
+        """Operation (GetQueueAttributes, ...) -> the body of a 200 to answer it with."""
+        self.hang: set[str] = set()
+        """Operations whose calls are held until `release` is set (then forwarded)."""
+        self.release = threading.Event()
+        self.held = 0
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -35,11 +45,18 @@ class SqsGateway:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if gateway.empty:
-                    gateway.emptied += 1
+                operation = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
+                if operation in gateway.hang:
+                    gateway.held += 1
+                    gateway.release.wait(120)
+                canned = b"" if gateway.empty else gateway.replies.get(operation)
+                if canned is not None:
+                    gateway.emptied += not canned
                     self.send_response(200)
-                    self.send_header("Content-Length", "0")
+                    self.send_header("Content-Type", "application/x-amz-json-1.0")
+                    self.send_header("Content-Length", str(len(canned)))
                     self.end_headers()
+                    self.wfile.write(canned)
                     return
                 conn = http.client.HTTPConnection(*gateway.upstream, timeout=60)
                 try:
@@ -66,12 +83,13 @@ class SqsGateway:
         self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    def client(self) -> Any:
+    def client(self, read_timeout: float = 30, attempts: int = 1) -> Any:
         """A boto3 SQS client that goes through the gateway."""
         return boto3.client("sqs", endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id="test", aws_secret_access_key="test",
-                            config=Config(connect_timeout=5, read_timeout=30,
-                                          retries={"mode": "standard", "max_attempts": 1}))
+                            config=Config(connect_timeout=5, read_timeout=read_timeout,
+                                          retries={"mode": "standard",
+                                                   "total_max_attempts": attempts}))
 
     def __enter__(self) -> SqsGateway:
         self._thread.start()
