@@ -138,6 +138,11 @@ class Registry:
              timeout: float | None = None,
              isolation: Isolation | None = None) -> Callable[[Handler], Handler]:
         """Decorator form of `add`."""
+        if callable(kind):  # `@task` without its parentheses: `kind` is the handler
+            name = getattr(kind, "__name__", "handler")
+            raise InvalidInput(f"@task needs the job kind it handles: write "
+                               f"@task(\"{name}\") above {name}, not @task alone")
+        validation.kind(kind)  # at import, not when the first job of it is claimed
 
         def register(handler: Handler) -> Handler:
             self.add(kind, handler, max_attempts=max_attempts, timeout=timeout,

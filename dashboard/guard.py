@@ -19,7 +19,9 @@ nothing has read the body yet), in this order:
    to send. FastAPI would not parse it and answer 422 "Input should be a valid
    dictionary" (curl -d sends application/x-www-form-urlencoded); taking such text as
    JSON anyway would let a plain cross-site form post reach the API.
-5. Encoding: a JSON body that is not UTF-8 (RFC 8259) is 400, with the offending byte,
+5. Encoding: a body sent with a Content-Encoding (gzip, br) is 415: nothing here decodes
+   it, and read as it is it would be refused for a misleading reason, or taken as text.
+   A JSON body that is not UTF-8 (RFC 8259) is 400, with the offending byte,
    where FastAPI would say only "There was an error parsing the body".
 6. JSON depth: a JSON body nested deeper than MAX_JSON_DEPTH levels is 400. Parsing and
    error reporting recurse per level; very deep input would exhaust the stack (FastAPI
@@ -37,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard.auth import CSRF_HEADER, SESSION_COOKIE, Authenticator, bearer_token
 from dashboard.settings import DashboardSettings, split_host
+from shared.core.text import shown
 
 PROBES = frozenset({"/healthz", "/readyz"})
 SAID_ONCE = ("Host", "Authorization", "Origin", "Content-Type", CSRF_HEADER, "Sec-Fetch-Site")
@@ -185,6 +188,12 @@ class RequestGuard:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if body and encoding not in ("", "identity"):
+            await _reply(send, 415, f"request body is sent with Content-Encoding: "
+                                    f"{shown(encoding)}, which is not decoded here: send it "
+                                    "uncompressed, without that header")
+            return
         refusal = _body_refusal(body, headers.get("content-type"), api=path == "/api"
                                 or path.startswith("/api/")) if body else None
         if refusal is not None:

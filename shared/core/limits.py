@@ -42,8 +42,8 @@ class LimitSpec:
         at least 1).
         At least one of the two; a kind_key limit takes `max_running` only."""
         scope, name = limit_target(scope, key)
-        if scope == "tenant":  # a new setting; removing one takes any stored tenant
-            validation.visible("tenant", name)
+        if scope == "tenant" and name:  # a new setting; removing one takes any stored tenant
+            validation.new_tenant(name)
         running = _count("max_running", max_running, 0, MAX_RUNNING_LIMIT)
         shaped = [n for n, given in (("per", per is not None),
                                      ("burst", burst is not None)) if given]
@@ -72,7 +72,7 @@ class LimitSpec:
                                    "altogether, set max_running 0")
             if per_second > MAX_RATE_PER_SECOND:
                 raise InvalidInput(f"rate must be at most {MAX_RATE_PER_SECOND:,.0f} per "
-                                   f"second, got {per_second:g}")
+                                   f"second, got {per_second:,.10g}")
         if running is None and per_second is None:
             raise InvalidInput("give max_running, a rate, or both")
         bucket = _count("burst", burst, 1, MAX_BURST)

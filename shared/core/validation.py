@@ -326,11 +326,15 @@ def tenant_weight(value: object) -> int:
 
 
 def tenant(value: object) -> str | None:
-    """A tenant name, or None. Blank space at either end is refused: " acme" would show
-    as acme everywhere (dashboard, CLI, logs) yet be another tenant, with its own share,
-    weight and limits."""
-    text = optional_text("tenant", value, MAX_TENANT_LENGTH)
-    if text is not None and text != text.strip():
+    """A tenant name as it may be stored, or None: what filters and removals take, so that
+    a tenant stored before `new_tenant`'s checks can still be found and cleaned up."""
+    return optional_text("tenant", value, MAX_TENANT_LENGTH)
+
+
+def _unblank(text: str) -> str:
+    """Blank space at either end is refused: " acme" would show as acme everywhere
+    (dashboard, CLI, logs) yet be another tenant, with its own share, weight and limits."""
+    if text != text.strip():
         what = "is only blank space" if not text.strip() else "begins or ends with blank space"
         raise InvalidInput(f"tenant {shown(text)} {what}, which would show as another "
                            "tenant; remove it")
@@ -361,10 +365,11 @@ def visible(name: str, text: str) -> str:
 
 def new_tenant(value: object) -> str | None:
     """A tenant given for new work or a setting (enqueue, schedule, weight, limit): as
-    `tenant`, and `visible`. Filters and removals take `tenant`, so that tenants stored
-    before this check can still be found and cleaned up."""
+    `tenant`, without blank space at either end, and `visible`. Filters and removals take
+    `tenant`, so that tenants stored before these checks can still be found and cleaned
+    up."""
     text = tenant(value)
-    return None if text is None else visible("tenant", text)
+    return None if text is None else visible("tenant", _unblank(text))
 
 
 def new_tenant_key(value: object) -> str:

@@ -10,6 +10,7 @@ recurring-schedules API and provides the process-wide default.)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -270,7 +271,7 @@ class Client:
                         validation.MAX_CONCURRENCY_KEY_LENGTH))
                 if job.unique_key is not None:
                     earlier = by_key.setdefault(job.unique_key, job)
-                    if earlier != job:
+                    if earlier != job and _canonical(earlier) != _canonical(job):
                         raise InvalidInput(f"key {job.unique_key!r} is given twice with "
                                            "different jobs in one call")
             except InvalidInput as exc:
@@ -380,3 +381,10 @@ class Client:
             raise JobNotFound(f"no job with id {job_id}")
         raise InvalidTransition(
             f"cannot {verb} job {job_id}: it is {current.state}; only {allowed} jobs can be")
+
+
+def _canonical(job: NewJob) -> NewJob:
+    """`job` with its payload's objects in key order: {"a": 1, "b": 2} and {"b": 2, "a": 1}
+    are one payload (as Python and jsonb compare them), so one job for one key."""
+    return replace(job, payload=json.dumps(json.loads(job.payload), sort_keys=True,
+                                           separators=(",", ":"), ensure_ascii=False))

@@ -104,6 +104,21 @@ def test_joiners_are_kept_and_tenants_stored_with_invisible_characters_can_be_fo
     assert client.remove_limit("tenant", "a\u200bb") is False
 
 
+def test_a_tenant_stored_with_blank_space_at_an_end_can_be_found_and_cleaned_up(client, db):
+    """As the README promises of any stored tenant (a walkthrough found " acme" refused by
+    every filter, reset and removal, so an older version's row could not be undone)."""
+    db.execute("INSERT INTO tock_jobs (kind, queue, tenant, run_at) VALUES ('email', "
+               "'default', ' acme', now())")
+    db.execute("INSERT INTO tock_tenant_weights (tenant, weight) VALUES (' acme', 3)")
+    db.execute("INSERT INTO tock_limits (scope, key, max_running) VALUES ('tenant', ' acme', 1)")
+    page = list_jobs(OperatorStore(client.database), JobFilter.of(tenant=" acme"))
+    assert [j.tenant for j in page.jobs] == [" acme"]
+    assert client.reset_tenant_weight(" acme") is True
+    assert client.remove_limit("tenant", " acme") is True
+    with pytest.raises(InvalidInput, match="begins or ends with blank space"):
+        client.set_limit("tenant", " acme", max_running=1)
+
+
 def test_a_payload_at_the_depth_limit_and_escaped_text_are_stored_exactly(client):
     for payload in (_deep(MAX_PAYLOAD_DEPTH - 1), {"text": "\\u0000 is six characters"},
                     {"é": "ünïcödé ✓"}, {"n": 1e15, "small": 5e-324, "neg": -0.5, "one": 1.0}):
@@ -126,6 +141,11 @@ def test_one_key_twice_in_one_call(client, db):
                                          {"kind": "email", "key": "k", "payload": 1}])
     assert first.id == again.id and first.created and not again.created
     assert _count(db) == 1
+    # One payload in another key order is the same job (a walkthrough was refused).
+    first, again = client.schedule_many([
+        {"kind": "email", "key": "k2", "payload": {"a": 1, "b": [{"x": 1, "y": 2}]}},
+        {"kind": "email", "key": "k2", "payload": {"b": [{"y": 2, "x": 1}], "a": 1}}])
+    assert first.id == again.id and first.created and not again.created
 
 
 def test_recurring_refuses_an_empty_queue(client, db):

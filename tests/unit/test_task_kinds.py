@@ -122,3 +122,17 @@ def test_a_handler_that_cannot_take_payload_and_ctx_is_refused_when_registered(h
 ])
 def test_handlers_that_take_payload_and_ctx_are_registered(handler):
     assert Registry().add("sig", handler).handler is handler
+
+
+def test_task_without_its_parentheses_says_how_to_write_it():
+    """`@task` alone took the function as the kind and replaced it by a decorator, in
+    silence: the consumer then found no handler for it (a bad-input walkthrough)."""
+    registry = Registry()
+    with pytest.raises(InvalidInput, match=r'write @task\("send"\) above send, not @task '
+                                           "alone"):
+        @registry.task  # type: ignore[arg-type]
+        def send(payload, ctx):
+            return None
+    with pytest.raises(InvalidInput, match="kind"):
+        registry.task("")
+    assert registry.tasks() == []

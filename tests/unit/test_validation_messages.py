@@ -170,3 +170,13 @@ def test_a_wall_time_the_clocks_skip_is_refused_naming_the_zone():
     first = validation.aware("at", datetime(2027, 10, 31, 2, 30, tzinfo=berlin))
     second = validation.aware("at", datetime(2027, 10, 31, 2, 30, fold=1, tzinfo=berlin))
     assert (second - first).total_seconds() == 3600
+
+
+@pytest.mark.parametrize(("rate", "shown_as"), [(1_000_001, "1,000,001"),
+                                                (1_000_000.5, "1,000,000.5")])
+def test_a_rate_just_over_the_limit_is_shown_as_given(rate, shown_as):
+    """It read "got 1e+06", which looks like the limit itself (a bad-input walkthrough)."""
+    from shared.core.limits import LimitSpec
+
+    with pytest.raises(InvalidInput, match=f"at most 1,000,000 per second, got {shown_as}$"):
+        LimitSpec.of("kind", "k", rate=rate)

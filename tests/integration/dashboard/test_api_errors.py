@@ -4,6 +4,7 @@ or `burst` without a rate (refused, never dropped)."""
 
 from __future__ import annotations
 
+import gzip
 import re
 
 import pytest
@@ -287,3 +288,20 @@ def test_a_lost_number_is_named_by_its_field(operator, db, body, path):
     assert res.status_code == 400
     assert res.json()["detail"].endswith("no field takes a number that large or that small")
     assert jobs(db) == 0
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br"])
+def test_a_body_sent_compressed_is_415_naming_the_encoding(operator, db, encoding):
+    """Nothing decodes it: a plain JSON body marked br was taken as it was, and a gzip one
+    refused as "byte 0x8b ... is not UTF-8" (a bad-input walkthrough)."""
+    body = gzip.compress(b'{"kind": "email"}') if encoding == "gzip" else b'{"kind": "email"}'
+    res = operator.post("/api/jobs", content=body,
+                        headers={**JSON, "Content-Encoding": encoding})
+    assert res.status_code == 415
+    assert res.json()["detail"] == (f"request body is sent with Content-Encoding: '{encoding}'"
+                                    ", which is not decoded here: send it uncompressed, "
+                                    "without that header")
+    assert jobs(db) == 0
+    res = operator.post("/api/jobs", content=b'{"kind": "email"}',
+                        headers={**JSON, "Content-Encoding": "identity"})
+    assert res.status_code == 201
