@@ -48,10 +48,19 @@ def login_form(request: Request,
     return response
 
 
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
 @router.post("/login")
 def login(request: Request, auth: Annotated[Authenticator, Depends(authenticator)],
           token: Annotated[str, Form()] = "", csrf_token: Annotated[str, Form()] = ""
           ) -> Response:
+    sent_as = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if sent_as not in FORM_TYPES:
+        # Its fields would read as empty, and the refusal below would blame the CSRF field.
+        raise HTTPException(415, f"the login form posts as {FORM_TYPES[0]} (token and "
+                                 f"csrf_token fields), not {sent_as or 'without a type'}; "
+                                 "for the API, send Authorization: Bearer <token> instead")
     # Login CSRF: the form's hidden field must match the cookie set with the form, and a
     # browser must say the post comes from this origin.
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
@@ -60,7 +69,7 @@ def login(request: Request, auth: Annotated[Authenticator, Depends(authenticator
         emit(log, "login_refused", logging.WARNING, reason="csrf")
         raise HTTPException(403, "login form expired or posted from another site: reload "
                             "/login and try again")
-    role = auth.role_of(token)
+    role = auth.role_of(token.strip())  # pasted with its newline, as a Bearer header may be
     if role is None:
         emit(log, "login_failed", logging.WARNING)
         fresh = auth.login_csrf()

@@ -11,6 +11,7 @@ import pytest
 
 from shared.core.errors import InvalidInput
 from tests.integration.dashboard.guard_helpers import jobs
+from tests.support.dashboard import OPERATOR
 
 JSON = {"Content-Type": "application/json"}
 
@@ -98,6 +99,22 @@ def test_the_login_form_still_posts_as_a_form(anon):
     res = anon.post("/login", data={"token": "wrong", "csrf_token":
                                     anon.cookies["tock_login_csrf"]}, follow_redirects=False)
     assert res.status_code != 415
+
+
+def test_a_login_posted_as_json_says_so_and_a_pasted_newline_is_forgiven(anon):
+    """A JSON login was refused as "form expired or posted from another site" (its fields
+    read as empty); a token pasted with its newline was "Wrong token.", though the API's
+    Bearer header takes it (a bad-input walkthrough)."""
+    anon.get("/login")
+    csrf = anon.cookies["tock_login_csrf"]
+    res = anon.post("/login", json={"token": OPERATOR, "csrf_token": csrf})
+    assert res.status_code == 415
+    assert res.json()["detail"].startswith("the login form posts as "
+                                           "application/x-www-form-urlencoded")
+    res = anon.post("/login", data={"token": f" {OPERATOR}\n", "csrf_token": csrf},
+                    follow_redirects=False)
+    assert res.status_code == 303, res.text
+    assert anon.get("/api/me").json()["role"] == "operator"
 
 
 def test_a_limit_without_its_key_says_the_key_is_required(operator):
