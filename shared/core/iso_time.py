@@ -40,6 +40,8 @@ def parse_iso_datetime(text: str) -> datetime:
     except ValueError as exc:
         # Python's own words: "day is out of range for month", "hour must be in 0..23"
         reason = str(exc).split(": '")[0]
+        if reason.startswith("offset must be a timedelta"):  # Python's, in its own terms
+            reason = "its UTC offset is out of range (offsets run from -23:59 to +23:59)"
         leap = " (leap seconds are not kept: write :59)" if "second must be" in reason else ""
         raise NoSuchTime(f"{text!r} is not a real date and time: {reason}{leap}") from None
 

@@ -45,6 +45,8 @@ def test_a_time_python_would_read_as_another_is_refused(text):
     ("2027-01-01T24:00:00Z", "is not a real date and time: hour must be in 0..23"),
     ("2027-01-01T23:59:60Z", "is not a real date and time: second must be in 0..59 (leap "
                              "seconds are not kept: write :59)"),
+    ("2027-01-01T00:00:00+25:00", "is not a real date and time: its UTC offset is out of "
+                                  "range (offsets run from -23:59 to +23:59)"),
 ])
 def test_a_time_of_the_right_shape_that_does_not_exist_says_which_part(text, says):
     assert f"{text!r} {says}" in _refusal(text)
