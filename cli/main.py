@@ -8,7 +8,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from cli import audit
 from cli.arguments import add_common, positive_seconds
@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="tock", description="tock: a distributed job scheduler on Postgres and SQS. "
         "Settings come from TOCK_* environment variables.")
+    parser.add_argument("--version", action="version", version=f"tock {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="apply database migrations (idempotent)",
@@ -181,12 +182,15 @@ def _refuse_options_before_the_command(parser: argparse.ArgumentParser,
     """`tock --database-url URL stats` read the URL as the command ("invalid choice"), and
     `tock --json stats` said --json was unrecognized: each command takes its options after
     its name. Say that, with the command line that works."""
-    if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help"):
+    if not argv or not argv[0].startswith("-") or argv[0] in ("-h", "--help", "--version"):
         return
     commands = next(a.choices for a in parser._actions
                     if isinstance(a, argparse._SubParsersAction))
     command = next((a for a in argv if a in commands), None)
     option = argv[0].split("=", 1)[0]
+    if option not in _options_of(commands.values()):
+        parser.error(f"no tock command takes {option}: tock --help lists the commands, "
+                     "tock COMMAND --help their options")
     if command is not None:
         rest = [a for a in argv if a != command]
         parser.error(f"{option} goes after the command: tock {command} {' '.join(rest)}")
@@ -251,3 +255,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _version() -> str:
+    """The installed package's version (pyproject.toml's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tock")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
+def _options_of(parsers: Iterable[argparse.ArgumentParser]) -> set[str]:
+    """Every option string of these parsers and of their subcommands'."""
+    found: set[str] = set()
+    for each in parsers:
+        for action in each._actions:
+            found.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                found |= _options_of(action.choices.values())
+    return found

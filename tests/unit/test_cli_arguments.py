@@ -318,6 +318,9 @@ def test_plain_numbers_are_read(option, written, value):
      "postgresql://x@127.0.0.1:1/y"),
     (["--json", "stats"], "--json goes after the command: tock stats --json"),
     (["--json"], "--json goes after a command, as in: tock stats --json ..."),
+    # One no command takes is not sent after one (which then said "unrecognized").
+    (["-v"], "no tock command takes -v: tock --help lists the commands"),
+    (["--foo", "stats"], "no tock command takes --foo"),
 ])
 def test_an_option_before_the_command_is_shown_where_it_goes(argv, says, capsys):
     with pytest.raises(SystemExit) as info:
@@ -359,3 +362,10 @@ def test_a_single_value_option_given_twice_is_refused(argv, option, capsys):
 def test_states_may_be_repeated():
     args = build_parser().parse_args(["jobs", "--state", "dead", "--state", "scheduled"])
     assert len(args.state) == 2
+
+
+def test_tock_version_says_the_installed_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("tock 0.")
