@@ -352,14 +352,21 @@ Indic scripts (and emoji sequences), so a name may need them."""
 
 
 def visible(name: str, text: str) -> str:
-    """`text`, unless it holds a control character (Unicode category Cc: C0, DEL, C1) or a
-    format character (Cf: zero-width space, bidi controls, BOM) other than JOINERS: a name
-    with one shows as another name everywhere, yet is not it."""
+    """`text`, unless it holds a control character (Unicode category Cc: C0, DEL, C1), a
+    format character (Cf: zero-width space, bidi controls, BOM) other than JOINERS, or a
+    space or separator other than the plain space (Zs, Zl, Zp): a name with one shows as
+    another name everywhere, yet is not it."""
     for char in text:
         if unicodedata.category(char) in ("Cc", "Cf") and char not in JOINERS:
             what = unicodedata.name(char, "a control character")
             raise InvalidInput(f"{name} contains U+{ord(char):04X} ({what}), which does not "
                                "show where the name is shown; remove it")
+        if unicodedata.category(char) in ("Zs", "Zl", "Zp") and char != " ":
+            # A no-break or thin space shows as a space, a line separator as a line
+            # break or a space: "a\u00a0b" would be listed as "a b" yet be another name.
+            raise InvalidInput(f"{name} contains U+{ord(char):04X} "
+                               f"({unicodedata.name(char, 'a separator')}), which shows as "
+                               "a plain space or a line break; write a plain space or none")
     return text
 
 

@@ -18,9 +18,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from shared.core.errors import ConfigError
+from shared.core.errors import ConfigError, InvalidInput
 from shared.core.states import JobState
-from shared.core.validation import MAX_DELAY_SECONDS, MAX_TIMEOUT_SECONDS, QUEUE_NAME
+from shared.core.validation import (
+    MAX_DELAY_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    QUEUE_NAME,
+    visible,
+)
 from shared.store.database import check_url
 
 CLOUDWATCH_NAMESPACE = re.compile(r"^[A-Za-z0-9._/#:-]{1,255}$")
@@ -349,6 +354,18 @@ class ConsumerSettings(CommonSettings):
         description="With process isolation (this consumer's or a kind's): how long a "
                     "handler told to stop (deadline, lost lease, shutdown) may go on before "
                     "its process is killed (SIGKILL).")
+
+    @field_validator("worker_id")
+    @classmethod
+    def _worker_id(cls, value: str | None) -> str | None:
+        # Shown in `tock workers`, the dashboard and every job's attempts: a newline or an
+        # invisible character there would show as another worker's id.
+        if value is not None:
+            try:
+                visible("worker id", value)
+            except InvalidInput as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("queues", mode="before")
     @classmethod

@@ -82,6 +82,9 @@ def test_a_tenant_with_blank_space_at_an_end_is_refused_everywhere(client, db, t
     ("\u2066acme", "tenant contains U+2066 (LEFT-TO-RIGHT ISOLATE)"),
     ("\ufeffacme", "tenant contains U+FEFF (ZERO WIDTH NO-BREAK SPACE)"),
     ("a\u00adb", "tenant contains U+00AD (SOFT HYPHEN)"),
+    ("a\u00a0b", "tenant contains U+00A0 (NO-BREAK SPACE), which shows as a plain space"),
+    ("a\u2028b", "tenant contains U+2028 (LINE SEPARATOR)"),
+    ("a\u3000b", "tenant contains U+3000 (IDEOGRAPHIC SPACE)"),
 ])
 def test_an_invisible_character_in_a_new_tenant_is_refused_everywhere(client, db, tenant,
                                                                        says):

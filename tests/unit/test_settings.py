@@ -235,3 +235,13 @@ def test_the_log_level_and_format_take_any_case(monkeypatch, level, fmt):
     monkeypatch.setenv("TOCK_LOG_LEVEL", "verbose")
     with pytest.raises(ConfigError, match="TOCK_LOG_LEVEL"):
         TimerSettings.load()
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\u200bb", "a\u00a0b"])
+def test_a_worker_id_that_would_show_as_another_is_refused(monkeypatch, value):
+    """`tock workers` showed TOCK_WORKER_ID="a\\nb" as "a b" (a bad-input walkthrough)."""
+    monkeypatch.setenv("TOCK_WORKER_ID", value)
+    with pytest.raises(ConfigError, match="TOCK_WORKER_ID: worker id contains U\\+"):
+        ConsumerSettings.load()
+    monkeypatch.setenv("TOCK_WORKER_ID", "web-1 a")
+    assert ConsumerSettings.load().worker_id == "web-1 a"
