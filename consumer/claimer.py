@@ -423,8 +423,12 @@ class Claimer(Loop):
                 continue
             state, token = found[parsed.job_id]
             if token != parsed.token:
-                out.append((msg, "stale_token",
-                            f"job {parsed.job_id} is {state} with another dispatch token"))
+                out.append((msg, "stale_token", (
+                    f"job {parsed.job_id} is {state} and has never been sent (the "
+                    "message's token is none of its: forged, or of another database)"
+                    if token is None else
+                    f"job {parsed.job_id} is {state}, under a dispatch token other than "
+                    "the message's (a copy of an earlier dispatch)")))
             elif state is JobState.DISPATCHED:  # its token, yet no claim: not its kind/queue
                 kind, queue = routes.get(parsed.job_id, ("?", "?"))
                 out.append((msg, "rejected", (

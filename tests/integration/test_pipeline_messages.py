@@ -7,6 +7,7 @@ backoff and due-time logic is tested without waiting."""
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -21,7 +22,8 @@ from timer_service.service import Timer
 
 
 def test_forged_stale_and_malformed_messages_change_nothing(
-        client, db, timer, transport, registry, consumers, clock):
+        client, db, timer, transport, registry, consumers, clock, caplog):
+    caplog.set_level(logging.INFO, logger="tock.consumer")
     ran = []
     registry.add("work", lambda payload, ctx: ran.append(ctx.job_id))
     waiting = client.schedule("work", delay=3600)
@@ -60,6 +62,12 @@ def test_forged_stale_and_malformed_messages_change_nothing(
     assert metric("tock_messages_dropped_total", reason="stale_token") == \
         before["stale_token"] + 2
     assert queue_empty(transport), "dropped messages are deleted"
+    # Each says what it found: a job never sent has no token to be "another".
+    said = " ".join(str(r.fields) for r in caplog.records
+                    if getattr(r, "event", "") == "message_dropped")
+    assert f"job {waiting.id} is scheduled and has never been sent" in said
+    assert re.search(rf"job {dispatched.id} is \w+, under a dispatch token other than the "
+                     "message's", said)
 
 
 def test_a_message_naming_another_kind_claims_nothing_even_with_the_jobs_token(
