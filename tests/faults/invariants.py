@@ -35,6 +35,9 @@ from tests.faults.records import (
 )
 from tests.faults.result import Result, Violation
 
+FROZEN_SQS = "LocalStack frozen (SIGSTOP)"
+"""How a freeze's fault window is named (tests.faults.scenarios.sqs_freeze)."""
+
 OUTCOME_SLACK_SECONDS = 2.0
 """After a handler returns, its outcome is written within moments (the completer takes
 batches every 0.2 s): a fault this soon after a run's end can still have cost its outcome."""
@@ -173,6 +176,22 @@ def evaluate(*, scenario: str, job_ids: list[int], tables: Tables, runs: list[Ru
                                f"{extra}; log {proc.log}"))
     names = Counter(p.name for p in processes)
     result.restarts = sum(n - 1 for n in names.values())
+
+    # (f) the lease rescue asks Postgres alone: a consumer killed while SQS hangs has its
+    # jobs rescued before SQS answers again (the lost-message counts once held it up).
+    for fault in faults:
+        if not fault.name.startswith(FROZEN_SQS):
+            continue
+        killed = {p.pid for p in processes
+                  if p.killed_at is not None and fault.start <= p.killed_at <= fault.end}
+        for rows in attempt_rows.values():
+            for a in rows:
+                if (a.outcome == "lease_expired" and _pid_of(a.worker) in killed
+                        and a.finished_at is not None and a.finished_at > fault.end):
+                    v.append(Violation("rescue_waited_for_sqs", a.job_id, (
+                        f"attempt {a.attempt} of {a.worker}, killed during the freeze, "
+                        f"was rescued {a.finished_at - fault.end:.1f} s after SQS answered "
+                        "again")))
     if result.attempts_without_run:
         result.notes.append(f"{result.attempts_without_run} lease_expired attempts never "
                             "reached a handler (a claim committed whose answer the consumer "

@@ -6,6 +6,8 @@
     pg_read_only Postgres refuses writes for 6 s (a primary demoted by a failover, under
                  open connections), then takes them again
     sqs_restart  LocalStack SIGKILLed, restarted empty on the same port (queues gone)
+    sqs_freeze   LocalStack stopped (SIGSTOP) for 8 s, so every SQS call hangs, and a
+                 consumer killed as it begins: its jobs' leases are rescued meanwhile
     partition    consumers cut off from Postgres for 2x the lease, then healed
     poison       malformed, hostile and replayed messages sent straight to the queue
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +31,7 @@ import psycopg
 
 from tests.faults import tasks
 from tests.faults.cluster import Cluster
+from tests.faults.invariants import FROZEN_SQS
 from tests.faults.profiles import LEASE_SECONDS, Profile
 from tests.faults.proxy import TcpProxy
 from tests.faults.records import FaultWindow
@@ -36,6 +40,7 @@ from tests.faults.waiting import hold_fault
 
 PG_DOWN_SECONDS = 6.0
 SQS_DOWN_SECONDS = 2.0
+SQS_FROZEN_SECONDS = 8.0
 
 
 @dataclass
@@ -136,6 +141,29 @@ def sqs_restart(ctx: Context) -> None:
         ctx.services.sqs_start()
 
 
+def sqs_freeze(ctx: Context) -> None:
+    """LocalStack stopped (SIGSTOP) and continued: SQS neither answers nor refuses, so
+    every call hangs, which a process must ride out without exiting or failing its loops.
+    A consumer is killed as the freeze begins: the timers rescue its jobs' leases while
+    SQS hangs (the rescue asks Postgres alone; invariant `rescue_waited_for_sqs`), and the
+    jobs run once it answers again."""
+    name = f"{FROZEN_SQS} for {SQS_FROZEN_SECONDS:g} s, a consumer killed"
+    # A job whose message went missing, on a queue of its own no consumer reads: the
+    # timers count that queue in SQS (which hangs) all through the freeze.
+    with psycopg.connect(ctx.database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO tock_jobs (kind, queue, state, run_at, payload, "
+                     "dispatched_at, dispatch_token) VALUES ('stuck', 'fault-stuck', "
+                     "'dispatched', now() - interval '1 minute', '{}', "
+                     "now() - interval '1 minute', gen_random_uuid())")
+    with ctx.window(name, explains_overlap=False):
+        ctx.services.sqs_signal(signal.SIGSTOP)
+        try:
+            ctx.cluster.kill(ctx.rng.choice(ctx.cluster.names("consumer")))
+            hold_fault(SQS_FROZEN_SECONDS, name)
+        finally:
+            ctx.services.sqs_signal(signal.SIGCONT)
+
+
 def partition(ctx: Context) -> None:
     """The consumers lose Postgres (open connections dropped, new ones hang) for twice the
     lease, so their leases expire and the timers give their jobs to others."""
@@ -226,6 +254,9 @@ SCENARIOS = {
                  pg_read_only, lambda p: PG_DOWN_SECONDS + 2.0),
         Scenario("sqs_restart", "LocalStack SIGKILLed, restarted empty on the same port",
                  sqs_restart, lambda p: SQS_DOWN_SECONDS + 3.0),
+        Scenario("sqs_freeze", f"LocalStack frozen (SIGSTOP) for {SQS_FROZEN_SECONDS:g} s, "
+                 "a consumer killed as it begins", sqs_freeze,
+                 lambda p: SQS_FROZEN_SECONDS + 3.0),
         Scenario("partition",
                  f"consumers partitioned from Postgres for {2 * LEASE_SECONDS:g} s (2x lease)",
                  partition, lambda p: 2 * LEASE_SECONDS + 2.0),

@@ -107,6 +107,12 @@ class Services:
         self._keep_sqs_log()
         shutil.rmtree(self.sqs.work_dir, ignore_errors=True)
 
+    def sqs_signal(self, signum: int) -> None:
+        """Send `signum` to LocalStack's whole process group (SIGSTOP freezes it: calls
+        hang, neither answered nor refused; SIGCONT lets it go on)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.sqs.process.pid, signum)
+
     def sqs_start(self) -> None:
         """Start a fresh LocalStack on the same port; returns once SQS is ready."""
         deadline = time.monotonic() + 30
@@ -133,6 +139,7 @@ class Services:
             with contextlib.suppress(subprocess.CalledProcessError):
                 self.pg.start()
             self.wait_pg()
+        self.sqs_signal(signal.SIGCONT)  # a freeze a failed scenario left on
         if not self.sqs_up():
             self.sqs_kill()
             self.sqs_start()
