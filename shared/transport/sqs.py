@@ -324,8 +324,8 @@ class SqsTransport:
         value = attributes.get("CreatedTimestamp")
         if not value:
             return None
-        try:
-            return datetime.fromtimestamp(int(value), UTC)
+        try:  # whole seconds from SQS; moto's server adds a fraction
+            return datetime.fromtimestamp(float(value), UTC)
         except (ValueError, OverflowError, OSError):
             raise TransportError(f"SQS GetQueueAttributes answered CreatedTimestamp "
                                  f"{shorten_handles(str(value))[:40]!r}, not a time") from None

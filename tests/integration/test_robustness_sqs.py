@@ -678,3 +678,15 @@ def test_a_hung_delete_is_not_followed_by_the_rest_of_the_pass(
         assert bound.visibility.pass_bound_seconds >= 3 * 45
     finally:
         bound.close()
+
+
+def test_a_creation_time_with_a_fraction_is_read(transport, queue_prefix):
+    """moto's server gives CreatedTimestamp with a fraction of a second ("1796609476.27"),
+    which `int()` refused: the lost-message check crashed on it."""
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client())
+        via.url("default")
+        gateway.replies["GetQueueAttributes"] = (
+            b'{"Attributes": {"CreatedTimestamp": "1796609476.278097"}}')
+        created = via.created_at("default")
+        assert created is not None and created.timestamp() == pytest.approx(1796609476.278097)
