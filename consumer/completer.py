@@ -1,5 +1,6 @@
 """Write outcomes: take the finished attempts waiting (up to `completion_batch_size`),
-write them with one fenced statement, commit, and only then delete their messages.
+write them with one fenced statement, commit, and only then hand their messages to the
+deleter (consumer/deleter.py).
 
 A crash before the delete leaves messages that are redelivered and find their job
 finished, which is harmless. A result whose fence matches nothing (the lease was lost:
@@ -38,7 +39,7 @@ class Completer(Loop):
     def __init__(self, pipe: Pipeline) -> None:
         super().__init__()
         self.pipe = pipe
-        self.pass_bound_seconds = pipe.sqs_pass_bound()  # its deletes
+        self.pass_bound_seconds = pipe.sqs_pass_bound()  # its deletes, driven step by step
         self.group_commit_seconds = pipe.settings.group_commit_ms / 1000
         self._retrying: list[Finished] = []
 
@@ -103,11 +104,12 @@ class Completer(Loop):
                     continue
                 self._report(f, f.item.job_id in written, states.get(f.item.job_id))
                 by_queue[f.item.queue].append(f.item.receipt)
-        # Only now, after the commit: delete.
+        # Only now, after the commit: delete (on the deleter's thread, so that the next
+        # outcomes' commit does not wait for SQS).
         for q, receipts in by_queue.items():
-            pipe.delete(q, receipts)
+            pipe.after_commit(q, receipts)
         for q, receipts in again.items():
-            pipe.make_visible(q, receipts)
+            pipe.after_commit(q, receipts, visible=True)
         for f in batch:
             if not (f.item.abandoned and not f.item.detached and not f.item.released):
                 pipe.tracker.forget(f.item)

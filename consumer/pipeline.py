@@ -47,6 +47,14 @@ class Work(NamedTuple):
     task: Task | None
 
 
+class Tidy(NamedTuple):
+    """Messages to delete (or make visible again) once their outcomes are committed."""
+
+    queue: str
+    receipts: list[str]
+    visible: bool = False
+
+
 @dataclass
 class Pipeline:
     settings: ConsumerSettings
@@ -64,6 +72,11 @@ class Pipeline:
     tracker: Tracker = field(default_factory=Tracker)
     work: queues.Queue[Work] = field(default_factory=queues.Queue)
     done: queues.Queue[Finished] = field(default_factory=queues.Queue)
+    tidy: queues.Queue[Tidy] = field(default_factory=queues.Queue)
+    """Committed outcomes' messages, for the deleter loop (consumer/deleter.py)."""
+    deleting: bool = False
+    """The deleter loop runs: `after_commit` hands it the messages; else (a consumer driven
+    step by step) they are deleted at once."""
     async_blocked_for: Callable[[], float] = lambda: 0.0
     """How long the event loop of async handlers has been blocked now (AsyncRunner), so
     the receivers leave async jobs to other consumers meanwhile."""
@@ -130,6 +143,18 @@ class Pipeline:
         cures nothing there."""
         return max(DEFAULT_PASS_BOUND_SECONDS,
                    ATTEMPTS * self.settings.sqs_call_timeout_seconds + 60)
+
+    def after_commit(self, queue: str, receipts: list[str], *, visible: bool = False) -> None:
+        """The messages of outcomes just committed: deleted (`visible`: made visible again)
+        by the deleter loop, or here when it does not run."""
+        if not receipts:
+            return
+        if self.deleting:
+            self.tidy.put(Tidy(queue, receipts, visible))
+        elif visible:
+            self.make_visible(queue, receipts)
+        else:
+            self.delete(queue, receipts)
 
     def hung(self, asked: float) -> bool:
         """Whether an SQS call made at `asked` (monotonic) failed only after its timeout:

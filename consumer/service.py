@@ -1,6 +1,6 @@
 """A consumer process: its loops, their threads, and its lifecycle.
 
-    claim-<queue> (2 threads per queue) ─► execute (concurrency threads) ─► complete
+    claim-<queue> (2 threads per queue) ─► execute (concurrency threads) ─► complete ─► delete
                                              ├─ async (one event loop thread; thread isolation)
                                              └─ handler processes (process isolation: the
                                                 consumer's, or that of some kinds)
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from consumer import outcomes
 from consumer.claimer import Claimer
 from consumer.completer import Completer
+from consumer.deleter import Deleter
 from consumer.executor import Executor
 from consumer.inflight import InFlight
 from consumer.lease import LeaseKeeper, VisibilityKeeper
@@ -96,6 +97,7 @@ class Consumer:
         if self.async_runner is not None:
             self.pipe.async_blocked_for = self.async_runner.blocked_for
         self.completer = Completer(self.pipe)
+        self.deleter = Deleter(self.pipe)
         self.lease_keeper = LeaseKeeper(self.pipe)
         self.visibility = VisibilityKeeper(self.pipe)
         self.stop_flag = StopFlag()
@@ -103,7 +105,8 @@ class Consumer:
         """Shutdown stopped without its last writes (LAST_WRITES_SECONDS): the process
         should exit at once, not wait for threads blocked on the database."""
         self.supervisor = Supervisor("consumer", self.stop_flag)
-        self.supervisor.watch(self.lease_keeper, self.visibility, self.completer)
+        self.supervisor.watch(self.lease_keeper, self.visibility, self.completer,
+                              self.deleter)
         if self.async_runner is not None:
             self.supervisor.watch(self.async_runner)
         self.supervisor.watch(self.executor, *self.claimers.values())
@@ -139,6 +142,7 @@ class Consumer:
             self.pipe.worker_id_pending = True
             emit(log, "announce_failed", logging.WARNING, worker=self.worker_id,
                  error=str(exc), detail="retried by the heartbeat loop")
+        self.pipe.deleting = True  # the deleter loop takes the committed outcomes' messages
         self.supervisor.start()
         emit(log, "consumer_started", worker=self.worker_id, queues=self.settings.queues,
              concurrency=self.settings.concurrency, isolation=self.settings.isolation,
@@ -227,6 +231,11 @@ class Consumer:
         self.lease_keeper.join(SETTLE_SECONDS)
         with contextlib.suppress(Retryable):  # else the row goes stale; the dashboard says so
             pipe.store.stop_worker(self.worker_id, pipe.clock())
+        # Last, the messages of the outcomes written: an SQS that hangs holds up nothing
+        # above, and what is left undeleted comes back to claim nothing.
+        self.deleter.stop()
+        self.deleter.join(SETTLE_SECONDS)
+        self.deleter.drain()
         self.close()
 
     def _drain(self) -> None:

@@ -690,3 +690,31 @@ def test_a_creation_time_with_a_fraction_is_read(transport, queue_prefix):
             b'{"Attributes": {"CreatedTimestamp": "1796609476.278097"}}')
         created = via.created_at("default")
         assert created is not None and created.timestamp() == pytest.approx(1796609476.278097)
+
+
+def test_outcomes_are_written_while_a_delete_hangs(client, consumer_settings, registry,
+                                                   timer, transport, queue_prefix, running):
+    """The completer deleted each batch's messages on its own thread: a DeleteMessageBatch
+    that hung held up every outcome behind it (a chaos walkthrough: finished jobs written
+    30 s late). The deletes are the deleter loop's now; the outcomes go on."""
+    registry.add("quick", lambda p, c: None)
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client(read_timeout=60))
+        consumer = running(via)
+        try:
+            gateway.hang.add("DeleteMessageBatch")
+            first = client.schedule("quick")
+            dispatch(timer)
+            wait_for(lambda: client.get(first.id).state is JobState.SUCCEEDED, timeout=30,
+                     message="the first job's outcome")
+            wait_for(lambda: gateway.held, timeout=30, message="its delete to hang")
+            second = client.schedule("quick")
+            dispatch(timer)
+            wait_for(lambda: client.get(second.id).state is JobState.SUCCEEDED, timeout=20,
+                     message="the second job's outcome, while the first delete hangs")
+            assert not gateway.release.is_set()
+        finally:
+            gateway.release.set()
+    wait_for(lambda: transport.depth("default") == 0, timeout=60,
+             message="both messages deleted once SQS answers")
+    assert consumer.deleter.pass_bound_seconds >= 120
