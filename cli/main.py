@@ -253,10 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _version() -> str:
     """The installed package's version (pyproject.toml's)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -276,3 +272,7 @@ def _options_of(parsers: Iterable[argparse.ArgumentParser]) -> set[str]:
             if isinstance(action, argparse._SubParsersAction):
                 found |= _options_of(action.choices.values())
     return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())
