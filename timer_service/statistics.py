@@ -18,8 +18,11 @@ from shared.store.statistics_store import VACUUM_TIMEOUT_MS, StatisticsStore
 
 log = logging.getLogger("tock.timer.statistics")
 
-INTERVAL_SECONDS = 10.0
-MAX_BACKOFF_PASSES = 32
+INTERVAL_SECONDS = 2.0
+"""A pass is two catalog reads. Checked every 10 s, a table churning 600 dead rows a second
+(200 jobs/s) reached up to 17,000 dead rows before its vacuum, and its indexes, which never
+shrink, grew to hold each new peak; every 2 s the peak stays near the threshold."""
+MAX_BACKOFF_PASSES = 150
 """A vacuum that removes little is not tried again for up to this many passes (5 minutes
 at the default interval)."""
 

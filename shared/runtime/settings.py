@@ -190,7 +190,7 @@ class TimerSettings(CommonSettings):
     maintenance_interval_seconds: float = Field(default=2.0, gt=0, le=600)
     vacuum_dead_rows: int = Field(
         default=10_000, ge=0, le=100_000_000,
-        description="VACUUM tock_jobs (checked every 10 s) once it holds this many dead "
+        description="VACUUM tock_jobs (checked every 2 s) once it holds this many dead "
                     "rows and more dead rows than live ones, rather than wait up to a "
                     "minute for autovacuum (0: leave it to autovacuum).")
     # At most 10 years, as a job's delay= (a retry lands in the calendar Postgres and
