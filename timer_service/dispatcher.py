@@ -430,12 +430,13 @@ class Dispatcher(Loop):
                 tenants = list(dict.fromkeys(p[2] for p in pairs))
                 with self._lock:
                     self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
-            if waited:
-                pairs = [p for p in pairs if (p[0], p[1], p[2]) not in waited]
+            # Held pairs stay in the plan: their jobs in SQS set the level the others
+            # send up to (fair_share.quotas).
+            held = {(p[0], p[1], p[2]) for p in pairs if (p[0], p[1], p[2]) in waited}
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,
                                         tenant_room=tenant_room, lane_room=lane_room,
-                                        turn=turn, in_sqs=in_sqs)
+                                        turn=turn, in_sqs=in_sqs, held=held)
                 if not share:
                     break
                 got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn, now=now)
@@ -443,6 +444,7 @@ class Dispatcher(Loop):
                 capacity -= len(got)
                 taken = Counter((job.kind, job.queue, job.tenant_key) for job in got)
                 for (kind, queue, tenant), n in taken.items():
+                    in_sqs[(kind, queue, tenant)] = in_sqs.get((kind, queue, tenant), 0) + n
                     if kind in kind_room:
                         kind_room[kind] -= n
                     if tenant in tenant_room:
@@ -451,12 +453,12 @@ class Dispatcher(Loop):
                         lane_room[(kind, queue)] -= n
                 # Pairs that took their whole share may have more; the others are done.
                 wanted = {(k, q, t): n for k, q, t, n in share}
-                pairs = [p for p in pairs
-                         if taken[(p[0], p[1], p[2])] >= wanted.get((p[0], p[1], p[2]), 1)]
+                pairs = [p for p in pairs if (p[0], p[1], p[2]) in held
+                         or taken[(p[0], p[1], p[2])] >= wanted.get((p[0], p[1], p[2]), 1)]
                 if capacity <= 0 or not pairs:
                     break
             if capacity <= 0 and skip is None:
-                self._filled(level, pairs)
+                self._filled(level, [p for p in pairs if (p[0], p[1], p[2]) not in held])
         return batch
 
     def _window_rooms(self, flow: FlowStore, now: datetime | None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 Lane = tuple[str, str]
 """(kind, queue): what the dispatch window holds back."""
@@ -27,27 +28,39 @@ UNBOUNDED = 1 << 62
 
 
 def quotas(tenants: Sequence[tuple[str, int]], capacity: int,
-           waiting: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
+           waiting: Mapping[str, int] | None = None,
+           held: AbstractSet[str] = frozenset()) -> list[tuple[str, int]]:
     """Split `capacity` slots between (tenant, weight) pairs in proportion to the weights
     (largest remainder), with at least one slot each. Tenants past `capacity` get nothing
     (the caller walks at most that many).
 
     `waiting` (jobs of each tenant already in SQS) fills the shares like water: the slots
     go to the tenants with the fewest waiting per weight, until (waiting + slots) / weight
-    is level, so with nothing waiting the split is the plain proportional one."""
+    is level, so with nothing waiting the split is the plain proportional one.
+
+    `held` tenants (the dispatch window holds them: consumers are behind on their jobs in
+    SQS) get no slot, but their jobs in SQS still set the level, and their shares go to no
+    one: a tenant sends while it is under their level (per weight), not the whole batch
+    because the others are held, so what SQS hands out in order stays in the weights'
+    proportion. Nor does a tenant levelled to nothing beside them keep a slot."""
     tenants = list(tenants)[:capacity]
     if not tenants:
         return []
     shares = _levelled(tenants, capacity, waiting or {})
+    open_ = [tenant not in held for tenant, _ in tenants]
+    shares = [share if open_[i] else 0.0 for i, share in enumerate(shares)]
     split = [int(share) for share in shares]
     # The slots lost to rounding down go to the biggest fractions (ties: heavier first).
     order = sorted(range(len(tenants)), key=lambda i: (split[i] - shares[i], -tenants[i][1]))
-    for i in order[:capacity - sum(split)]:
+    given = capacity if all(open_) else min(capacity, int(sum(shares) + 1e-9))
+    for i in [i for i in order if open_[i]][:given - sum(split)]:
         split[i] += 1
-    # Everyone gets a slot: a light tenant's comes from the largest share.
+    # Everyone gets a slot: a light tenant's comes from the largest share (beside held
+    # tenants, only one under their level, and only while a share has one to spare).
     for i in range(len(split)):
-        if split[i] == 0:
-            split[max(range(len(split)), key=split.__getitem__)] -= 1
+        donor = max(range(len(split)), key=split.__getitem__)
+        if split[i] == 0 and open_[i] and (all(open_) or (shares[i] > 0 and split[donor] > 1)):
+            split[donor] -= 1
             split[i] = 1
     return [(tenant, split[i]) for i, (tenant, _) in enumerate(tenants)]
 
@@ -102,28 +115,33 @@ def _round_order(tenants: list[str], cursor: str | None) -> list[str]:
 
 def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
          tenant_room: Mapping[str, int], lane_room: Mapping[Lane, int] | None = None,
-         turn: int = 0, in_sqs: Mapping[tuple[str, str, str], int] | None = None
-         ) -> list[Quota]:
+         turn: int = 0, in_sqs: Mapping[tuple[str, str, str], int] | None = None,
+         held: AbstractSet[tuple[str, str, str]] = frozenset()) -> list[Quota]:
     """Slots per (kind, queue, tenant) for one claim: tenants' weighted shares of
     `capacity` (levelled over the jobs of these lanes each has in SQS, `in_sqs`), each
     spread over its lanes, one slot at a time round the tenants (starting at `turn`, which
     the caller advances each pass, so a limit with room for one job does not always go to
     the same tenant), never past a kind's, a tenant's or a lane's room (absent: no
-    bound)."""
+    bound). The (kind, queue, tenant) in `held` get nothing, but level the others (see
+    `quotas`)."""
     lanes_of: dict[str, list[Lane]] = {}
     weights: dict[str, int] = {}
     for kind, queue, tenant, weight in pairs:
-        lanes_of.setdefault(tenant, []).append((kind, queue))
+        lanes = lanes_of.setdefault(tenant, [])
+        if (kind, queue, tenant) not in held:
+            lanes.append((kind, queue))
         weights[tenant] = weight
     tenants = list(lanes_of)
-    if not tenants or capacity <= 0:
+    if not any(lanes_of.values()) or capacity <= 0:
         return []
     waiting: Counter[str] = Counter()
     if in_sqs:
         for kind, queue, tenant, _ in pairs:
             waiting[tenant] += in_sqs.get((kind, queue, tenant), 0)
+    shut = {tenant for tenant, lanes in lanes_of.items() if not lanes}
     left = {tenant: min(n, tenant_room.get(tenant, UNBOUNDED))
-            for tenant, n in quotas([(t, weights[t]) for t in tenants], capacity, waiting)}
+            for tenant, n in quotas([(t, weights[t]) for t in tenants], capacity, waiting,
+                                    shut)}
     kinds_left = {kind: kind_room.get(kind, UNBOUNDED) for kind, _, _, _ in pairs}
     lanes_left = {(kind, queue): (lane_room or {}).get((kind, queue), UNBOUNDED)
                   for kind, queue, _, _ in pairs}

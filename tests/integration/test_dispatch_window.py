@@ -152,6 +152,46 @@ def test_a_kind_whose_jobs_wait_in_sqs_gets_no_more_until_consumers_catch_up(
     run_all(consumer, entries)
 
 
+def test_beside_a_held_tenant_another_sends_up_to_its_level_not_its_whole_backlog(
+        db, timer_settings, transport, clock):
+    """A walkthrough found tenants taking turns of whole backlogs whatever their weights:
+    while the window held one, the other was alone in the plan and took every batch until
+    its own jobs aged, hundreds of jobs that consumers then handed out before any of the
+    first's. The held tenant's jobs in SQS still set the level: the other sends up to it
+    (per weight), and the rest of its backlog waits in Postgres."""
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 10,
+                                                    "dispatch_window": 1000}), transport)
+    timer.dispatcher.monotonic = Ticks()
+
+    def sent() -> Counter[str]:
+        return Counter(dict(db.execute(
+            "SELECT coalesce(tenant, ''), count(*) FROM tock_jobs WHERE state = 'dispatched' "
+            "GROUP BY 1").fetchall()))
+
+    def drain(at) -> None:
+        while timer.dispatcher.dispatch_due(at)[0]:
+            pass
+
+    try:
+        _due(db, 15, tenant="A", now=clock.now)
+        assert dispatch(timer, clock.now) == 15
+        _due(db, 30, tenant="A", now=clock.now)
+        _due(db, 200, tenant="B", now=clock.now)
+        later = clock.now + timedelta(seconds=timer.settings.dispatch_window_seconds + 1)
+        drain(later)
+        first = sent()
+        assert first["A"] == 15, "A's 15 waited past the age: A is held"
+        assert 15 <= first["B"] < 15 + 10, f"B up to A's level, under a batch past it: {first}"
+        db.execute("INSERT INTO tock_tenant_weights (tenant, weight) VALUES ('B', 3)")
+        drain(later)
+        weighted = sent()
+        assert weighted["A"] == 15
+        assert 3 * 15 <= weighted["B"] < 3 * 15 + 3 * 10, \
+            f"at weight 3, B holds about three times A's: {weighted}"
+    finally:
+        timer.close()
+
+
 def test_while_the_window_holds_a_tenant_the_watcher_serves_a_newcomer_when_it_falls_due(
         db, windowed, clock):
     """A held tenant's dispatch threads look again every WINDOW_POLL_SECONDS, not at the

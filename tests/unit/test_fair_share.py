@@ -145,6 +145,52 @@ def test_plan_never_exceeds_capacity_or_rooms(pairs, capacity, kind_room, tenant
         assert sum(n for *_, n in got) == capacity, "unbounded: the batch is filled"
 
 
+def test_a_held_tenant_gets_nothing_and_its_share_goes_to_no_one():
+    """The dispatch window holds A (consumers are behind on its jobs in SQS): B, which the
+    window lets through, sends up to A's level, not the whole batch because A is held, so
+    the two tenants' jobs in SQS, handed out in about the order they were sent, stay in
+    the weights' proportion."""
+    pairs = _pairs(("k", "A", 1), ("k", "B", 1))
+    held = {("k", "q", "A")}
+    fresh = plan(pairs, 10, kind_room={}, tenant_room={}, in_sqs={("k", "q", "A"): 40},
+                 held=held)
+    assert fresh == [("k", "q", "B", 10)], "B is far under A's 40: a whole batch"
+    near = plan(pairs, 10, kind_room={}, tenant_room={},
+                in_sqs={("k", "q", "A"): 40, ("k", "q", "B"): 35}, held=held)
+    assert near == [("k", "q", "B", 7)], "(10 + 75) / 2 = 42.5: B tops up to the level only"
+    over = plan(pairs, 10, kind_room={}, tenant_room={},
+                in_sqs={("k", "q", "A"): 40, ("k", "q", "B"): 60}, held=held)
+    assert over == [], "B is past A's level: no slot kept for it"
+    assert plan(pairs, 10, kind_room={}, tenant_room={}, held=held | {("k", "q", "B")}) == []
+
+
+def test_beside_a_held_tenant_the_weights_still_set_the_level():
+    pairs = _pairs(("k", "W1", 1), ("k", "W10", 10))
+    held = {("k", "q", "W10")}
+    in_sqs = {("k", "q", "W10"): 400, ("k", "q", "W1"): 99}
+    assert plan(pairs, 100, kind_room={}, tenant_room={}, in_sqs=in_sqs, held=held) == [], \
+        "W1 holds 99 beside W10's 400 at ten times its weight: it waits"
+    in_sqs[("k", "q", "W1")] = 20
+    got = plan(pairs, 100, kind_room={}, tenant_room={}, in_sqs=in_sqs, held=held)
+    assert got == [("k", "q", "W1", 27)], "up to (100 + 420) / 11 = 47.3 per weight: 27 more"
+
+
+@given(st.lists(st.tuples(st.sampled_from("uv"), st.sampled_from("wxyz"), st.integers(1, 9),
+                          st.integers(0, 300), st.booleans()),
+                min_size=1, max_size=8, unique_by=lambda p: (p[0], p[1])),
+       st.integers(1, 200))
+def test_held_pairs_get_nothing_and_the_rest_never_pass_capacity(rows, capacity):
+    weights = {t: w for _, t, w, _, _ in rows}
+    pairs = [("k", q, t, weights[t]) for q, t, _, _, _ in rows]
+    in_sqs = {("k", q, t): n for q, t, _, n, _ in rows}
+    held = {("k", q, t) for q, t, _, _, h in rows if h}
+    got = plan(pairs, capacity, kind_room={}, tenant_room={}, in_sqs=in_sqs, held=held)
+    assert sum(n for *_, n in got) <= capacity
+    assert all(n > 0 and (k, q, t) not in held for k, q, t, n in got)
+    if not held:
+        assert sum(n for *_, n in got) == capacity
+
+
 def test_per_key_gives_one_job_per_key_in_turn_within_each_room():
     assert per_key([("a", 3), ("b", 0), ("c", 1), ("d", 2)], 5) == [("a", 2), ("c", 1),
                                                                       ("d", 2)]
