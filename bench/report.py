@@ -166,7 +166,7 @@ def _scale(series: dict[str, Any]) -> list[str]:
 
     rows = []
     for p in points:
-        # The claim on the smallest size's base table measured just before this size's, as
+        # The claim on the smallest size's base table measured beside this size's, as
         # the `scale.claim.base_at.*` figures and the target use (results from before it
         # was measured per size compare with the smallest size's own claim).
         base = p.get("base_claim_jobs_per_s", smallest["claim_jobs_per_s"])
@@ -177,12 +177,13 @@ def _scale(series: dict[str, Any]) -> list[str]:
             f"{p['heap_bytes'] / 2**20:,.1f}", f"{p['index_bytes'] / 2**20:,.1f}",
             f"{p['indexes'].get('tock_jobs_due_idx', 0) / 2**20:,.1f}"])
     n = f"{smallest['pending_rows']:,}"
-    headers = ["pending rows", "claim jobs/s", f"base claim jobs/s ({n} rows, just before)",
+    headers = ["pending rows", "claim jobs/s", f"base claim jobs/s ({n} rows, beside)",
                "claim / base", "dispatch jobs/s", f"dispatch / at {n}", "heap MB",
                "all indexes MB", "due index MB"]
     return ["## Scale", "",
             f"Each size's claim is compared with the claim on a {n}-row base table measured "
-            "just before it (the `scale.claim.base_at.*` figures, which the target uses); at "
+            "loop for loop beside it (the `scale.claim.base_at.*` figures, which the target "
+            "uses); at "
             f"{n} both tables hold the same rows, so that row's distance from 1.00 is the "
             "loops' own spread. Dispatch is compared with the timer's pass at "
             f"{n} (`scale.dispatch.base`).", "",

@@ -216,7 +216,7 @@ def test_scale_table_compares_each_size_with_its_own_base(tmp_path) -> None:
          "base_claim_jobs_per_s": 1_200.0, "dispatch_jobs_per_s": 110.0}]
     r.write(tmp_path / "results.json")
     report = render(tmp_path).read_text()
-    assert ("| pending rows | claim jobs/s | base claim jobs/s (10,000 rows, just before) | "
+    assert ("| pending rows | claim jobs/s | base claim jobs/s (10,000 rows, beside) | "
             "claim / base | dispatch jobs/s | dispatch / at 10,000 |") in report
     assert "| 5,000,000 | 960 | 1,200 | 0.80 | 110 | 1.10 |" in report
     assert "| 10,000 | 1,000 | 900 | 1.11 | 100 | 1.00 |" in report
