@@ -1,4 +1,4 @@
-"""`tock limits [list] | set SCOPE KEY [--max-running N] [--rate R [--per S] [--burst B]]
+"""`tock limits [list] | set SCOPE KEY [--max-running N] [--rate R[/UNIT] [--per S] [--burst B]]
 | remove SCOPE KEY`: fleet-wide concurrency and rate limits on a kind or a tenant, and
 concurrency limits on each concurrency key of a kind. SCOPE is `kind`, `tenant` or
 `kind_key` (KEY is then the kind); `--no-tenant` in place of KEY addresses the jobs without
@@ -36,6 +36,32 @@ def _key(args: argparse.Namespace) -> str | None:
     return str(args.key)
 
 
+RATE_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
+"""The periods a rate is shown in (`30/min`), which `--rate` takes back."""
+
+
+def rate_type(text: str) -> tuple[float, float | None]:
+    """`--rate R` or `--rate R/UNIT` (s, min, h: as `tock limits` shows rates): (R, the
+    unit's seconds, or None when the period is --per's)."""
+    number, slash, unit = text.partition("/")
+    if slash and unit not in RATE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the period after '/' is one of {', '.join(RATE_UNITS)} "
+            "(or give --rate R --per SECONDS)")
+    rate = number_type("a number, or a number per s, min or h (30/min)")(number)
+    return rate, RATE_UNITS[unit] if slash else None
+
+
+def _json(limit: LimitInfo) -> dict[str, object]:
+    """A limit as GET /api/limits gives it (`key` null: the jobs without a tenant)."""
+    return {"scope": limit.scope, "key": None if limit.scope == "tenant" and not limit.key
+            else limit.key, "max_running": limit.max_running, "in_flight": limit.in_flight,
+            "keys_at_limit": limit.keys_at_limit, "lingering": limit.lingering,
+            "rate_per_second": limit.rate_per_second, "burst": limit.burst,
+            "tokens": limit.tokens, "seconds_to_next_token": limit.seconds_to_next_token,
+            "waiting": limit.waiting, "waiting_more": limit.waiting_more}
+
+
 def _label(limit: LimitInfo) -> str:
     return NO_TENANT_LABEL if limit.scope == "tenant" and not limit.key else limit.key
 
@@ -63,7 +89,7 @@ def _list(args: argparse.Namespace) -> int:
     with connect.client(args) as client:
         found = client.limits()
     if args.json:
-        print_json(found)
+        print_json([_json(limit) for limit in found])
         return EXIT_OK
     if not found:
         print("no limits: every kind and tenant dispatches as fast as the timers go")
@@ -78,11 +104,16 @@ def _set(args: argparse.Namespace) -> int:
         raise InvalidInput("give --max-running N, --rate R (per --per SECONDS, default 1), "
                            "or both")
     key = _key(args)
+    rate, per = (None, args.per) if args.rate is None else args.rate
+    if per is not None and args.per is not None:
+        raise InvalidInput("give the rate's period once: --rate 30/min, or --rate 30 "
+                           "--per 60")
+    per = args.per if per is None else per
     with connect.client(args) as client:
         before = next((x for x in client.limits() if x.scope == args.scope
                        and x.key == (key or "")), None)
         limit = client.set_limit(args.scope, key, max_running=args.max_running,
-                                 rate=args.rate, per=args.per, burst=args.burst)
+                                 rate=rate, per=per, burst=args.burst)
         unknown = limit.scope != "tenant" and not client.known_kinds.knows(limit.key)
     dropped = " or ".join(limit.no_longer_has(before))
     if dropped:  # `set` replaces the whole limit: say what the new one no longer has
@@ -95,7 +126,7 @@ def _set(args: argparse.Namespace) -> int:
               "the last 24 hours (a typo?); the limit is set and applies to that kind's "
               "jobs", file=sys.stderr)
     if args.json:
-        print_json(limit)
+        print_json(_json(limit))
         return EXIT_OK
     print_table(["scope", "key", "running/max", "rate", "tokens", "waiting"], [_row(limit)])
     return EXIT_OK
@@ -145,8 +176,8 @@ def add_parser(sub: Sub) -> None:
             a.add_argument("--max-running", type=integer, metavar="N",
                            help="jobs dispatched or running at once (kind_key: per "
                                 "concurrency key; 0 holds them all)")
-            a.add_argument("--rate", type=number_type("a number"), metavar="R",
-                           help="dispatches per --per")
+            a.add_argument("--rate", type=rate_type, metavar="R",
+                           help="dispatches per --per, or per a unit: 30/min, 5/s, 1/h")
             a.add_argument("--per", type=seconds, metavar="SECONDS",
                            help="the rate's period (default 1 s)")
             a.add_argument("--burst", type=integer, metavar="B",

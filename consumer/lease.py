@@ -29,7 +29,7 @@ from datetime import datetime
 from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline
 from consumer.worker_id import WorkerIdTaker
-from shared.core.errors import QueueMissing, Retryable, TransportError
+from shared.core.errors import GivingUp, QueueMissing, Retryable, TransportError
 from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.runtime.logs import emit
@@ -39,7 +39,7 @@ from shared.transport.base import MAX_BATCH, EntryFailure
 log = logging.getLogger("tock.consumer")
 
 
-class SlotsStuck(RuntimeError):
+class SlotsStuck(GivingUp):
     """Every handler slot has been held by a stuck handler for TOCK_STUCK_EXIT_SECONDS: the
     consumer cannot take work and cannot free a thread, so it stops (exit non-zero) for its
     orchestrator to restart it."""

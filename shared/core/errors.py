@@ -139,6 +139,12 @@ class DatabaseBug(DatabaseError):
     """The statement itself is wrong (syntax, an unknown column): a bug, not an outage."""
 
 
+class GivingUp(TockError):
+    """A loop found that its process cannot do its work again until it restarts (every
+    handler slot held by a stuck thread, say), and stops it on purpose: exit non-zero for
+    the orchestrator, logged as the reason it is, not as a crash with a traceback."""
+
+
 class Permanent(Exception):
     """Raise from a handler for a failure that no retry can fix: the job goes dead now."""
 

@@ -12,6 +12,8 @@ What a loop thread does with an error a pass raises:
   with its traceback as `loop_crashed`, and the supervisor stops the process, which exits
   non-zero so that ECS or Kubernetes restart it. Recovering in place from an error nobody
   anticipated would hide it.
+- `GivingUp`: the loop found the process cannot work again until it restarts; the same
+  stop, logged as `loop_gave_up` with its reason and no traceback.
 
 Liveness (`Supervisor.live`) fails when a loop thread has exited, a loop crashed, or a
 pass has run longer than its loop's `pass_bound_seconds`. Readiness (`Supervisor.ready`)
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.core.errors import ConfigError, Retryable, TransportError
+from shared.core.errors import ConfigError, GivingUp, Retryable, TransportError
 from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import emit
 
@@ -174,8 +176,13 @@ class Loop:
             except BaseException as exc:  # any other error is a bug: stop the process
                 beat.started, beat.finished = None, time.monotonic()
                 self.crashed = exc
-                emit(log, "loop_crashed", logging.CRITICAL, loop=self.name,
-                     error=_describe(exc), traceback="".join(traceback.format_exception(exc)))
+                if isinstance(exc, GivingUp):
+                    emit(log, "loop_gave_up", logging.CRITICAL, loop=self.name,
+                         reason=str(exc))
+                else:
+                    emit(log, "loop_crashed", logging.CRITICAL, loop=self.name,
+                         error=_describe(exc),
+                         traceback="".join(traceback.format_exception(exc)))
                 if self.supervisor is not None:
                     self.supervisor.crash(self, exc)
                 return
@@ -208,7 +215,7 @@ class Loop:
     def problem(self, now: float) -> str | None:
         """Why this loop makes the process not live, or None."""
         if self.crashed is not None:
-            return f"loop {self.name} crashed: {_describe(self.crashed)}"
+            return _ended(self.name, self.crashed)
         if not self.stopping:
             for thread in self._threads:
                 if not thread.is_alive():
@@ -283,7 +290,7 @@ class Supervisor:
     def crash(self, loop: Loop, exc: BaseException) -> None:
         """A loop died of an unexpected error: stop everything, exit non-zero."""
         if self.fatal is None:
-            self.fatal = f"loop {loop.name} crashed: {_describe(exc)}"
+            self.fatal = _ended(loop.name, exc)
             self.fatal_is_config = isinstance(exc, ConfigError)
             emit(log, "process_stopping", logging.CRITICAL, process=self.process,
                  reason=self.fatal)
@@ -355,6 +362,13 @@ class _FailureLog:
             emit(log, "loop_recovered", loop=loop, after_error=self._last_text,
                  repeats=self._repeats)
         self._last_text, self._repeats = None, 0
+
+
+def _ended(loop: str, exc: BaseException) -> str:
+    """Why a loop ended its process, for the probes and the stop line."""
+    if isinstance(exc, GivingUp):
+        return f"loop {loop} stopped the process: {exc}"
+    return f"loop {loop} crashed: {_describe(exc)}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -92,6 +92,8 @@ def test_a_consumer_whose_every_slot_is_stuck_is_not_ready_then_stops(
         wait_for(lambda: consumer.supervisor.fatal, timeout=30,
                  message="the consumer stopping past TOCK_STUCK_EXIT_SECONDS")
         assert "TOCK_STUCK_EXIT_SECONDS=3" in consumer.supervisor.fatal
+        # A stop on purpose, said as one: not a crash (a walkthrough read it as one).
+        assert consumer.supervisor.fatal.startswith("loop heartbeat stopped the process: ")
         assert consumer.supervisor.exit_code != 0 and not consumer.supervisor.live()[0]
     finally:
         let_go.set()

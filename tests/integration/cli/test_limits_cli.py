@@ -17,8 +17,13 @@ def test_set_list_and_remove(tock, db):
     code, out, _ = tock("limits", "set", "tenant", "--no-tenant", "--rate", "100", "--per",
                         "60", "--json")
     limit = json.loads(out)
-    assert (limit["scope"], limit["key"], limit["burst"]) == ("tenant", "", 2)
+    # As GET /api/limits names them: the jobs without a tenant are the key null.
+    assert (limit["scope"], limit["key"], limit["burst"]) == ("tenant", None, 2)
     assert abs(limit["rate_per_second"] - 100 / 60) < 1e-9
+    assert set(limit) == {"scope", "key", "max_running", "in_flight", "keys_at_limit",
+                          "lingering", "rate_per_second", "burst", "tokens",
+                          "seconds_to_next_token", "waiting", "waiting_more"}
+    assert [x["key"] for x in json.loads(tock("limits", "--json")[1])] == ["email", None]
     code, out, _ = tock("limits")
     lines = out.splitlines()
     assert lines[0].split() == ["SCOPE", "KEY", "RUNNING/MAX", "RATE", "TOKENS", "WAITING"]
@@ -26,6 +31,10 @@ def test_set_list_and_remove(tock, db):
     tock("limits", "set", "kind", "report", "--rate", "1", "--per", "3600")
     [report] = [r.split() for r in tock("limits")[1].splitlines() if "report" in r]
     assert report[3] == "1/h"  # not 0.000277778/s
+    # What the list shows can be typed back.
+    tock("limits", "set", "kind", "report", "--rate", "30/min")
+    [report] = [r.split() for r in tock("limits")[1].splitlines() if "report" in r]
+    assert report[3] == "30/min"
     tock("limits", "remove", "kind", "report")
     assert tock("limits", "remove", "kind", "email")[1] == "kind email: limit removed\n"
     assert tock("limits", "remove", "tenant", "--no-tenant")[0] == 0
@@ -38,6 +47,10 @@ def test_bad_limits_are_refused_with_the_reason(tock):
             (["kind", "email", "--max-running", "-1"], "max_running must be between 0"),
             (["kind", "email", "--burst", "3"], "burst needs a rate"),
             (["kind", "email", "--rate", "0"], "rate must be > 0"),
+            (["kind", "email", "--rate", "10/day"], "the period after '/' is one of s, min, h"),
+            (["kind", "email", "--rate", "ten/min"], "is not a number, or a number per s"),
+            (["kind", "email", "--rate", "10/min", "--per", "60"],
+             "give the rate's period once"),
             (["kind", "email", "--rate", "5", "--per", "0"], "per must be > 0 s"),
             (["kind", "email", "--rate", "1e-300"], "rate must be at least 1 per day"),
             (["kind", "email", "--rate", "0.5", "--per", "86400"],
