@@ -158,6 +158,7 @@ class Database:
         self._answer: tuple[float, str | None] = (-math.inf, None)  # when asked, why unusable
         self._down = False
         self._rechecking = threading.Lock()
+        self._sweeping = threading.Lock()
 
     def _forked(self) -> bool:
         """In a child forked after the pool was made: leave the parent's connections (and
@@ -269,9 +270,28 @@ class Database:
 
     def _check_connection(self, conn: Connection) -> None:
         """The pool's check on checkout (one round trip), under the watchdog: a hung server
-        must not hold a caller in the check either."""
-        with self._watching(conn):
-            ConnectionPool.check_connection(conn)
+        must not hold a caller in the check either.
+
+        A connection that fails it is the first of a restarted server's stale ones: the
+        rest are tested at once (`pool.check()` replaces every dead one). Otherwise the
+        pool would throw them away one per checkout, sleeping 1, 2, 4 ... s between them,
+        and a producer whose pool held seven idle connections waited out its whole 30 s
+        for one though the server was back in a second (a fault walkthrough). When the
+        watchdog cut the check (a hung server, each test a wait), they are tested on a
+        thread of its own instead (`_recheck`)."""
+        try:
+            with self._watching(conn):
+                ConnectionPool.check_connection(conn)
+        except Exception:
+            if self._watchdog is not None and self._watchdog.fired(conn):
+                self._recheck()
+            elif self._sweeping.acquire(blocking=False):  # not again from within the sweep
+                try:
+                    with contextlib.suppress(Exception):  # the pool logs what it drops
+                        self.pool.check()
+                finally:
+                    self._sweeping.release()
+            raise
 
     def _timed_out(self, exc: Retryable) -> Retryable:
         """A statement the server cancelled at this pool's statement_timeout, saying so

@@ -5,6 +5,7 @@ throwaway Postgres server (the session's is shared by other tests), restarted fo
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -50,6 +51,32 @@ def test_a_producer_call_waiting_through_a_short_outage_succeeds(server):
         back = _outage(server, 2.0)
         job = client.schedule("during", {"n": 1})  # waits, reconnects, succeeds
         back.join()
+        assert client.get(job.id).payload == {"n": 1}
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("fault", ["restart", "terminate"])
+def test_a_producer_whose_pool_held_many_connections_rides_a_restart_at_once(server, fault):
+    """A fault walkthrough: after a restart (or an idle timeout, a proxy, an operator ending
+    the sessions) every idle connection of a producer's pool is dead, and the pool dropped
+    them one per try, sleeping 1, 2, 4 ... s between tries: seven of them took the whole
+    30 s wait, and the call failed with the server long back. The first dead one found now
+    has the pool test all of them; with a 5 s wait, eight dead ones fail the call without."""
+    client = Client(ClientSettings(database_url=server.url(), pool_max_size=8),
+                    pool_timeout=5.0)
+    try:
+        with contextlib.ExitStack() as held:
+            for _ in range(8):
+                held.enter_context(client.database.connection())
+        assert client.database.pool.get_stats()["pool_available"] == 8
+        if fault == "restart":
+            _outage(server, 0.0, "fast").join()
+        else:
+            with psycopg.connect(server.url(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'tock-client'")
+        job = client.schedule("after", {"n": 1})
         assert client.get(job.id).payload == {"n": 1}
     finally:
         client.close()
