@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from shared.client import Client
 from shared.core.errors import ConfigError, DatabaseUnavailable
 from shared.runtime.settings import ClientSettings
-from shared.store.database import Database, probe, redacted, url_refused
+from shared.store.database import Database, probe, redacted, server_refusal, url_refused
 from shared.store.migrate import missing_migrations
 from shared.store.operator_store import OperatorStore
 
@@ -40,9 +40,11 @@ def check_reachable(url: str, *, migrated: bool = True) -> None:
     if reason is not None:
         # Not answering (down, restarting, frozen, or another address): where it is may
         # be right, so the setting is named as the place to check, not as the culprit.
+        # Up but full or read-only: the URL is right, and the reason says what to do.
+        hint = server_refusal(reason) or ("is that server up? TOCK_DATABASE_URL or "
+                                          "--database-url says where it is")
         raise DatabaseUnavailable(f"cannot use the database at {redacted(url)}: {reason} "
-                                  "(is that server up? TOCK_DATABASE_URL or --database-url "
-                                  "says where it is)")
+                                  f"({hint})")
     if migrated:
         pending = missing_migrations(url)
         if pending:

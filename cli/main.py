@@ -1,6 +1,7 @@
 """`tock`: one command for operators. Each subcommand lives in its own module and registers
 itself with `add_parser(subparsers)`; exit codes: 0 ok, 1 operation refused (e.g. not
-found, invalid transition), 2 bad usage or configuration, 3 a service is unavailable."""
+found, invalid transition), 2 bad usage or configuration, 3 a service is unavailable or
+too busy to answer in time (nothing was written: try again)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from cli.arguments import add_common, positive_seconds
 from cli.output import print_json
 from shared.core.errors import (
     ConfigError,
-    DatabaseUnavailable,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
+    Retryable,
     TockError,
     TransportError,
 )
@@ -245,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JobNotFound, InvalidTransition) as exc:
         print(f"tock: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    except (DatabaseUnavailable, TransportError) as exc:
+    except (Retryable, TransportError) as exc:
+        # Unavailable, or too busy to answer in time (a statement or lock timeout, a
+        # deadlock): nothing was written, and trying again may work; not a refusal.
         print(f"tock: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except TockError as exc:  # anything else tock raised: its message, not a traceback

@@ -10,7 +10,7 @@ import os
 from shared.core.errors import QueueMissing, TransportError
 from shared.runtime.logs import emit
 from shared.runtime.settings import unknown_variables
-from shared.store.database import probe, redacted, url_refused
+from shared.store.database import probe, redacted, server_refusal, url_refused
 from shared.store.migrate import missing_migrations
 from shared.transport.base import Transport
 
@@ -18,19 +18,14 @@ log = logging.getLogger("tock.startup")
 
 EXIT_CONFIG, EXIT_UNAVAILABLE = 2, 3
 
-_FULL = ("too many clients", "remaining connection slots are reserved")
-"""What Postgres says when max_connections is reached (53300)."""
-
-
 def database_problem(url: str) -> tuple[int, str] | None:
     """(exit code, message) if the process cannot use the database at `url`, else None."""
     reason = probe(url, timeout=5.0)
     if reason is not None:
-        if any(full in reason for full in _FULL):  # the URL is right: the server is full
-            return EXIT_UNAVAILABLE, (
-                f"the database at {redacted(url)} takes no more connections: {reason} "
-                "(max_connections is reached; it is retried, and other clients' idle "
-                "connections, or a pooler, are the fix, not TOCK_DATABASE_URL)")
+        refusal = server_refusal(reason)
+        if refusal is not None:  # the URL is right: the server is full or read-only
+            return EXIT_UNAVAILABLE, (f"cannot use the database at {redacted(url)}: {reason} "
+                                      f"({refusal})")
         if url_refused(reason):  # a wrong option, user or password: retrying will not help
             return EXIT_CONFIG, (f"TOCK_DATABASE_URL: the database at {redacted(url)} refuses "
                                  f"what the URL asks for: {reason}")

@@ -495,6 +495,25 @@ def url_refused(reason: str) -> bool:
     return any(words in reason for words in _URL_REFUSED)
 
 
+_FULL = ("too many clients", "remaining connection slots are reserved")
+"""What Postgres says when max_connections is reached (53300)."""
+_READ_ONLY = ("session is read-only", "hot standby")
+"""What libpq says of a server that answers but takes no writes (target_session_attrs)."""
+
+
+def server_refusal(reason: str) -> str | None:
+    """For a failed connection's `reason` from a server that is up but would not serve us,
+    what to do about it (the URL is right: naming it as the culprit would mislead); None
+    for any other reason."""
+    if any(words in reason for words in _FULL):
+        return ("it takes no more connections: max_connections is reached; other clients' "
+                "idle connections, or a pooler, are the fix, not the URL")
+    if any(words in reason for words in _READ_ONLY):
+        return ("it answers but takes no writes: a standby, or default_transaction_read_only "
+                "is on; tock needs the primary")
+    return None
+
+
 def primary_only(url: str) -> dict[str, Any]:
     """The libpq option that connects only to a server that takes writes (a URL naming
     several hosts finds the primary; a standby or a demoted primary is refused), unless

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 
+import psycopg
 import pytest
 
 from devstack.ports import free_port
@@ -163,6 +164,34 @@ def test_retry_and_cancel_by_id(tock, db):
     code, out, _ = tock("retry", "1", "--json")
     assert code == 0 and json.loads(out)[0]["state"] == "scheduled"
     assert "created" not in json.loads(out)[0] and "key" in json.loads(out)[0]
+
+
+def test_a_call_that_times_out_waiting_for_a_lock_exits_3_not_refused(
+        tock, db, database_url, monkeypatch):
+    """A fault walkthrough: a statement or lock timeout exited 1, which the README gives
+    to a refusal (not found, not allowed), so a script would not try again. It is a
+    database too busy to answer in time: 3, as unavailable, and nothing was written."""
+    tock("enqueue", "email")
+    monkeypatch.setenv("TOCK_CALL_TIMEOUT_SECONDS", "1")
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM tock_jobs WHERE id = 1 FOR UPDATE")
+        code, _, err = tock("cancel", "1")
+    assert code == 3, err
+    assert "ran longer than the call timeout" in err and "nothing was written" in err
+    assert tock("cancel", "1")[0] == 0
+
+
+def test_a_read_only_database_is_said_to_be_one(tock, pg_server):
+    """Up, but taking no writes (a standby, default_transaction_read_only): the URL is
+    right, so 'is that server up?' would send the reader the wrong way."""
+    url = pg_server.create_database(f"ro_{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(url, autocommit=True) as admin:
+        name = admin.info.dbname
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    code, _, err = tock("jobs", "--database-url", url)
+    assert code == 3, err
+    assert "takes no writes: a standby, or default_transaction_read_only is on" in err
+    assert "is that server up" not in err
 
 
 @pytest.mark.parametrize("action", ["cancel", "retry"])
