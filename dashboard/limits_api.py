@@ -55,6 +55,10 @@ def list_limits(who: Viewer, request: Request) -> list[models.LimitOut]:
 class LimitSetOut(models.LimitOut):
     dropped: list[str] = Field(description="what the limit this one replaced had and this "
                                            "one has not: a set replaces the whole limit")
+    unknown_kind: bool = Field(default=False,
+                               description="no consumer has announced a handler for this "
+                                           "kind in the last 24 hours (a typo?); the limit "
+                                           "is set all the same")
 
 
 @router.put("", response_model=LimitSetOut, summary="Create or replace a limit")
@@ -66,8 +70,9 @@ def set_limit(body: LimitIn, who: Operator, request: Request) -> LimitSetOut:
                              rate=body.rate, per=body.per, burst=body.burst)
     emit(log, "limit_set", scope=limit.scope, key=limit.key, max_running=limit.max_running,
          rate_per_second=limit.rate_per_second, burst=limit.burst, role=who.role)
+    unknown = limit.scope != "tenant" and not client.known_kinds.knows(limit.key)
     return LimitSetOut(**models.LimitOut.of(limit).model_dump(),
-                       dropped=limit.no_longer_has(before))
+                       dropped=limit.no_longer_has(before), unknown_kind=unknown)
 
 
 class RemovedOut(BaseModel):

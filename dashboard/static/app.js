@@ -433,7 +433,10 @@ async function setLimit(form) {
     // A set replaces the whole limit: say what the one it replaced had and this has not.
     const gone = l.dropped.length ? `; it no longer has ${l.dropped.join(" or ")} (give ` +
       "every part of a limit in one set)" : "";
-    toast(`Limit set on ${l.scope} ${limitName(l)}${gone}.`);
+    // Set all the same (its consumers may not be deployed yet), but a typo is likelier.
+    const unknown = l.unknown_kind ? `; no consumer has announced a handler for kind ` +
+      `${l.key} in the last 24 hours (a typo?)` : "";
+    toast(`Limit set on ${l.scope} ${limitName(l)}${gone}${unknown}.`);
   } catch (e) { toast(e.message, true); }
 }
 

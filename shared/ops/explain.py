@@ -249,6 +249,8 @@ def _held(job: Job, ctx: Context, limit: LimitInfo, details: list[str]) -> Expla
                    f"slot of {name} ({limit.in_flight}/{limit.max_running} running).")
         step = ("A timer dispatches it when a job of that limit finishes (an expired lease "
                 "frees its slot too); `tock limits` shows the limits.")
+        details.append("A job holds its slot from its dispatch to its outcome: the running "
+                       "count includes jobs sent to SQS that no consumer has started yet.")
         if limit.lingering:
             details.append(
                 f"{limit.lingering} of those slot(s) are held by handlers still running "

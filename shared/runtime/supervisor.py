@@ -283,9 +283,11 @@ class Supervisor:
                      loop=loop.name, **thread, running_s=round(seconds, 1),
                      bound_s=loop.pass_bound_seconds,
                      detail="a pass is waiting on something that does not answer (Postgres, "
-                            "SQS or CloudWatch hung, or a network cut without an error), or "
-                            "an async handler blocks the event loop; past the bound the "
-                            "process is not live and is restarted")
+                            "SQS or CloudWatch hung, a network cut without an error, or a "
+                            "lock another session holds on a row or table it writes: see "
+                            "pg_locks and pg_stat_activity), or an async handler blocks the "
+                            "event loop; past the bound the process is not live and is "
+                            "restarted")
 
     def crash(self, loop: Loop, exc: BaseException) -> None:
         """A loop died of an unexpected error: stop everything, exit non-zero."""

@@ -41,6 +41,15 @@ def test_a_set_says_what_the_limit_it_replaced_had_and_it_has_not(operator):
     assert put(rate=3) == []
 
 
+def test_a_limit_on_a_kind_no_consumer_announced_says_so_as_the_cli_does(operator):
+    res = operator.put("/api/limits", json={"scope": "kind", "key": "emial",
+                                            "max_running": 3})
+    assert res.status_code == 200 and res.json()["unknown_kind"] is True, res.text
+    res = operator.put("/api/limits", json={"scope": "tenant", "key": "acme",
+                                            "max_running": 3})
+    assert res.json()["unknown_kind"] is False, "tenants are not announced"
+
+
 def test_bad_limits_say_why(operator):
     for body, status, says in (
             ({"scope": "kind", "key": "email"}, 400, "give max_running, a rate, or both"),
