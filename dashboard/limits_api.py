@@ -8,7 +8,7 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from dashboard import models
 from dashboard.api import ERRORS, Operator, Viewer
@@ -40,6 +40,18 @@ class LimitIn(models.StrictIn):
     burst: models.WholeNumber | None = Field(
         default=None, description="tokens the bucket holds (only with a rate; default: a "
                                   "second's worth)")
+
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _not_empty(cls, key: object) -> object:
+        # "" is not the jobs without a tenant (an unset variable in a script would pause
+        # or free them all): that takes saying null, as the CLI takes --no-tenant. Before
+        # the length check, whose "at least 1 character" said nothing of null.
+        if key == "":
+            raise ValueError("the key is empty: name the kind or tenant, or for the jobs "
+                             "without a tenant send null")
+        return key
 
 
 def _client(request: Request) -> Client:

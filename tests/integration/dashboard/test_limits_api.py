@@ -60,7 +60,10 @@ def test_bad_limits_say_why(operator):
             ({"scope": "kind", "key": "email", "rate": 1e9}, 400, "at most 1,000,000"),
             ({"scope": "queue", "key": "x", "max_running": 1}, 422, "pattern"),
             ({"scope": "kind", "key": "email", "rate": 0}, 422, "greater than 0"),
-            ({"scope": "kind", "key": "email", "max_running": "3"}, 422, "valid integer")):
+            ({"scope": "kind", "key": "email", "max_running": "3"}, 422, "valid integer"),
+            ({"scope": "tenant", "key": "", "max_running": 1}, 422,
+             "the key is empty: name the kind or tenant, or for the jobs without a tenant "
+             "send null")):
         res = operator.put("/api/limits", json=body)
         assert res.status_code == status and says in res.text, (body, res.text)
     assert operator.delete("/api/limits", params={"scope": "kind"}).status_code == 400
