@@ -430,8 +430,11 @@ class Dispatcher(Loop):
                 tenants = list(dict.fromkeys(p[2] for p in pairs))
                 with self._lock:
                     self._cursors[level] = tenants[-1] if len(tenants) >= capacity else None
-            # Held pairs stay in the plan: their jobs in SQS set the level the others
-            # send up to (fair_share.quotas).
+            # Held pairs stay in the plan where others send to their SQS queue: their jobs
+            # there set the level the others send up to (fair_share.quotas). A queue hands
+            # out in send order; another queue's backlog delays nothing here.
+            sending = {p[1] for p in pairs if (p[0], p[1], p[2]) not in waited}
+            pairs = [p for p in pairs if (p[0], p[1], p[2]) not in waited or p[1] in sending]
             held = {(p[0], p[1], p[2]) for p in pairs if (p[0], p[1], p[2]) in waited}
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,

@@ -192,6 +192,30 @@ def test_beside_a_held_tenant_another_sends_up_to_its_level_not_its_whole_backlo
         timer.close()
 
 
+def test_a_held_tenant_does_not_level_a_tenant_sending_to_another_queue(
+        db, timer_settings, transport, clock):
+    """SQS hands out in send order within a queue: A's backlog on one queue delays
+    nothing on another, so C, whose jobs go to another queue, is not held to A's level."""
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 10,
+                                                    "dispatch_window": 1000}), transport)
+    timer.dispatcher.monotonic = Ticks()
+    transport.create_queue("bulk", visibility_timeout=60)
+    try:
+        _due(db, 15, tenant="A", now=clock.now)
+        assert dispatch(timer, clock.now) == 15
+        _due(db, 30, tenant="A", now=clock.now)
+        _due(db, 60, tenant="C", now=clock.now)
+        db.execute("UPDATE tock_jobs SET queue = 'bulk' WHERE tenant = 'C'")
+        later = clock.now + timedelta(seconds=timer.settings.dispatch_window_seconds + 1)
+        while timer.dispatcher.dispatch_due(later)[0]:
+            pass
+        sent = dict(db.execute("SELECT tenant, count(*) FROM tock_jobs WHERE state = "
+                               "'dispatched' GROUP BY 1").fetchall())
+        assert sent == {"A": 15, "C": 60}
+    finally:
+        timer.close()
+
+
 def test_while_the_window_holds_a_tenant_the_watcher_serves_a_newcomer_when_it_falls_due(
         db, windowed, clock):
     """A held tenant's dispatch threads look again every WINDOW_POLL_SECONDS, not at the
