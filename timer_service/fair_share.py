@@ -57,9 +57,12 @@ def quotas(tenants: Sequence[tuple[str, int]], capacity: int,
         split[i] += 1
     # Everyone gets a slot: a light tenant's comes from the largest share (beside held
     # tenants, only one under their level, and only while a share has one to spare).
+    everyone_open = all(open_)
     for i in range(len(split)):
+        if split[i] != 0 or not open_[i] or not (everyone_open or shares[i] > 0):
+            continue
         donor = max(range(len(split)), key=split.__getitem__)
-        if split[i] == 0 and open_[i] and (all(open_) or (shares[i] > 0 and split[donor] > 1)):
+        if everyone_open or split[donor] > 1:
             split[donor] -= 1
             split[i] = 1
     return [(tenant, split[i]) for i, (tenant, _) in enumerate(tenants)]

@@ -180,7 +180,8 @@ class TimerSettings(CommonSettings):
         default=0.25, ge=0, le=3600,
         description="While a batch of one tenant's jobs of a kind has waited in SQS longer "
                     "than this, that tenant gets no more of the kind (consumers are behind "
-                    "on it); other tenants still go out. 0: the count alone applies.")
+                    "on it); other tenants still go out, up to its level per weight. 0: "
+                    "the count alone applies.")
     sqs_fair_queues: bool = Field(
         default=True,
         description="Send each job's tenant as its SQS MessageGroupId, by which SQS fair "
