@@ -447,7 +447,8 @@ class Dispatcher(Loop):
                 capacity -= len(got)
                 taken = Counter((job.kind, job.queue, job.tenant_key) for job in got)
                 for (kind, queue, tenant), n in taken.items():
-                    in_sqs[(kind, queue, tenant)] = in_sqs.get((kind, queue, tenant), 0) + n
+                    if self.dispatch_window:  # the top-up rounds level over these too
+                        in_sqs[(kind, queue, tenant)] = in_sqs.get((kind, queue, tenant), 0) + n
                     if kind in kind_room:
                         kind_room[kind] -= n
                     if tenant in tenant_room:
