@@ -209,9 +209,14 @@ def test_a_header_read_as_one_value_sent_twice_is_refused(live_server, db, name,
     conn.putheader("Content-Length", str(len(body)))
     conn.endheaders(body)
     res = conn.getresponse()
-    text = res.read()
-    assert res.status == 400, text
-    if name != "Host":  # uvicorn's HTTP parser refuses two Host headers on its own
+    if name == "Host":
+        # uvicorn's HTTP parser refuses two Host headers on its own and closes the
+        # connection with the body unread, so the kernel may reset it before the
+        # client reads the response body: the status line is the answer.
+        assert res.status == 400
+    else:
+        text = res.read()
+        assert res.status == 400, text
         assert json.loads(text)["detail"] == f"the {name} header was sent 2 times: send it once"
     conn.close()
     assert jobs(db) == 0
