@@ -104,7 +104,7 @@ def _set(args: argparse.Namespace) -> int:
         raise InvalidInput("give --max-running N, --rate R (per --per SECONDS, default 1), "
                            "or both")
     key = _key(args)
-    rate, per = (None, args.per) if args.rate is None else args.rate
+    rate, per = (None, None) if args.rate is None else args.rate
     if per is not None and args.per is not None:
         raise InvalidInput("give the rate's period once: --rate 30/min, or --rate 30 "
                            "--per 60")

@@ -88,9 +88,15 @@ def from_history(gone: str) -> str:
 RETRIED = {
     "state": "'scheduled'::tock_job_state", "run_at": NOW, "attempt": "0",
     "lease_owner": "NULL", "lease_expires_at": "NULL", "dispatch_token": "NULL",
-    "finished_at": "NULL", "updated_at": NOW,
+    "dispatched_at": "NULL", "started_at": "NULL", "finished_at": "NULL",
+    "last_error": "NULL", "dispatch_failures": "0", "updated_at": NOW,
 }
-"""A job run again (`retry`): due now with a fresh attempt count, as RETRY_JOB sets it."""
+"""A job run again (`retry`): due now with a fresh attempt count, and nothing of the run
+it had (its error and times stay with its attempts, which it keeps)."""
+
+RETRIED_SET = ", ".join(f"{column} = {value}" for column, value in RETRIED.items()
+                        if column != "state")
+"""RETRIED as the SET list of an UPDATE in place (the state is set by each statement)."""
 
 
 

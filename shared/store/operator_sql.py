@@ -20,6 +20,7 @@ from shared.core.filters import JobFilter
 from shared.core.states import JobState
 from shared.store.columns import JOB_COLUMNS, NOW, due_since, state_is
 from shared.store.history_sql import (
+    RETRIED_SET,
     back_to_hot,
     cancelled_attempt,
     final_row,
@@ -130,8 +131,7 @@ WITH hot AS (
     ORDER BY id LIMIT %(batch)s
 ), upd AS (
     UPDATE tock_jobs j
-    SET state = 'scheduled', run_at = {now}, attempt = 0, lease_owner = NULL,
-        lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = {now}
+    SET state = 'scheduled', {retried}
     FROM picked
     WHERE j.id = picked.id AND j.state = ANY(%(action_states)s::tock_job_state[])
     RETURNING j.id
@@ -156,7 +156,7 @@ def bulk_batch(action: str, clause: pgsql.Composable, *, bounded: bool) -> pgsql
             cancelled_attempt=pgsql.SQL(cancelled_attempt("gone")),
             lingering=pgsql.SQL(cancelled_running("gone")))
     return pgsql.SQL(_BULK_RETRY).format(
-        where=clause, upper=upper, now=pgsql.SQL(NOW),
+        where=clause, upper=upper, retried=pgsql.SQL(RETRIED_SET),
         back=pgsql.SQL(back_to_hot("gone", "id")), from_history=pgsql.SQL(from_history("gone")))
 
 

@@ -6,6 +6,7 @@ covers both tables in one statement: a job moving meanwhile is seen on exactly o
 
 from shared.store.columns import ATTEMPT_COLUMNS, JOB_COLUMNS, NOW
 from shared.store.history_sql import (
+    RETRIED_SET,
     back_to_hot,
     cancelled_attempt,
     final_row,
@@ -116,8 +117,7 @@ SELECT {JOB_COLUMNS} FROM upd UNION ALL SELECT {JOB_COLUMNS} FROM gone
 RETRY_JOB = f"""
 WITH upd AS (
     UPDATE tock_jobs
-    SET state = 'scheduled', run_at = {NOW}, attempt = 0, lease_owner = NULL,
-        lease_expires_at = NULL, dispatch_token = NULL, finished_at = NULL, updated_at = {NOW}
+    SET state = 'scheduled', {RETRIED_SET}
     WHERE id = %(id)s AND state IN ('dead', 'cancelled')
     RETURNING {JOB_COLUMNS}
 ), gone AS (

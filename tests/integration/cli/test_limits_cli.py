@@ -46,6 +46,8 @@ def test_bad_limits_are_refused_with_the_reason(tock):
             (["kind", "email"], "give --max-running N, --rate R (per --per SECONDS"),
             (["kind", "email", "--max-running", "-1"], "max_running must be between 0"),
             (["kind", "email", "--burst", "3"], "burst needs a rate"),
+            (["kind", "email", "--per", "60"], "per needs a rate"),
+            (["kind", "email", "--max-running", "2", "--per", "60"], "per needs a rate"),
             (["kind", "email", "--rate", "0"], "rate must be > 0"),
             (["kind", "email", "--rate", "10/day"], "the period after '/' is one of s, min, h"),
             (["kind", "email", "--rate", "ten/min"], "is not a number, or a number per s"),

@@ -150,15 +150,20 @@ def test_cancel_job_of_a_job_older_than_the_keys_table_cancels_in_place(job_stor
 def test_retry_job_brings_a_job_back_from_the_history_with_its_id_and_attempts(
         job_store, db, now, state):
     job = add_finished(db, state=state, finished_at=now - secs(60), unique_key="r1",
-                       attempt=2, last_error="boom", dispatch_token=uuid4(), tenant="t")
+                       attempt=2, last_error="boom [attempt 2 of 2, giving up]",
+                       dispatch_token=uuid4(), tenant="t", dispatch_failures=2,
+                       dispatched_at=now - secs(66), started_at=now - secs(65))
     add_history_attempt(db, job, attempt=1, outcome="failed", finished_at=now - secs(70))
     add_history_attempt(db, job, attempt=2, outcome="permanent", finished_at=now - secs(60))
     before = [a for a, _ in attempt_sides(db, job)]
     retried = job_store.retry_job(job, now=now)
     assert retried is not None
+    # Nothing of the run it had: its error and times stay with its attempts.
     assert (retried.id, retried.state, retried.run_at, retried.attempt, retried.finished_at,
-            retried.dispatch_token, retried.last_error, retried.tenant) == (
-        job, JobState.SCHEDULED, now, 0, None, None, "boom", "t")
+            retried.dispatch_token, retried.last_error, retried.tenant, retried.started_at,
+            retried.dispatched_at) == (
+        job, JobState.SCHEDULED, now, 0, None, None, None, "t", None, None)
+    assert job_row(db, job)["dispatch_failures"] == 0
     assert side_of(db, job) == "hot"
     assert attempt_sides(db, job) == [(a, "hot") for a in before]
     assert keys(db) == {"r1": job}, "the key never left its job"

@@ -125,7 +125,8 @@ def test_count_matching_stops_counting_past_its_cap_and_still_bounds_by_the_newe
 def _finished(db, now, state: str, kind: str = "a") -> int:
     return add_job(db, run_at=now - 10 * M, kind=kind, state=state, attempt=3,
                    lease_owner="w1", dispatch_token=uuid4(), finished_at=now - M,
-                   last_error="boom")
+                   last_error="boom", dispatched_at=now - 3 * M, started_at=now - 2 * M,
+                   dispatch_failures=1)
 
 
 def test_bulk_batch_retry_goes_in_id_order_in_batches(operator_store, db, now):
@@ -150,8 +151,9 @@ def test_bulk_batch_retry_goes_in_id_order_in_batches(operator_store, db, now):
     for job_id in (d1, d2, c1, d3):
         row = job_row(db, job_id)
         assert (row["state"], row["attempt"], row["lease_owner"], row["lease_expires_at"],
-                row["dispatch_token"], row["finished_at"]) == (
-            "scheduled", 0, None, None, None, None)
+                row["dispatch_token"], row["finished_at"], row["last_error"],
+                row["started_at"], row["dispatched_at"], row["dispatch_failures"]) == (
+            "scheduled", 0, None, None, None, None, None, None, None, 0)
         assert before <= row["run_at"] <= db_now(db)
     assert {j: job_row(db, j) for j in untouched} == untouched
 
