@@ -24,11 +24,12 @@ from pathlib import Path
 from consumer.tasks import registry
 from shared.core import validation
 from shared.core.errors import ConfigError, InvalidInput
+from shared.core.text import decimal_integer, shown
 from shared.runtime.command_line import Parser
 from shared.runtime.health import HealthServer
 from shared.runtime.lifecycle import StopFlag
 from shared.runtime.logs import configure, emit
-from shared.runtime.settings import ConsumerSettings
+from shared.runtime.settings import MAX_CONCURRENCY, ConsumerSettings
 from shared.runtime.startup import (
     EXIT_CONFIG,
     database_problem,
@@ -61,6 +62,22 @@ def task_modules(value: str) -> list[str]:
             f"empty module name in {value!r} (give module names separated by commas, "
             "e.g. myapp.tasks,myapp.reports)")
     return names
+
+
+def concurrency(value: str) -> int:
+    """`--concurrency`: a whole number from 1 to MAX_CONCURRENCY in plain digits (not
+    " 7", "1_0" or "+5", which int() would take)."""
+    try:
+        if value.startswith("+"):
+            raise ValueError(value)
+        number = decimal_integer(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{shown(value)} is not a whole number (plain digits, e.g. 8)") from None
+    if not 1 <= number <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {MAX_CONCURRENCY} handlers at once, got {number}")
+    return number
 
 
 def queue_names(value: str) -> list[str]:
@@ -110,7 +127,8 @@ def command_line(prog: str = "python -m consumer") -> Parser:
                         help="tock queues to receive from, comma-separated or repeated "
                              "(a,b or --queues a --queues b; default TOCK_QUEUES or "
                              "'default')")
-    parser.add_argument("--concurrency", type=int, help="handlers run at once")
+    parser.add_argument("--concurrency", type=concurrency, metavar="N",
+                        help="handlers run at once (default TOCK_CONCURRENCY or 8)")
     parser.add_argument("--isolation", choices=["thread", "process"],
                         help="run handlers in threads of this process (default "
                              "TOCK_ISOLATION or 'thread') or in child processes, one job "

@@ -46,17 +46,25 @@ def decode(body: object) -> JobMessage:
     if not isinstance(data, dict):
         raise InvalidMessage("message body is not a JSON object")
     if type(data.get("v")) is not int or data.get("v") != VERSION:  # True == 1 in Python
-        raise InvalidMessage(f"unsupported message version {data.get('v')!r}")
+        raise InvalidMessage(f"unsupported message version {_got(data.get('v'), 40)}")
     job_id, token, kind = data.get("job"), data.get("token"), data.get("kind")
     if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= MAX_JOB_ID:
         raise InvalidMessage(f"message job id must be an integer from 1 to {MAX_JOB_ID}, "
-                             f"got {str(job_id)[:40]!r}")
+                             f"got {_got(job_id, 40)}")
     if not isinstance(kind, str) or not KIND.fullmatch(kind):
-        raise InvalidMessage(f"message kind is not a tock kind: {str(kind)[:80]!r}")
+        raise InvalidMessage(f"message kind is not a tock kind: {_got(kind, 80)}")
     if not isinstance(token, str):
-        raise InvalidMessage(f"message token is not a UUID: {str(token)[:40]!r}")
+        raise InvalidMessage(f"message token is not a UUID: {_got(token, 40)}")
     try:
         parsed = UUID(token)
     except ValueError:
-        raise InvalidMessage(f"message token is not a UUID: {token[:40]!r}") from None
+        raise InvalidMessage(f"message token is not a UUID: {_got(token, 40)}") from None
     return JobMessage(job_id, parsed, kind)
+
+
+def _got(value: object, limit: int) -> str:
+    """A value from a message body as JSON wrote it (a number bare, a string quoted,
+    missing as null), cut to `limit` characters and all ASCII, so a log line shows which
+    it was and nothing in it can drive a terminal."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= limit else text[:limit] + "..."

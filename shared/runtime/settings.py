@@ -300,11 +300,16 @@ class TimerSettings(CommonSettings):
         return self.schedule_lookahead_seconds
 
 
+MAX_CONCURRENCY = 1000
+"""The most handlers one consumer runs at once (`concurrency`)."""
+
+
 class ConsumerSettings(CommonSettings):
     """A consumer process."""
 
     queues: Annotated[list[str], NoDecode] = Field(default=["default"], min_length=1)
-    concurrency: int = Field(default=8, ge=1, le=1000, description="Handlers run at once.")
+    concurrency: int = Field(default=8, ge=1, le=MAX_CONCURRENCY,
+                             description="Handlers run at once.")
     lease_seconds: float = Field(
         default=30.0, ge=0.1, le=43200,
         description="Lease per claim and heartbeat; sub-second leases are allowed (tests, "

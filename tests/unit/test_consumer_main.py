@@ -172,6 +172,30 @@ def test_an_empty_or_invalid_queues_option_is_refused_naming_it(value, says, cap
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("value", "says"), [
+    ("0", "argument --concurrency: must be from 1 to 1000 handlers at once, got 0"),
+    ("1001", "must be from 1 to 1000 handlers at once, got 1001"),
+    ("-3", "must be from 1 to 1000 handlers at once, got -3"),
+    ("1_0", "argument --concurrency: '1_0' is not a whole number"),
+    ("+5", "'+5' is not a whole number"),
+    (" 7", "' 7' is not a whole number"),
+    ("\uff15", "is not a whole number"),
+    ("2.5", "'2.5' is not a whole number"),
+])
+def test_a_concurrency_not_a_plain_count_in_range_is_refused_naming_the_flag(value, says,
+                                                                             capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["--tasks", "demo.tasks", "--concurrency", value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "TOCK_CONCURRENCY" not in err
+
+
+def test_concurrency_takes_plain_digits():
+    args = command_line().parse_args(["--tasks", "demo.tasks", "--concurrency", "32"])
+    assert args.concurrency == 32
+
+
 def test_a_kill_grace_too_long_for_a_process_kind_stops_it_before_postgres(tmp_path):
     _module(tmp_path, "isolated", """\
         from consumer import task

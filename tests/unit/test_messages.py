@@ -104,6 +104,17 @@ def test_a_bad_job_id_is_refused(job):
         decode(body(job=job))
 
 
+@pytest.mark.parametrize(("job", "shown"), [(-1, "got -1"), ("5", 'got "5"'),
+                                             (None, "got null"), (1.5, "got 1.5"),
+                                             ("\u202e1", 'got "\\u202e1"')])
+def test_a_bad_job_id_is_shown_as_json_wrote_it(job, shown):
+    """A number bare and a string quoted: a wrong type and a number out of range read
+    differently in the drop's log line; nothing in it can drive a terminal."""
+    with pytest.raises(InvalidMessage) as refused:
+        decode(body(job=job))
+    assert str(refused.value).endswith(shown)
+
+
 def test_the_largest_bigint_job_id_is_accepted():
     assert decode(body(job=2**63 - 1)).job_id == 2**63 - 1
 
