@@ -26,6 +26,7 @@ Sub = Any  # argparse._SubParsersAction is private; its type adds nothing here
 # a time, and Python would read 2027-01-01-05:00 as 05:00 on a naive date.
 _DATE_ONLY = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2}|\d{8})(?P<zone>[Zz]|[+-]\d{2}(?::?\d{2})?)?")
 EXAMPLE_TIME = "2026-12-02T15:04:05+00:00"
+_FINER_THAN_MICROSECONDS = re.compile(r"T[\d:]*[.,]\d{7,}")
 
 
 def parse_time(text: str) -> datetime:
@@ -39,8 +40,10 @@ def parse_time(text: str) -> datetime:
     except NoSuchTime as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
+        finer = " (seconds take at most 6 decimals)" if _FINER_THAN_MICROSECONDS.search(
+            text) else ""
         raise argparse.ArgumentTypeError(
-            f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}") from None
+            f"{shown(text)} is not an ISO 8601 time such as {EXAMPLE_TIME}{finer}") from None
     if value.tzinfo is None or value.utcoffset() is None:
         given = value.isoformat()
         raise argparse.ArgumentTypeError(

@@ -93,6 +93,14 @@ _PATTERN_CHECKS = {validation.KIND.pattern: validation.kind,
 
 
 def _worded(error: dict[str, Any]) -> dict[str, Any]:
+    loc, given = tuple(error.get("loc") or ()), error.get("input")
+    if error.get("type") == "enum" and loc[:1] == ("query",) and isinstance(given, str) \
+            and "," in given:
+        # The CLI takes --state dead,retrying; the API takes the parameter repeated.
+        name = loc[1] if len(loc) > 1 else "state"
+        first, second = (part.strip() for part in given.split(",", 1))
+        return {**error, "msg": f"{error.get('msg')}; for several, repeat the parameter "
+                                f"({name}={first}&{name}={second}), not commas"}
     check = _PATTERN_CHECKS.get((error.get("ctx") or {}).get("pattern", ""))
     if error.get("type") != "string_pattern_mismatch" or check is None:
         return error

@@ -229,7 +229,7 @@ def delay_seconds(value: object) -> float:
     if seconds < 0:
         raise InvalidInput(f"delay must not be negative, got {shown(value)}")
     if seconds > MAX_DELAY_SECONDS:
-        raise InvalidInput(f"delay must be at most 10 years, got {shown(value)}")
+        raise InvalidInput(f"delay must be at most 10 years (3,650 days), got {shown(value)}")
     return seconds
 
 
@@ -241,8 +241,8 @@ def run_time(at: object, delay: object) -> tuple[datetime | None, float]:
         when = aware("at", at)
         # As far ahead as delay= reaches: a time centuries out is a typo, not a plan.
         if (when - datetime.now(UTC)).total_seconds() > MAX_DELAY_SECONDS:
-            raise InvalidInput(f"at must be at most 10 years from now, as delay= is, got "
-                               f"{shown(when)}")
+            raise InvalidInput(f"at must be at most 10 years (3,650 days) from now, as "
+                               f"delay= is, got {shown(when)}")
         return when, 0.0
     if delay is not None:
         return None, delay_seconds(delay)

@@ -125,8 +125,8 @@ def _make_spec(*, name: object, kind: object, payload: Any, every: object, cron:
         if anchor > latest:
             # The slots from there would soon run off the end of the calendar (year 9999),
             # which neither Python nor the preview of the next fire times can pass.
-            raise InvalidSchedule(f"start must be at most 10 years from now, as a job's "
-                                  f"delay=, got {shown(start)}")
+            raise InvalidSchedule(f"start must be at most 10 years (3,650 days) from now, as "
+                                  f"a job's delay=, got {shown(start)}")
         timing = Timing(None, interval, anchor, "UTC", gap, fold)
         period = interval.total_seconds()
     misfire_policy = _choice("misfire", misfire, Misfire)

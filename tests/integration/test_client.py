@@ -165,7 +165,8 @@ NAIVE = datetime(2030, 1, 1, 12)
     ({"timeout": 0}, "timeout must be from 1 ms to 12 hours, got 0"),
     ({"timeout": 1e-300}, "timeout must be from 1 ms to 12 hours, got 1e-300"),
     ({"at": datetime(2999, 1, 1, tzinfo=UTC)},
-     "at must be at most 10 years from now, as delay= is, got 2999-01-01T00:00:00"),
+     "at must be at most 10 years (3,650 days) from now, as delay= is, got "
+     "2999-01-01T00:00:00"),
     ({"timeout": math.inf}, "timeout must be finite"),
     ({"queue": "no spaces"}, "not a valid queue name"),
     ({"key": ""}, "key must be a non-empty string"),
@@ -173,8 +174,9 @@ NAIVE = datetime(2030, 1, 1, 12)
     ({"tenant": 5}, "tenant must be a non-empty string"),
 ])
 def test_bad_options_are_refused_before_anything_is_written(client, db, kwargs, message):
-    with pytest.raises(InvalidInput, match=message):
+    with pytest.raises(InvalidInput) as refused:
         client.schedule("email", {}, **kwargs)
+    assert message in str(refused.value)
     assert _count(db) == 0
 
 

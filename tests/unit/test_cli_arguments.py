@@ -40,6 +40,12 @@ def test_a_time_python_would_read_as_another_is_refused(text):
     assert "is not an ISO 8601 time" in _refusal(text)
 
 
+def test_more_than_six_decimals_of_a_second_says_so():
+    assert _refusal("2027-01-01T05:00:00.1234567Z").endswith(
+        "(seconds take at most 6 decimals)")
+    assert "decimals" not in _refusal("2027-01-01T05:00:00xZ")
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("2027-02-29T00:00Z", "is not a real date and time: day is out of range for month"),
     ("2027-01-01T24:00:00Z", "is not a real date and time: hour must be in 0..23"),

@@ -153,6 +153,20 @@ def test_per_or_burst_without_a_rate_is_refused_not_dropped(operator, client, ex
 OUT_OF_RANGE = "out of range: in UTC it falls outside years 1 to 9999"
 
 
+def test_states_given_with_commas_say_to_repeat_the_parameter(operator, db):
+    """The CLI takes --state dead,retrying; the API's list takes state= repeated."""
+    res = operator.get("/api/jobs", params={"state": "dead, succeeded"})
+    assert res.status_code == 422, res.text
+    [error] = res.json()["detail"]
+    assert error["loc"] == ["query", "state", 0]
+    assert error["msg"].endswith("; for several, repeat the parameter "
+                                 "(state=dead&state=succeeded), not commas")
+    assert operator.get("/api/jobs", params=[("state", "dead"), ("state", "succeeded")]
+                        ).status_code == 200
+    bogus = operator.get("/api/jobs", params={"state": "bogus"}).json()["detail"][0]
+    assert "repeat" not in bogus["msg"]
+
+
 @pytest.mark.parametrize("when", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"])
 def test_a_time_outside_the_calendar_in_utc_is_a_422_naming_the_field(operator, db, when):
     # Valid ISO 8601 with its offset, but past year 9999 (or before year 1) in UTC.
