@@ -22,6 +22,7 @@ from cli.arguments import (
 from cli.output import cell, job_json, plain, print_json, print_table, printable
 from shared.core.errors import InvalidInput
 from shared.core.filters import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from shared.core.states import FINAL_STATES
 from shared.core.text import LostNumber, json_float, shown
 from shared.ops import explain
 from shared.ops import jobs as ops_jobs
@@ -151,8 +152,10 @@ def _show(args: argparse.Namespace) -> int:
             ("attempt", f"{job.attempt} of {job.max_attempts or '(task default)'}"),
             ("run at", job.run_at), ("key", job.unique_key), ("tenant", job.tenant),
             ("concurrency key", job.concurrency_key),
+            # A finished job holds no lease; a cancel of a running one keeps its worker.
             ("lease", f"{job.lease_owner} until {cell(job.lease_expires_at)}"
-             if job.lease_owner else None),
+             if job.lease_owner and job.state not in FINAL_STATES else None),
+            ("last worker", job.lease_owner if job.state in FINAL_STATES else None),
             ("created", job.created_at), ("finished", job.finished_at),
             ("payload", json.dumps(job.payload))]
     width = max(len(name) for name, _ in rows)  # one column for every job

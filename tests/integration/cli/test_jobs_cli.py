@@ -153,6 +153,21 @@ def test_show_marks_where_a_retry_began(tock, db, client):
     assert firsts == [["1", "failed"], ["2", "failed"], ["1", "(retried)"]], out
 
 
+def test_show_of_a_job_cancelled_while_running_names_its_worker_not_a_lease(tock, db,
+                                                                             client):
+    job = client.schedule("email")
+    db.execute("UPDATE tock_jobs SET state = 'running', attempt = 1, lease_owner = 'w1', "
+               "lease_expires_at = now() + interval '1 min', dispatch_token = "
+               "gen_random_uuid(), started_at = now() WHERE id = %s", (job.id,))
+    code, out, _ = tock("show", str(job.id))
+    assert code == 0 and "  lease " in out and "w1 until" in out
+    assert tock("cancel", str(job.id))[0] == 0
+    code, out, _ = tock("show", str(job.id))
+    assert code == 0 and "[cancelled]" in out, out
+    assert "  lease " not in out and "until" not in out, out
+    assert "  last worker     w1" in out, out
+
+
 def test_retry_and_cancel_by_id(tock, db):
     tock("enqueue", "email")
     code, _, err = tock("retry", "1")
