@@ -14,6 +14,13 @@ dead-letter queue although its job may yet run. It is deleted instead
 the job `dispatched` with no message, which the timer's rescuer sends again after the
 dispatch timeout (the queue then holds fewer messages than dispatched jobs), and a
 dispatch that rolls back makes the job due again with a new token.
+
+A receiver receives a little more than its free slots (consumer/prefetch.py): the rest
+wait unclaimed in the queue's prefetch buffer and are taken in a fair order (priority,
+then the tenant with the fewest recent starts) as slots free up, so a tenant's messages
+sent behind another's backlog need not wait for SQS to hand out all of it. Those messages
+are claimed only when taken; on stop (or with the database away) they are handed back at
+once, and a killed process's come back after the visibility timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from uuid import UUID
 
 from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline, Work
+from consumer.prefetch import Prefetch
 from consumer.tasks import TaskContext
 from shared.core.errors import (
     DataRejected,
@@ -82,6 +90,10 @@ MAX_DEFERRED_RECEIVES = 5
 """A message still waiting for its dispatch commit when received this many times (or
 TOCK_DEAD_LETTER_AFTER times, if fewer) is deleted rather than deferred again: 5 receives
 are about 15 s of an uncommitted dispatch, far past a slow send."""
+PREFETCH_GIVE_BACK_SECONDS = 10.0
+"""A prefetched message unclaimed this long (or half the visibility timeout, if less:
+handlers slowed down) is handed back to SQS for another consumer, well before its
+visibility runs out."""
 
 Drop = tuple[Received, str, str]
 """(message, reason, detail)."""
@@ -128,6 +140,10 @@ class Claimer(Loop):
         self._idle_share = max(1, settings.concurrency
                                // (self.threads * max(len(settings.queues), 1)))
         """Every receiver of every queue can long-poll at once with this many slots."""
+        self.prefetch = Prefetch(
+            2 * settings.concurrency,
+            min(PREFETCH_GIVE_BACK_SECONDS, settings.visibility_timeout_seconds / 2))
+        """Received, not yet claimed: shared by this queue's receivers."""
 
     explicit_success = True
     """Marked by every pass that raised nothing, so a step-by-step `receive_once` counts
@@ -149,6 +165,9 @@ class Claimer(Loop):
         """One receive and claim: how many jobs were claimed; None if no handler slot
         could be had while not every slot was running a handler."""
         pipe = self.pipe
+        overdue = self.prefetch.overdue()
+        if overdue:  # before its visibility runs out: another consumer may have a slot
+            self._retry_later(overdue, 0)
         if len(pipe.tracker) >= pipe.max_tracked:
             # Outcomes are waiting to be written (database slow?): do not take more.
             self.wait(0.05)
@@ -183,32 +202,65 @@ class Claimer(Loop):
         # one that found messages takes a batch again.
         most = self._idle_share if self._found_empty else pipe.settings.claim_batch_size
         reserved = pipe.slots.reserve(most, timeout=0.5)
-        if not reserved:
+        if not reserved and not self.prefetch.room():
             return 0 if pipe.slots.running_only else None
-        claimed: list[Work] = []
-        tidy: list[Callable[[], None]] = []
+        kept = 0
         try:
-            wait = pipe.settings.receive_wait_seconds if wait_seconds is None else wait_seconds
-            messages = self._receive(reserved, wait)
-            self._found_empty = not messages
-            if messages and self.stopping:
+            # Prefetched messages first, in their fair order: their jobs start without
+            # waiting for an SQS call. Then a receive for the slots left and the room.
+            taken = self.prefetch.take(reserved)
+            kept += self._claim_and_start(taken)
+            rest = reserved - len(taken)
+            if not self._top_up(rest, not taken and not len(self.prefetch), wait_seconds):
+                return kept
+            if rest:
+                kept += self._claim_and_start(self.prefetch.take(rest))
+        finally:
+            pipe.slots.settle(reserved, kept)
+        return kept
+
+    def _top_up(self, rest: int, idle: bool, wait_seconds: int | None) -> bool:
+        """Receive for `rest` free slots and the buffer's room, into the buffer; False when
+        stopping (what came is handed back). Long-polls only when `idle` (nothing taken or
+        held): a slot that frees meanwhile must find the prefetched messages, not wait for
+        the poll."""
+        room = self.prefetch.hold_room()
+        try:
+            self._found_empty = False
+            if not rest + room:
+                return True
+            wait = self.pipe.settings.receive_wait_seconds if wait_seconds is None \
+                else wait_seconds
+            messages = self._receive(rest + room, wait if idle else 0)
+            self._found_empty = idle and not messages
+            if self.stopping:
                 # Shutting down: this process may be past its grace already (a receive
                 # that hung). Hand the messages back at once rather than start them.
-                self._retry_later(messages, 0)
-                return 0
-            if messages:
-                try:
-                    claimed = self._claim(messages, tidy)
-                except Retryable:
-                    # The database is away: receive no more until it answers, and let these
-                    # messages come back once the other receivers' long polls have ended
-                    # (so they have seen the flag: no receive is spent on them meanwhile),
-                    # not after a whole visibility timeout.
-                    pipe.database_away = True
-                    self._retry_later(messages, pipe.settings.receive_wait_seconds + 1)
-                    raise
+                self.hand_back(messages)
+                return False
+            self.prefetch.add(messages)
+            return True
         finally:
-            pipe.slots.settle(reserved, len(claimed))
+            self.prefetch.release_room(room)
+
+    def _claim_and_start(self, taken: list[Received]) -> int:
+        """Claim the messages taken from the prefetch buffer, hand the claimed jobs to the
+        executor, then make the SQS calls for the rest; returns how many were claimed."""
+        if not taken:
+            return 0
+        pipe = self.pipe
+        tidy: list[Callable[[], None]] = []
+        try:
+            claimed = self._claim(taken, tidy)
+        except Retryable:
+            # The database is away: receive no more until it answers, and let these
+            # messages (and the prefetched ones) come back once the other receivers' long
+            # polls have ended (so they have seen the flag: no receive is spent on them
+            # meanwhile), not after a whole visibility timeout.
+            pipe.database_away = True
+            self._retry_later(taken + self.prefetch.drain(),
+                              pipe.settings.receive_wait_seconds + 1)
+            raise
         for entry in claimed:
             pipe.work.put(entry)
         # Only now the SQS calls for the messages that claimed nothing (deletes, deferrals):
@@ -219,6 +271,13 @@ class Claimer(Loop):
         for step in tidy:
             step()
         return len(claimed)
+
+    def hand_back(self, received: list[Received] | None = None) -> None:
+        """Make `received` and every prefetched message visible again at once (stopping):
+        another consumer claims them now, not after the visibility timeout."""
+        messages = (received or []) + self.prefetch.drain()
+        if messages:
+            self._retry_later(messages, 0)
 
     def _receive(self, room: int, wait: int) -> list[Received]:
         """Long-poll once; while SQS hands out full batches (a backlog) and handler slots
@@ -452,4 +511,5 @@ class Claimer(Loop):
                  error=f"{type(error).__name__}: {error}", message_id=msg.message_id,
                  queue=self.queue)
         self.pipe.delete(self.queue, [m.receipt for m, _, _ in drop])
+
 

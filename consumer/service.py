@@ -185,6 +185,11 @@ class Consumer:
         deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         for claimer in self.claimers.values():
             claimer.stop()
+        # Their prefetched messages go back to SQS at once, for the other consumers; on a
+        # thread of its own, so an SQS that hangs does not eat into the grace. A receive
+        # still under way hands back what it gets (Claimer._pass).
+        threading.Thread(target=self._hand_back, args=(deadline,), daemon=True,
+                         name="tock-hand-back").start()
         for claimer in self.claimers.values():
             claimer.join(max(deadline - time.monotonic(), 0.0))
         idle = pipe.slots.wait_idle(max(deadline - time.monotonic(), 0.0))
@@ -213,6 +218,15 @@ class Consumer:
                         "leases expire, as after a kill")
         emit(log, "consumer_stopped", worker=self.worker_id,
              exit_code=self.supervisor.exit_code, cut_short=self.cut_short)
+
+    def _hand_back(self, deadline: float) -> None:
+        """Hand back the prefetched messages now, and again once the receivers have ended
+        (a pass that had just checked for the stop may have prefetched more)."""
+        for claimer in self.claimers.values():
+            claimer.hand_back()
+        for claimer in self.claimers.values():
+            claimer.join(max(deadline - time.monotonic(), 0.0))
+            claimer.hand_back()
 
     def _last_writes(self, idle: bool) -> None:
         """Release what still runs (unless every slot is idle), write the outcomes left,

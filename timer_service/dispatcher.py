@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from shared.core.errors import TransportError
@@ -442,7 +442,9 @@ class Dispatcher(Loop):
                                         turn=turn, in_sqs=in_sqs, held=held)
                 if not share:
                     break
-                got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn, now=now)
+                got = [replace(job, priority=level) for job in
+                       self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn,
+                                   now=now)]
                 batch.jobs.extend(got)
                 capacity -= len(got)
                 taken = Counter((job.kind, job.queue, job.tenant_key) for job in got)
@@ -607,7 +609,8 @@ class Dispatcher(Loop):
         by_queue: dict[str, list[Outgoing]] = defaultdict(list)
         for job in due:
             by_queue[job.queue].append(Outgoing(
-                str(job.id), JobMessage(job.id, job.token, job.kind).encode(), job.tenant_key))
+                str(job.id), JobMessage(job.id, job.token, job.kind, job.tenant_key,
+                                        job.priority).encode(), job.tenant_key))
         calls = [
             (queue, entries[i:i + MAX_BATCH])
             for queue, entries in by_queue.items()

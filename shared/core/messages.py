@@ -2,6 +2,10 @@
 
 The payload stays in Postgres (the claim returns it), so messages are small and a message
 alone can never run anything: it must match the job's current token.
+
+The job's tenant and priority ride along (optional: older messages lack them) only to
+order a consumer's prefetched messages (consumer/prefetch.py); the claim takes neither
+from the message.
 """
 
 from __future__ import annotations
@@ -10,13 +14,14 @@ import json
 from dataclasses import dataclass
 from uuid import UUID
 
-from shared.core.errors import InvalidMessage
-from shared.core.validation import KIND
+from shared.core.errors import InvalidInput, InvalidMessage
+from shared.core.validation import KIND, MAX_TENANT_LENGTH, optional_text
 
 VERSION = 1
 MAX_BODY_BYTES = 4096
 MAX_JOB_ID = 2**63 - 1
 """Job ids are Postgres bigints."""
+MAX_PRIORITY = 9
 
 
 @dataclass(frozen=True)
@@ -24,10 +29,20 @@ class JobMessage:
     job_id: int
     token: UUID
     kind: str
+    tenant: str | None = None
+    """None: none given (no tenant, or a message from before tenants were sent)."""
+    priority: int = 0
 
     def encode(self) -> str:
-        return json.dumps({"v": VERSION, "job": self.job_id, "token": str(self.token),
-                           "kind": self.kind}, separators=(",", ":"))
+        body: dict[str, object] = {"v": VERSION, "job": self.job_id, "token": str(self.token),
+                                   "kind": self.kind}
+        if self.tenant:  # left out when empty, as `priority` at 0: the body stays small
+            # Only an ordering hint: a tenant stored before today's length check is cut
+            # (stably), so its message still decodes.
+            body["tenant"] = self.tenant[:MAX_TENANT_LENGTH]
+        if self.priority:
+            body["pri"] = self.priority
+        return json.dumps(body, separators=(",", ":"))
 
 
 def decode(body: object) -> JobMessage:
@@ -59,7 +74,16 @@ def decode(body: object) -> JobMessage:
         parsed = UUID(token)
     except ValueError:
         raise InvalidMessage(f"message token is not a UUID: {_got(token, 40)}") from None
-    return JobMessage(job_id, parsed, kind)
+    tenant, priority = data.get("tenant"), data.get("pri", 0)
+    try:
+        optional_text("tenant", tenant, MAX_TENANT_LENGTH)
+    except InvalidInput as exc:
+        raise InvalidMessage(f"message {str(exc)[:200]}") from None
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not 0 <= priority <= MAX_PRIORITY:
+        raise InvalidMessage(f"message priority must be an integer from 0 to {MAX_PRIORITY}, "
+                             f"got {_got(priority, 40)}")
+    return JobMessage(job_id, parsed, kind, tenant, priority)
 
 
 def _got(value: object, limit: int) -> str:

@@ -70,6 +70,8 @@ class DueJob:
     """Its tenant, '' for none (fair share accounting)."""
     run_at: datetime | None = None
     """When it was due: with `id`, its place in its pair's claim order."""
+    priority: int = 0
+    """Its priority level (the message carries it for the consumer's local order)."""
 
 
 @dataclass(frozen=True)

@@ -188,3 +188,37 @@ def test_any_message_shaped_json_decodes_or_is_refused(data):
         assert type(result.job_id) is int
         assert isinstance(result.token, uuid.UUID)
         assert len(result.kind) <= 128
+
+
+def test_tenant_and_priority_round_trip_and_are_left_out_when_default():
+    message = JobMessage(5, uuid.UUID(TOKEN), "k", "acme", 7)
+    assert decode(message.encode()) == message
+    plain = JobMessage(5, uuid.UUID(TOKEN), "k", None, 0)
+    assert json.loads(plain.encode()).keys() == {"v", "job", "token", "kind"}
+    assert json.loads(JobMessage(5, uuid.UUID(TOKEN), "k", "").encode()).keys() == {
+        "v", "job", "token", "kind"}
+
+
+def test_a_body_without_tenant_or_priority_still_decodes():
+    assert decode(body()) == JobMessage(42, uuid.UUID(TOKEN), "email.send", None, 0)
+
+
+def test_a_tenant_longer_than_allowed_is_cut_when_sent():
+    long = "t" * 300
+    assert decode(JobMessage(5, uuid.UUID(TOKEN), "k", long).encode()).tenant == long[:128]
+
+
+@pytest.mark.parametrize("tenant", [None, "", 7, True, ["a"], {"t": 1}, "t" * 129, "\ud800",
+                                    "a\x00"], ids=repr)
+def test_a_bad_tenant_is_refused(tenant):
+    if tenant is None:  # null: as good as absent
+        assert decode(body(tenant=tenant)).tenant is None
+        return
+    with pytest.raises(InvalidMessage, match="tenant"):
+        decode(body(tenant=tenant))
+
+
+@pytest.mark.parametrize("priority", [None, True, -1, 10, 1.0, "3", [1]], ids=repr)
+def test_a_bad_priority_is_refused(priority):
+    with pytest.raises(InvalidMessage, match="priority"):
+        decode(body(pri=priority))

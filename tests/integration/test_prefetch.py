@@ -1,0 +1,182 @@
+"""The consumer's prefetch buffer (consumer/prefetch.py) on real Postgres and real SQS: a
+tenant received behind another's buffered backlog is claimed first; a graceful stop hands
+the buffered messages back at once; slow handlers keep it about empty; a lost buffer (a
+killed process) loses nothing; and a buffered message whose visibility ran out and that
+another consumer ran is dropped here, not run twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import consumer.prefetch as prefetch
+from consumer.service import Consumer
+from shared.core.messages import decode
+from shared.core.states import JobState
+from tests.integration.readings import metric
+from tests.support.drive import dispatch, receive, run_all
+from tests.support.wait import wait_for
+
+
+@pytest.fixture
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any start rate gives the buffer its whole room (twice the concurrency)."""
+    monkeypatch.setattr(prefetch, "HORIZON_SECONDS", 1e6)
+
+
+def warm(consumer: Consumer, client: Any, timer: Any) -> None:
+    """One job claimed and run, so the buffer's start rate is not 0."""
+    client.schedule("work", tenant="W")
+    dispatch(timer)
+    run_all(consumer, receive(consumer, 1))
+
+
+def fill(consumer: Consumer, count: int) -> None:
+    """With every slot held (nothing is claimed), receive until `count` are buffered."""
+    claimer = consumer.claimers["default"]
+    held = consumer.pipe.slots.reserve(consumer.settings.concurrency, timeout=1)
+    try:
+        wait_for(lambda: consumer.receive_once("default", wait_seconds=1) >= 0
+                 and len(claimer.prefetch) >= count, timeout=20,
+                 message=f"{count} messages prefetched")
+    finally:
+        consumer.pipe.slots.settle(held, 0)
+
+
+def tenants(consumer: Consumer) -> list[str | None]:
+    out = []
+    while not consumer.pipe.work.empty():
+        out.append(consumer.pipe.work.get_nowait())
+    run_all(consumer, out)
+    return [entry.item.context.tenant for entry in out]
+
+
+def test_a_tenant_received_behind_a_buffered_backlog_is_claimed_first(
+        client, timer, registry, consumers, transport, wide):
+    registry.add("work", lambda payload, ctx: None)
+    c = consumers(concurrency=2)
+    warm(c, client, timer)
+    backlog = [client.schedule("work", tenant="A").id for _ in range(4)]
+    dispatch(timer)
+    fill(c, 4)
+    assert transport.counts("default") == (0, 4)  # SQS is empty: the backlog waits here
+    assert all(client.get(j).state is JobState.DISPATCHED for j in backlog)  # unclaimed
+    client.schedule("work", tenant="B")
+    dispatch(timer)
+    wait_for(lambda: transport.counts("default")[0] == 1, message="B's message in SQS")
+    # Two slots free: two of A's buffered jobs start, and the receive after their claim
+    # brings B's message into the buffer behind the other two of A's ...
+    assert c.receive_once("default", wait_seconds=0) == 2
+    assert tenants(c) == ["A", "A"]
+    assert len(c.claimers["default"].prefetch) == 3
+    # ... which it overtakes: B's and one of A's start (in one claim), the other of A's,
+    # received before B's, waits.
+    assert c.receive_once("default", wait_seconds=0) == 2
+    assert sorted(tenants(c)) == ["A", "B"]
+    [left] = c.claimers["default"].prefetch.drain()
+    assert decode(left.body).tenant == "A"
+
+
+def test_a_graceful_stop_hands_the_buffered_messages_back_at_once(
+        client, timer, registry, consumer_settings, transport, wide):
+    release = threading.Event()
+    registry.add("work", lambda payload, ctx: release.wait(30))
+    c = Consumer(consumer_settings.model_copy(update={"concurrency": 2}), registry, transport)
+    c.start()
+    stopping = threading.Thread(target=c.shutdown)
+    try:
+        for _ in range(2):  # both slots run a handler that waits
+            client.schedule("work", tenant="W")
+        dispatch(timer)
+        wait_for(lambda: c.pipe.slots.busy == 2, message="both handlers running")
+        backlog = [client.schedule("work", tenant="A").id for _ in range(4)]
+        dispatch(timer)
+        wait_for(lambda: len(c.claimers["default"].prefetch) == 4, message="4 prefetched")
+        stopping.start()
+        asked = time.monotonic()
+        back: list[Any] = []
+        wait_for(lambda: back.extend(transport.receive("default", 10, 1, 60)) or len(back) == 4,
+                 timeout=10, message="the buffered messages visible again")
+        assert time.monotonic() - asked < 5  # not the visibility timeout (60 s)
+        assert all(client.get(j).state is JobState.DISPATCHED for j in backlog)
+    finally:
+        release.set()
+        if stopping.is_alive() or not stopping.ident:
+            if not stopping.ident:
+                stopping.start()
+            stopping.join(30)
+
+
+def test_slow_handlers_keep_the_buffer_about_empty(client, timer, registry,
+                                                   consumer_settings, transport):
+    registry.add("work", lambda payload, ctx: time.sleep(1.0))
+    c = Consumer(consumer_settings.model_copy(update={"concurrency": 2}), registry, transport)
+    c.start()
+    try:
+        for _ in range(8):
+            client.schedule("work", tenant="A")
+        dispatch(timer)
+        buffered, waiting = [], []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            buffered.append(len(c.claimers["default"].prefetch))
+            waiting.append(transport.counts("default")[0])
+            time.sleep(0.05)
+        # Two starts a second: the room is at most one message (HORIZON_SECONDS of them).
+        assert max(buffered) <= 1
+        assert max(waiting) >= 4  # the rest stays in SQS, for any consumer
+    finally:
+        c.shutdown()
+
+
+def short_visibility(consumer_settings: Any) -> dict[str, Any]:
+    return {"visibility_timeout_seconds": 2, "lease_seconds": 2, "heartbeat_seconds": 0.5}
+
+
+def test_a_lost_buffer_loses_nothing(client, timer, registry, consumers, running,
+                                     consumer_settings, transport, wide):
+    ran: list[int] = []
+    registry.add("work", lambda payload, ctx: ran.append(ctx.job_id))
+    killed = consumers(concurrency=2, **short_visibility(consumer_settings))
+    warm(killed, client, timer)
+    backlog = [client.schedule("work", tenant="A").id for _ in range(4)]
+    dispatch(timer)
+    fill(killed, 4)
+    # The process dies with them buffered (no hand back, as after kill -9): they come back
+    # after the visibility timeout and another consumer runs each once.
+    killed.claimers["default"].prefetch = prefetch.Prefetch(4, 1.0)
+    running(concurrency=2, **short_visibility(consumer_settings))
+    wait_for(lambda: all(client.get(j).state is JobState.SUCCEEDED for j in backlog),
+             timeout=30, message="the lost buffer's jobs ran elsewhere")
+    assert sorted(j for j in ran if j in backlog) == sorted(backlog)
+    assert {client.get(j).attempt for j in backlog} == {1}
+
+
+def test_a_buffered_message_another_consumer_ran_is_dropped_not_run_twice(
+        client, timer, registry, consumers, running, consumer_settings, transport, wide):
+    ran: list[int] = []
+    registry.add("work", lambda payload, ctx: ran.append(ctx.job_id))
+    slow = consumers(concurrency=1, **short_visibility(consumer_settings))
+    warm(slow, client, timer)
+    job = client.schedule("work", tenant="A").id
+    dispatch(timer)
+    fill(slow, 1)
+    # Held past its visibility (the give-back bound off): another consumer receives the
+    # message again, claims the job and runs it.
+    slow.claimers["default"].prefetch.give_back_after = 1e6
+    other = running(concurrency=1, **short_visibility(consumer_settings))
+    wait_for(lambda: client.get(job).state is JobState.SUCCEEDED, timeout=30,
+             message="the other consumer ran the job")
+    other.shutdown()
+    dropped = metric("tock_messages_dropped_total", reason="not_dispatched")
+    # Its slot free, the first consumer takes the stale message: the fenced claim matches
+    # nothing, and the message is dropped.
+    assert slow.receive_once("default", wait_seconds=0) == 0
+    assert slow.pipe.work.empty()
+    assert len(slow.claimers["default"].prefetch) == 0
+    assert metric("tock_messages_dropped_total", reason="not_dispatched") == dropped + 1
+    assert ran.count(job) == 1
+    assert client.get(job).attempt == 1
