@@ -1,7 +1,7 @@
 """Receive and claim: long-poll one SQS queue, then claim every message's job with one
 fenced statement (job id AND dispatch token AND state 'dispatched'), and hand the claimed
-jobs to the executor. Slots are reserved before receiving, so a process never holds more
-messages than it can run.
+jobs to the executor. Slots are reserved before receiving; beyond them a receiver holds
+only the small prefetch buffer described below, whose messages are not claimed yet.
 
 A message whose claim matches nothing (forged, stale, replayed, unknown job, malformed)
 changes nothing and is deleted, with a `message_dropped` line naming the typed reason.
