@@ -144,6 +144,11 @@ class Claimer(Loop):
             2 * settings.concurrency,
             min(PREFETCH_GIVE_BACK_SECONDS, settings.visibility_timeout_seconds / 2))
         """Received, not yet claimed: shared by this queue's receivers."""
+        self._lendable = 0
+        """Slots reserved by this queue's receivers for a long poll of an empty buffer,
+        which the queue's other receiver may take to start what it buffered meanwhile
+        (`_borrow`), rather than leave it there until the poll ends."""
+        self._lending = threading.Lock()
 
     explicit_success = True
     """Marked by every pass that raised nothing, so a step-by-step `receive_once` counts
@@ -201,7 +206,9 @@ class Claimer(Loop):
         # polls, and another queue's receivers would wait for them. The next receive after
         # one that found messages takes a batch again.
         most = self._idle_share if self._found_empty else pipe.settings.claim_batch_size
-        reserved = pipe.slots.reserve(most, timeout=0.5)
+        reserved = self._borrow(min(most, len(self.prefetch)))
+        if reserved < most:
+            reserved += pipe.slots.reserve(most - reserved, timeout=0 if reserved else 0.5)
         if not reserved and not self.prefetch.room():
             return 0 if pipe.slots.running_only else None
         kept = 0
@@ -211,13 +218,34 @@ class Claimer(Loop):
             taken = self.prefetch.take(reserved)
             kept += self._claim_and_start(taken)
             rest = reserved - len(taken)
-            if not self._top_up(rest, not taken and not len(self.prefetch), wait_seconds):
+            idle = not taken and not len(self.prefetch)
+            if idle:  # a long poll: its slots may be lent meanwhile
+                with self._lending:
+                    self._lendable += rest
+            try:
+                received = self._top_up(rest, idle, wait_seconds)
+            finally:
+                if idle:
+                    back = self._borrow(rest)
+                    reserved -= rest - back
+                    rest = back
+            if not received:
                 return kept
             if rest:
                 kept += self._claim_and_start(self.prefetch.take(rest))
         finally:
             pipe.slots.settle(reserved, kept)
         return kept
+
+    def _borrow(self, most: int) -> int:
+        """Up to `most` of the slots lent by long polls of this queue (`_lendable`): the
+        taker settles them as its own reservation."""
+        if most <= 0:
+            return 0
+        with self._lending:
+            got = min(most, self._lendable)
+            self._lendable -= got
+            return got
 
     def _top_up(self, rest: int, idle: bool, wait_seconds: int | None) -> bool:
         """Receive for `rest` free slots and the buffer's room, into the buffer; False when

@@ -80,6 +80,49 @@ def test_a_tenant_received_behind_a_buffered_backlog_is_claimed_first(
     assert decode(left.body).tenant == "A"
 
 
+def test_a_long_poll_holds_no_slot_so_the_other_receiver_starts_what_it_buffered(
+        client, timer, registry, consumers, transport, monkeypatch):
+    """Found in a benchmark: one receiver long-polled an empty queue holding every free
+    slot while the other had received a burst's last messages into the buffer; they
+    waited for the poll to end (each time up to TOCK_RECEIVE_WAIT_SECONDS), and the
+    timer, seeing them unclaimed, held back the rest of the burst."""
+    registry.add("work", lambda payload, ctx: None)
+    c = consumers(concurrency=2)
+    polling, polled = threading.Event(), threading.Event()
+    receive = transport.receive
+
+    def spied(queue: str, most: int, wait: int, visibility: int) -> Any:
+        if wait:
+            polling.set()
+        try:
+            return receive(queue, most, wait, visibility)
+        finally:
+            if wait:
+                polled.set()
+
+    job = client.schedule("work").id
+    dispatch(timer)
+    # The queue's other receiver receives the message (here by hand, before the poll
+    # below, which then finds the queue empty) ...
+    got: list[Any] = []
+    wait_for(lambda: got.extend(receive("default", 1, 0, 60)) or got,
+             message="the message received")
+    monkeypatch.setattr(transport, "receive", spied)
+    poller = threading.Thread(target=c.receive_once, args=("default",),
+                              kwargs={"wait_seconds": 5})
+    poller.start()
+    try:
+        assert polling.wait(10), "the first receiver's long poll"
+        # ... and puts it into the buffer while the first one polls.
+        c.claimers["default"].prefetch.add(got)
+        assert c.receive_once("default", wait_seconds=0) == 1
+        assert not polled.is_set(), "started while the other receiver still polled"
+        run_all(c, [c.pipe.work.get_nowait()])
+        assert client.get(job).state is JobState.SUCCEEDED
+    finally:
+        poller.join(15)
+
+
 def test_a_graceful_stop_hands_the_buffered_messages_back_at_once(
         client, timer, registry, consumer_settings, transport, wide):
     release = threading.Event()
