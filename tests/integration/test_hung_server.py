@@ -182,7 +182,11 @@ def test_a_consumer_stopping_while_the_server_hangs_stops_within_its_bound(
             wait_for(lambda: stopped, timeout=0.5 + 2.0 + 15, message="shutdown ended")
         assert consumer.cut_short
         assert [r for r in caplog.records if getattr(r, "event", None) == "shutdown_cut_short"]
-        assert client.get(job.id).state is JobState.RUNNING, "left to its lease"
+        # Left to its lease, as a kill would leave it; or released, if the release write
+        # stuck in the frozen server committed once it thawed (here the process does not
+        # exit; a real one's exit closes the connection and the server rolls it back).
+        # Either way it runs again.
+        assert client.get(job.id).state in (JobState.RUNNING, JobState.SCHEDULED)
     finally:
         let_go.set()
         client.close()
