@@ -2,7 +2,8 @@
 tenant received behind another's buffered backlog is claimed first; a graceful stop hands
 the buffered messages back at once; slow handlers keep it about empty; a lost buffer (a
 killed process) loses nothing; and a buffered message whose visibility ran out and that
-another consumer ran is dropped here, not run twice."""
+another consumer ran is dropped here, not run twice; and a long poll that fails gives back
+every slot, lent or not."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import pytest
 
 import consumer.prefetch as prefetch
 from consumer.service import Consumer
+from shared.core.errors import TransportError
 from shared.core.messages import decode
 from shared.core.states import JobState
 from tests.integration.readings import metric
 from tests.support.drive import dispatch, receive, run_all
+from tests.support.drive import receive as receive_all
 from tests.support.wait import wait_for
 
 
@@ -121,6 +124,77 @@ def test_a_long_poll_holds_no_slot_so_the_other_receiver_starts_what_it_buffered
         assert client.get(job).state is JobState.SUCCEEDED
     finally:
         poller.join(15)
+
+
+@pytest.mark.parametrize("lent", [True, False], ids=["a-slot-borrowed", "none-borrowed"])
+def test_a_long_poll_that_fails_gives_every_slot_back(
+        client, timer, registry, consumers, transport, monkeypatch, lent):
+    """A long poll's slots are lent while it waits; when the poll fails (SQS cut off or
+    restarted: a TransportError, which the loop backs off from), the slots it kept and the
+    one the other receiver borrowed must all come free, or the consumer runs below its
+    concurrency from then on. The error is raised at the transport boundary, after the
+    real LocalStack poll returns, so that it lands while a slot is lent; the fault suite
+    meets the same error from a real SQS restart, freeze and partition."""
+    registry.add("work", lambda payload, ctx: None)
+    c = consumers(concurrency=2)
+    claimer = c.claimers["default"]
+    polling, fail = threading.Event(), threading.Event()
+    receive = transport.receive
+
+    def failing(queue: str, most: int, wait: int, visibility: int) -> Any:
+        if not wait:
+            return receive(queue, most, wait, visibility)
+        polling.set()
+        assert fail.wait(10)
+        receive(queue, most, 0, visibility)
+        raise TransportError("ReceiveMessage failed: connection reset (injected)")
+
+    job = client.schedule("work").id
+    dispatch(timer)
+    got: list[Any] = []
+    wait_for(lambda: got.extend(receive("default", 1, 0, 60)) or got,
+             message="the message received")
+    monkeypatch.setattr(transport, "receive", failing)
+    errors: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            c.receive_once("default", wait_seconds=5)
+        except BaseException as exc:  # the test reads it below
+            errors.append(exc)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        assert polling.wait(10), "the long poll"
+        assert c.pipe.slots.used == 2  # every free slot went to the poll
+        if lent:  # the other receiver borrows one to start what it buffered
+            claimer.prefetch.add(got)
+            assert c.receive_once("default", wait_seconds=0) == 1
+        fail.set()
+        poller.join(15)
+        assert [type(e) for e in errors] == [TransportError]
+        # Nothing is left reserved or lent: only the borrowed slot's handler holds one.
+        assert claimer._lendable == 0
+        assert c.pipe.slots.used == c.pipe.slots.busy == int(lent)
+    finally:
+        fail.set()
+        poller.join(15)
+    monkeypatch.setattr(transport, "receive", receive)
+    if lent:
+        run_all(c, [c.pipe.work.get_nowait()])
+        assert client.get(job).state is JobState.SUCCEEDED
+    else:
+        claimer.prefetch.add(got)
+    assert c.pipe.slots.used == 0
+    # Both slots are there to claim with: two jobs run at once.
+    more = [client.schedule("work").id for _ in range(2)]
+    dispatch(timer)
+    entries = receive_all(c, 2)
+    assert len(entries) == c.pipe.slots.busy == 2
+    run_all(c, entries)
+    run_all(c, receive_all(c, 3 - len(entries) - int(lent)))
+    assert all(client.get(j).state is JobState.SUCCEEDED for j in [job, *more])
 
 
 def test_a_graceful_stop_hands_the_buffered_messages_back_at_once(
