@@ -36,7 +36,7 @@ from uuid import UUID
 from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline, Work
 from consumer.prefetch import Prefetch
-from consumer.tasks import TaskContext
+from consumer.tasks import CancelFlag, TaskContext
 from shared.core.errors import (
     DataRejected,
     InvalidMessage,
@@ -397,7 +397,7 @@ class Claimer(Loop):
             job_id=row.id, kind=row.kind, queue=row.queue, attempt=row.attempt,
             max_attempts=row.max_attempts, scheduled_at=row.run_at,
             deadline=row.claimed_at + timedelta(seconds=row.timeout_seconds), tenant=row.tenant,
-            key=row.key, cancelled=threading.Event())
+            key=row.key, cancelled=CancelFlag())
         item = InFlight(Lease(row.id, row.attempt, row.token), self.queue, msg.receipt, ctx,
                         timeout_seconds=row.timeout_seconds)
         pipe.tracker.add(item)

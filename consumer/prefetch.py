@@ -70,6 +70,8 @@ class Prefetch:
         """Room handed to receives under way (`hold_room`): the other receiver of the
         queue must not receive into it too."""
         self._starts: collections.deque[tuple[float, int]] = collections.deque()
+        self._started = 0
+        """The sum of `_starts`' counts (kept, not summed per receive)."""
         self._recent: dict[str, float] = {}
         """Per tenant: starts here, halving every RECENT_HALF_LIFE_SECONDS."""
         self._decayed_at = clock()
@@ -99,7 +101,7 @@ class Prefetch:
 
     def _room(self, now: float) -> int:
         self._forget_starts(now)
-        rate = sum(n for _, n in self._starts) / RATE_WINDOW_SECONDS
+        rate = self._started / RATE_WINDOW_SECONDS
         target = min(self.cap, math.floor(rate * HORIZON_SECONDS))
         return max(target - self._count - self._coming, 0)
 
@@ -127,6 +129,7 @@ class Prefetch:
             self._count -= len(out)
             if out:
                 self._starts.append((now, len(out)))
+                self._started += len(out)
         return out
 
     def overdue(self) -> list[Received]:
@@ -168,7 +171,7 @@ class Prefetch:
 
     def _forget_starts(self, now: float) -> None:
         while self._starts and self._starts[0][0] < now - RATE_WINDOW_SECONDS:
-            self._starts.popleft()
+            self._started -= self._starts.popleft()[1]
 
 
 def _order(msg: Received) -> tuple[int, str]:

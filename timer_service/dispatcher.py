@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from shared.core.errors import TransportError
@@ -442,9 +442,8 @@ class Dispatcher(Loop):
                                         turn=turn, in_sqs=in_sqs, held=held)
                 if not share:
                     break
-                got = [replace(job, priority=level) for job in
-                       self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn,
-                                   now=now)]
+                got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn,
+                                  now=now)
                 batch.jobs.extend(got)
                 capacity -= len(got)
                 taken = Counter((job.kind, job.queue, job.tenant_key) for job in got)

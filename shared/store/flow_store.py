@@ -55,7 +55,7 @@ class FlowStore(Store):
             "unkeyed": [q[0] in unkeyed for q in quotas],
             "floor_ats": [f[0] if f else None for f in starts],
             "floor_ids": [f[1] if f else None for f in starts], "now": now})
-        return _due_jobs(rows)
+        return _due_jobs(rows, level)
 
     def key_rooms(self, level: int, pair: tuple[str, str, str], *, after: str, walk: int,
                   now: datetime | None = None) -> list[tuple[str, bool, int | None]]:
@@ -77,7 +77,7 @@ class FlowStore(Store):
         rows = self._rows(sql.CLAIM_KEYS, {
             "level": level, "kind": kind, "queue": queue, "tenant": tenant,
             "keys": [q[0] for q in quotas], "quotas": [q[1] for q in quotas], "now": now})
-        return _due_jobs(rows)
+        return _due_jobs(rows, level)
 
     def limit_rooms(self, now: datetime | None = None) -> list[LimitRoom]:
         """Every limit's room for this claim. Takes each limit's lock for the rest of the
@@ -161,6 +161,7 @@ class FlowStore(Store):
         return {r[0]: r[1] for r in self._rows(sql.TENANT_WEIGHTS)}
 
 
-def _due_jobs(rows: Sequence[Row]) -> list[DueJob]:
-    return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6], r[7])
+def _due_jobs(rows: Sequence[Row], level: int) -> list[DueJob]:
+    """Claimed rows as DueJobs of priority `level` (the claims take one level at a time)."""
+    return [DueJob(r[0], r[1], r[2], r[3], JobState(r[4]), float(r[5]), r[6], r[7], level)
             for r in rows]
