@@ -57,6 +57,16 @@ def tenants(consumer: Consumer) -> list[str | None]:
     return [entry.item.context.tenant for entry in out]
 
 
+def one_received_by_hand(client: Any, timer: Any, transport: Any) -> tuple[int, list[Any]]:
+    """A job dispatched and its message received from SQS past the consumer."""
+    job = client.schedule("work").id
+    dispatch(timer)
+    got: list[Any] = []
+    wait_for(lambda: got.extend(transport.receive("default", 1, 0, 60)) or got,
+             message="the message received")
+    return job, got
+
+
 def test_a_tenant_received_behind_a_buffered_backlog_is_claimed_first(
         client, timer, registry, consumers, transport, wide):
     registry.add("work", lambda payload, ctx: None)
@@ -103,13 +113,9 @@ def test_a_long_poll_holds_no_slot_so_the_other_receiver_starts_what_it_buffered
             if wait:
                 polled.set()
 
-    job = client.schedule("work").id
-    dispatch(timer)
     # The queue's other receiver receives the message (here by hand, before the poll
     # below, which then finds the queue empty) ...
-    got: list[Any] = []
-    wait_for(lambda: got.extend(receive("default", 1, 0, 60)) or got,
-             message="the message received")
+    job, got = one_received_by_hand(client, timer, transport)
     monkeypatch.setattr(transport, "receive", spied)
     poller = threading.Thread(target=c.receive_once, args=("default",),
                               kwargs={"wait_seconds": 5})
@@ -149,11 +155,7 @@ def test_a_long_poll_that_fails_gives_every_slot_back(
         receive(queue, most, 0, visibility)
         raise TransportError("ReceiveMessage failed: connection reset (injected)")
 
-    job = client.schedule("work").id
-    dispatch(timer)
-    got: list[Any] = []
-    wait_for(lambda: got.extend(receive("default", 1, 0, 60)) or got,
-             message="the message received")
+    job, got = one_received_by_hand(client, timer, transport)
     monkeypatch.setattr(transport, "receive", failing)
     errors: list[BaseException] = []
 
