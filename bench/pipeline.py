@@ -184,11 +184,15 @@ def end_to_end(ctx: Context) -> int:
             waiting.until(url, LIVE_WORKERS, _equals(k), timeout=60,
                           what=f"{k} consumers up", fleet=fleet)
             _reset_statements(url)
+            requests_before = fleet.sqs_requests()
             insert_due(url, n)
             waiting.until(url, COUNT_STATE, lambda v: v == n, params={"state": "succeeded"},
                           timeout=_timeout(n), what=f"{n} jobs succeeded", fleet=fleet)
             count, seconds = _row(url, END_TO_END)
             by_count[k] = rate(count, float(seconds))
+            sqs_requests_per_job(ctx, f"e2e.c{k}.sqs_requests", "end-to-end",
+                                 f"SQS requests per job, end to end, {k} consumer(s)",
+                                 requests_before, fleet.sqs_requests(), n)
             if k == max(ctx.profile.consumer_counts):
                 ctx.results.hotspots["statements_e2e"] = statement_times(url, n)
         finally:
@@ -397,6 +401,23 @@ def run_in_memory(url: str, concurrency: int, jobs: int, log_file: Path,
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+FULL_BATCHES = 0.3
+"""SQS requests per job with every send, receive and delete a full batch of 10."""
+
+
+def sqs_requests_per_job(ctx: Context, key: str, group: str, label: str,
+                         before: dict[str, int], after: dict[str, int], jobs: int) -> None:
+    """The fleet's SQS requests (what SQS bills) per job between two readings of its
+    processes' `tock_sqs_requests_total`, with the operations in the note."""
+    grew = {op: after.get(op, 0) - before.get(op, 0) for op in after}
+    grew = {op: n for op, n in sorted(grew.items(), key=lambda kv: -kv[1]) if n > 0}
+    per_job = sum(grew.values()) / jobs if jobs else 0.0
+    parts = ", ".join(f"{op} {n / jobs:.3f}" for op, n in grew.items())
+    ctx.results.raw(key, group, label, per_job, "requests/job",
+                    note=f"{parts or 'none'}; {FULL_BATCHES} with every send, receive and "
+                         "delete a full batch of 10; idle long polls included")
+
 
 def _process_cpu() -> float:
     used = os.times()

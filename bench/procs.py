@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -17,6 +19,7 @@ import psutil
 import psycopg
 
 from bench.services import ROOT
+from devstack.ports import free_port
 
 BACKLOG = "SELECT count(*) FROM tock_jobs WHERE state NOT IN ('succeeded', 'dead', 'cancelled')"
 
@@ -26,6 +29,11 @@ class Proc:
     role: str
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
+    health_port: int | None = None
+    """Where its /metrics is served (timer and consumers)."""
+
+
+SQS_REQUESTS = re.compile(r'^tock_sqs_requests_total\{operation="(\w+)"\} ([0-9.e+]+)$', re.M)
 
 
 @dataclass
@@ -57,9 +65,11 @@ class Fleet:
                env: dict[str, str] | None = None) -> Proc:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{self.phase}-{role}.log").open("ab")
-        popen = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self._env(env),
+        port = free_port()
+        popen = subprocess.Popen([sys.executable, *args], cwd=ROOT,
+                                 env=self._env({"TOCK_HEALTH_PORT": str(port), **(env or {})}),
                                  stdout=log, stderr=subprocess.STDOUT)
-        proc = Proc(role, popen, log)
+        proc = Proc(role, popen, log, port)
         self.procs.append(proc)
         return proc
 
@@ -73,6 +83,20 @@ class Fleet:
                             ["-m", "consumer", "--tasks", "bench.noop_tasks",
                              "--concurrency", str(self.concurrency)])
                 for i in range(count)]
+
+    def sqs_requests(self) -> dict[str, int]:
+        """The SQS requests every running process of the fleet has sent so far, by
+        operation (their `tock_sqs_requests_total`, summed)."""
+        total: dict[str, int] = {}
+        for p in self.procs:
+            if p.health_port is None or p.popen.poll() is not None:
+                continue
+            url = f"http://127.0.0.1:{p.health_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as res:
+                text = res.read().decode()
+            for operation, value in SQS_REQUESTS.findall(text):
+                total[operation] = total.get(operation, 0) + int(float(value))
+        return total
 
     def check_alive(self) -> None:
         dead = [p for p in self.procs if p.popen.poll() is not None]

@@ -14,7 +14,7 @@ import psycopg
 
 from bench import noop_tasks, waiting
 from bench.latency import MAX_ID, lags
-from bench.pipeline import COUNT_STATE, LIVE_WORKERS, Context, _timeout
+from bench.pipeline import COUNT_STATE, LIVE_WORKERS, Context, _timeout, sqs_requests_per_job
 from bench.stats import percentiles
 from shared.client import Client
 from shared.runtime.settings import ClientSettings
@@ -49,11 +49,13 @@ def soak(ctx: Context, consumers: int) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SELECT pg_stat_reset()")  # this database's counters: the run's own
         after = waiting.scalar(url, MAX_ID)
+        requests_before = fleet.sqs_requests()
         samples = _produce(url, fleet, rate, p.soak_seconds)
         total = waiting.scalar(url, "SELECT count(*) FROM tock_jobs_all")
         waiting.until(url, COUNT_STATE, lambda v: v == total, params={"state": "succeeded"},
                       timeout=_timeout(total), what="the sustained run's jobs succeeded",
                       fleet=fleet)
+        requests_after = fleet.sqs_requests()
         time.sleep(1.0)  # the servers' statistics reach the shared counters about once a second
         final = _tables(url)
         start_lags, _ = lags(url, after)
@@ -65,6 +67,9 @@ def soak(ctx: Context, consumers: int) -> None:
                                   "samples": samples, "final": final}
     _health(ctx, final, minutes, rate)
     _size(ctx, samples, minutes)
+    sqs_requests_per_job(ctx, "soak.sqs_requests", "table health",
+                         f"SQS requests per job over the {minutes:g}-minute run at "
+                         f"{rate:.0f} jobs/s", requests_before, requests_after, len(start_lags))
     summary = percentiles(start_lags)
     ctx.results.raw("soak.p99", "table health",
                     f"due-to-start p99 over the {minutes:g}-minute run at {rate:.0f} jobs/s",

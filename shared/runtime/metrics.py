@@ -16,8 +16,10 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from shared.transport.sqs import REQUESTS
 
 M = TypeVar("M", Counter, Gauge, Histogram)
 
@@ -75,7 +77,22 @@ HANDLER_PROCESSES_REPLACED = Counter(
 TIMER = "timer"
 CONSUMER = "consumer"
 
-SHARED_METRICS = (SQS_ERRORS,)
+class _SqsRequests(Collector):
+    """`tock_sqs_requests_total`, read from the transport's counts at each scrape (the
+    transport sits below this layer and counts in a botocore hook)."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "tock_sqs_requests", "HTTP requests sent to SQS by this process, retries "
+            "included (what SQS bills)", labels=["operation"])
+        for operation, count in sorted(REQUESTS.snapshot().items()):
+            family.add_metric([operation], count)
+        yield family
+
+
+REGISTRY.register(_SqsRequests())
+
+SHARED_METRICS = (SQS_ERRORS, "tock_sqs_requests_total")
 """Incremented by both processes: each exports its own count."""
 TIMER_METRICS = (DISPATCHED, DISPATCH_FAILURES, DUE_TO_DISPATCH, IN_SQS, REDISPATCHED,
                  LEASE_EXPIRIES)

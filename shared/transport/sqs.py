@@ -80,6 +80,39 @@ NO_TENANT_GROUP = "tock:no-tenant"
 """The group of jobs enqueued without a tenant (which form one tenant)."""
 
 
+class RequestCounts:
+    """HTTP requests this process sent to SQS, per operation, each retry included: what
+    SQS bills (per 64 KB request, whatever a batch holds). Counted by a botocore
+    `before-send` hook on every client a transport makes; exported by the processes as
+    `tock_sqs_requests_total` (shared/runtime/metrics.py)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def count(self, event_name: str = "", **_: Any) -> None:
+        """The hook: `event_name` is `before-send.sqs.<Operation>`. Returns None, which
+        botocore takes as "send it" (a reply returned here would replace SQS's)."""
+        operation = event_name.rpartition(".")[2] or "unknown"
+        with self._lock:
+            self._counts[operation] = self._counts.get(operation, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def watch(self, client: SQSClient) -> None:
+        """Count `client`'s requests (once, however many transports share it). A
+        stand-in without botocore's events (a test's) is not counted."""
+        events = getattr(getattr(client, "meta", None), "events", None)
+        if events is not None:
+            events.register("before-send.sqs", self.count, unique_id="tock-sqs-requests")
+
+
+REQUESTS = RequestCounts()
+"""This process's SQS requests."""
+
+
 def message_group_id(group: str) -> str:
     """A valid MessageGroupId for a tenant: the tenant itself when SQS takes it as one, else
     a stable digest of it (the same tenant always lands in the same group)."""
@@ -173,6 +206,8 @@ class SqsTransport:
             connect_timeout=call_timeout_seconds,
             read_timeout=call_timeout_seconds + MAX_WAIT_SECONDS,
             retries=retries, max_pool_connections=max_connections))
+        REQUESTS.watch(self.client)
+        REQUESTS.watch(self._poll)
         self._urls: dict[str, str] = {}
         self._lock = threading.Lock()
         self._clock = clock

@@ -35,6 +35,7 @@ EXPECTED_FIGURES = [
     "fair.sqs.b_alone.p99", "fair.sqs.b_backlog.p99",
     "fair.sqs.b_lag_ratio", "fair.sqs.a_rate_before", "fair.sqs.a_rate_during",
     "fair.sqs.a_rate_b_window", "fair.sqs.fleet_rate_during",
+    "e2e.c1.sqs_requests", "e2e.c2.sqs_requests", "soak.sqs_requests",
 ]
 PRESENT = ["health.tock_jobs.hot_share", "health.tock_jobs.dead", "health.tock_workers.hot_share",
            "soak.hot_table_growth", "soak.p99"]

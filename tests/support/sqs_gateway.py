@@ -10,6 +10,7 @@ operation's calls until released (an SQS that hangs).
         gateway.empty = False   # ... and is forwarded again
         gateway.replies["GetQueueAttributes"] = b'{"Attributes": "x"}'
         gateway.hang.add("GetQueueAttributes"); ...; gateway.release.set()
+        gateway.fail["SendMessageBatch"] = 2   # its next two calls answer 500
 """
 
 from __future__ import annotations
@@ -34,9 +35,13 @@ class SqsGateway:
         """Calls answered with an empty 200."""
         self.replies: dict[str, bytes] = {}
         """Operation (GetQueueAttributes, ...) -> the body of a 200 to answer it with."""
+        self.fail: dict[str, int] = {}
+        """Operation -> how many of its next calls get a 500 InternalError (which
+        botocore retries) before calls are forwarded again."""
         self.hang: set[str] = set()
         """Operations whose calls are held until `release` is set (then forwarded)."""
         self.release = threading.Event()
+        self._lock = threading.Lock()
         self.held = 0
         gateway = self
 
@@ -46,6 +51,18 @@ class SqsGateway:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 operation = self.headers.get("X-Amz-Target", "").rpartition(".")[2]
+                with gateway._lock:
+                    failing = gateway.fail.get(operation, 0) > 0
+                    if failing:
+                        gateway.fail[operation] -= 1
+                if failing:
+                    error = b'{"__type": "InternalError", "message": "injected by the gateway"}'
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/x-amz-json-1.0")
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error)
+                    return
                 if operation in gateway.hang:
                     gateway.held += 1
                     gateway.release.wait(120)

@@ -27,7 +27,7 @@ CONSUMER_ONLY = {"tock_due_to_start_seconds", "tock_job_run_seconds", "tock_job_
                  "tock_job_retries", "tock_jobs_dead", "tock_stale_completions",
                  "tock_messages_dropped", "tock_leases_lost", "tock_stuck_handlers",
                  "tock_handler_processes_replaced"}
-SHARED = {"tock_sqs_errors"}
+SHARED = {"tock_sqs_errors", "tock_sqs_requests"}
 
 
 def _ok() -> tuple[bool, str]:

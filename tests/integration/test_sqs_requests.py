@@ -1,0 +1,59 @@
+"""`tock_sqs_requests_total`: the HTTP requests a process sends to SQS, by operation, each
+retry included: what SQS bills. Real LocalStack; the retries are real botocore retries of
+500s answered by a gateway in front of it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from shared.core.states import JobState
+from shared.runtime import metrics
+from shared.transport.base import Outgoing
+from shared.transport.sqs import REQUESTS, SqsTransport
+from tests.support.drive import dispatch
+from tests.support.sqs_gateway import SqsGateway
+from tests.support.wait import wait_for
+
+OPERATIONS = ("SendMessageBatch", "ReceiveMessage", "DeleteMessageBatch")
+
+
+def grown(before: dict[str, int]) -> dict[str, int]:
+    now = REQUESTS.snapshot()
+    return {op: now.get(op, 0) - before.get(op, 0) for op in now}
+
+
+def test_jobs_through_timer_and_consumer_count_each_operation(
+        client: Any, timer: Any, registry: Any, running: Any) -> None:
+    registry.add("work", lambda payload, ctx: None)
+    running()
+    before = REQUESTS.snapshot()
+    jobs = client.schedule_many([{"kind": "work"} for _ in range(20)])
+    dispatch(timer)
+    wait_for(lambda: all(client.get(j.id).state is JobState.SUCCEEDED for j in jobs),
+             timeout=30, message="the jobs ran")
+    wait_for(lambda: grown(before).get("DeleteMessageBatch", 0) >= 1, timeout=10,
+             message="their messages deleted")
+    delta = grown(before)
+    # Batches of up to 10: 20 jobs take at least two sends and two deletes, and far
+    # fewer requests than one per message per operation.
+    assert 2 <= delta["SendMessageBatch"] <= 20
+    assert 2 <= delta["DeleteMessageBatch"] <= 20
+    assert delta["ReceiveMessage"] >= 1
+    for process in (metrics.TIMER, metrics.CONSUMER):
+        text = generate_latest(metrics.exported_by(process)).decode()
+        for op in OPERATIONS:
+            assert f'tock_sqs_requests_total{{operation="{op}"}}' in text
+
+
+def test_a_retried_request_is_counted_each_time_it_is_sent(transport: Any, queue_prefix: str
+                                                            ) -> None:
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client(attempts=3))
+        via.url("default")  # the queue the `transport` fixture made
+        before = REQUESTS.snapshot()
+        gateway.fail["SendMessageBatch"] = 2
+        assert via.send_batch("default", [Outgoing("m", "body")]) == []
+        assert grown(before).get("SendMessageBatch") == 3  # two 500s, then the one SQS took
