@@ -121,6 +121,7 @@ class Consumer:
         """Stop the event loop and the handler processes, close the database pools (after
         `shutdown`, or when driven step by step)."""
         self.executor.close()
+        self.deleter.close()
         self.database.close()
         self.claim_database.close()
 

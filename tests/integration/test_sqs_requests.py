@@ -9,6 +9,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from consumer.pipeline import Tidy
 from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.transport.base import Outgoing
@@ -57,3 +58,24 @@ def test_a_retried_request_is_counted_each_time_it_is_sent(transport: Any, queue
         gateway.fail["SendMessageBatch"] = 2
         assert via.send_batch("default", [Outgoing("m", "body")]) == []
         assert grown(before).get("SendMessageBatch") == 3  # two 500s, then the one SQS took
+
+
+def test_the_deleter_merges_the_batches_waiting_into_full_calls(
+        consumers: Any, transport: Any) -> None:
+    """Outcome groups of 5 each made a DeleteMessageBatch of 5; merged, 20 messages take
+    two calls (made at once), and every message is gone."""
+    c = consumers()
+    for start in (0, 10):
+        transport.send_batch("default", [Outgoing(str(i), f"m{i}")
+                                         for i in range(start, start + 10)])
+    received: list[Any] = []
+    wait_for(lambda: received.extend(transport.receive("default", 10, 1, 60))
+             or len(received) >= 20, timeout=20, message="20 messages received")
+    for i in range(0, 20, 5):
+        c.pipe.tidy.put(Tidy("default", [m.receipt for m in received[i:i + 5]], False))
+    before = REQUESTS.snapshot()
+    assert c.deleter.run_once(wait_seconds=0) == 20
+    assert grown(before).get("DeleteMessageBatch") == 2
+    assert c.pipe.tidy.empty()
+    wait_for(lambda: transport.counts("default") == (0, 0), timeout=10,
+             message="every message deleted")
