@@ -91,12 +91,23 @@ class Fleet:
         for p in self.procs:
             if p.health_port is None or p.popen.poll() is not None:
                 continue
-            url = f"http://127.0.0.1:{p.health_port}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as res:
-                text = res.read().decode()
-            for operation, value in SQS_REQUESTS.findall(text):
+            for operation, value in SQS_REQUESTS.findall(self._metrics(p)):
                 total[operation] = total.get(operation, 0) + int(float(value))
         return total
+
+    def _metrics(self, p: Proc, timeout: float = 60.0) -> str:
+        """`p`'s /metrics text, waiting for its probe server to listen (a process counts
+        as up in the database before its server may be: the timer's, under load)."""
+        url = f"http://127.0.0.1:{p.health_port}/metrics"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as res:
+                    return str(res.read().decode())
+            except OSError:  # URLError included: refused until it listens
+                if time.monotonic() >= deadline or p.popen.poll() is not None:
+                    raise
+            time.sleep(0.1)  # polling for the server to listen: a condition, not a pause
 
     def check_alive(self) -> None:
         dead = [p for p in self.procs if p.popen.poll() is not None]

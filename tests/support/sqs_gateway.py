@@ -56,12 +56,8 @@ class SqsGateway:
                     if failing:
                         gateway.fail[operation] -= 1
                 if failing:
-                    error = b'{"__type": "InternalError", "message": "injected by the gateway"}'
-                    self.send_response(500)
-                    self.send_header("Content-Type", "application/x-amz-json-1.0")
-                    self.send_header("Content-Length", str(len(error)))
-                    self.end_headers()
-                    self.wfile.write(error)
+                    self._json(500, b'{"__type": "InternalError", '
+                                    b'"message": "injected by the gateway"}')
                     return
                 if operation in gateway.hang:
                     gateway.held += 1
@@ -69,11 +65,7 @@ class SqsGateway:
                 canned = b"" if gateway.empty else gateway.replies.get(operation)
                 if canned is not None:
                     gateway.emptied += not canned
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/x-amz-json-1.0")
-                    self.send_header("Content-Length", str(len(canned)))
-                    self.end_headers()
-                    self.wfile.write(canned)
+                    self._json(200, canned)
                     return
                 conn = http.client.HTTPConnection(*gateway.upstream, timeout=60)
                 try:
@@ -91,6 +83,13 @@ class SqsGateway:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _json(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.0")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
