@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 
 from consumer.pipeline import Tidy
@@ -14,7 +15,7 @@ from shared.core.states import JobState
 from shared.runtime import metrics
 from shared.transport.base import Outgoing
 from shared.transport.sqs import REQUESTS, SqsTransport
-from tests.support.drive import dispatch
+from tests.support.drive import dispatch, make_consumer
 from tests.support.sqs_gateway import SqsGateway
 from tests.support.wait import wait_for
 
@@ -79,3 +80,40 @@ def test_the_deleter_merges_the_batches_waiting_into_full_calls(
     assert c.pipe.tidy.empty()
     wait_for(lambda: transport.counts("default") == (0, 0), timeout=10,
              message="every message deleted")
+
+
+def test_a_hung_wave_of_deletes_leaves_the_rest_untried(
+        consumer_settings: Any, registry: Any, transport: Any, queue_prefix: str) -> None:
+    """80 receipts are eight DeleteMessageBatch calls, made four at once. Into an SQS
+    that does not answer, the first wave's four calls hang together (each held by the
+    gateway until it times out) and the other four are not made: their messages come back
+    after the visibility timeout and claim nothing."""
+    with SqsGateway(os.environ["AWS_ENDPOINT_URL_SQS"]) as gateway:
+        via = SqsTransport(queue_prefix, client=gateway.client(read_timeout=1, attempts=1))
+        via.url("default")
+        c = make_consumer(consumer_settings, registry, via, None, sqs_call_timeout_seconds=1)
+        try:
+            gateway.hang.add("DeleteMessageBatch")
+            c.pipe.tidy.put(Tidy("default", [f"receipt-{i}" for i in range(80)], False))
+            before = REQUESTS.snapshot()
+            assert c.deleter.run_once(wait_seconds=0) == 80
+            assert grown(before).get("DeleteMessageBatch") == 4
+            assert gateway.held == 4
+        finally:
+            gateway.release.set()
+            c.close()
+
+
+def test_an_unexpected_error_in_a_pooled_delete_reaches_the_loop(
+        consumers: Any, monkeypatch: Any) -> None:
+    """A bug in a call made on the deleter's pool is raised in the deleter loop's pass
+    (whose supervisor logs `loop_crashed` and stops the process), not lost in the pool."""
+    c = consumers()
+
+    def broken(queue: str, receipts: list[str]) -> Any:
+        raise RuntimeError("a bug in a delete")
+
+    monkeypatch.setattr(c.pipe.transport, "delete_batch", broken)
+    c.pipe.tidy.put(Tidy("default", [f"receipt-{i}" for i in range(20)], False))
+    with pytest.raises(RuntimeError, match="a bug in a delete"):
+        c.deleter.run_once(wait_seconds=0)
