@@ -51,7 +51,20 @@ def login_form(request: Request,
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-@router.post("/login")
+async def fields_once(request: Request) -> None:
+    """Refuse a form that repeats a field: FastAPI would take the last one, and a login
+    that succeeds on `token=wrong&token=right` says nothing useful about the first."""
+    sent_as = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if sent_as not in FORM_TYPES:
+        return  # the route says what it takes
+    form = await request.form()  # the one FastAPI parsed for the Form() fields (cached)
+    repeated = sorted({k for k in form if len(form.getlist(k)) > 1})
+    if repeated:
+        raise HTTPException(400, f"form field(s) {', '.join(repeated)} sent more than once: "
+                                 "send each field once")
+
+
+@router.post("/login", dependencies=[Depends(fields_once)])
 def login(request: Request, auth: Annotated[Authenticator, Depends(authenticator)],
           token: Annotated[str, Form()] = "", csrf_token: Annotated[str, Form()] = ""
           ) -> Response:
@@ -86,7 +99,7 @@ def login(request: Request, auth: Annotated[Authenticator, Depends(authenticator
     return response
 
 
-@router.post("/logout")
+@router.post("/logout", dependencies=[Depends(fields_once)])
 def logout(request: Request, auth: Annotated[Authenticator, Depends(authenticator)],
            csrf_token: Annotated[str, Form()] = "") -> Response:
     cookie = request.cookies.get(SESSION_COOKIE)

@@ -117,6 +117,28 @@ def test_a_login_posted_as_json_says_so_and_a_pasted_newline_is_forgiven(anon):
     assert anon.get("/api/me").json()["role"] == "operator"
 
 
+def test_a_login_form_that_repeats_a_field_is_refused(anon):
+    """FastAPI takes the last of repeated form fields: `token=wrong&token=<right>` logged
+    in. Each field must come once; a form with each once still logs in."""
+    anon.get("/login")
+    csrf = anon.cookies["tock_login_csrf"]
+    res = anon.post("/login", content=f"token=wrong&token={OPERATOR}&csrf_token={csrf}",
+                    headers={"content-type": "application/x-www-form-urlencoded"},
+                    follow_redirects=False)
+    assert res.status_code == 400
+    assert res.json()["detail"] == ("form field(s) token sent more than once: send each "
+                                    "field once")
+    assert anon.get("/api/me").status_code == 401
+    res = anon.post("/login", files={"token": (None, OPERATOR), "csrf_token": (None, csrf)},
+                    follow_redirects=False)
+    assert res.status_code == 303, res.text  # multipart, each field once
+    res = anon.post("/logout", content="csrf_token=a&csrf_token=b",
+                    headers={"content-type": "application/x-www-form-urlencoded"},
+                    follow_redirects=False)
+    assert res.status_code == 400 and "csrf_token" in res.json()["detail"]
+    assert anon.get("/api/me").json()["role"] == "operator"
+
+
 def test_a_limit_without_its_key_says_the_key_is_required(operator):
     for scope in ("kind", "kind_key"):
         res = operator.delete("/api/limits", params={"scope": scope})
