@@ -264,7 +264,7 @@ class Consumer:
                 time.sleep(0.2)
 
     def _release_unfinished(self) -> None:
-        pending = {f.item.job_id for f in list(self.pipe.done.queue)}
+        pending = {f.item.job_id for f in self.pipe.queued_outcomes()}
         release = [i for i in self.pipe.tracker.heartbeating() if i.job_id not in pending]
         for item in release:
             item.released = True  # before the signal: the handler may return at once

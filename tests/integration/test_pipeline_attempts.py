@@ -277,6 +277,29 @@ def test_shutdown_releases_unfinished_jobs_for_others_at_once(
     assert dispatch(timer) == 1, "due again at once"
 
 
+def test_shutdown_writes_an_outcome_still_queued_and_releases_the_job_not_run(
+        client, timer, registry, consumers):
+    """At shutdown, a job whose handler returned but whose outcome no completer wrote yet
+    is written as it ended, not released (and run again); the job not run is released.
+    The queued outcomes are read from `done` and left there for the completer."""
+    registry.add("quick", lambda payload, ctx: None)
+    for _ in range(2):
+        client.schedule("quick")
+    consumer = consumers()
+    dispatch(timer)
+    ran, not_run = receive(consumer, 2)
+    consumer.heartbeat_once()  # the worker's row, as its heartbeat loop would have made
+    consumer.executor.run(ran)  # its outcome waits in `done`: no completer thread runs
+    assert [f.item.job_id for f in consumer.pipe.queued_outcomes()] == [ran.item.job_id]
+    consumer._release_unfinished()  # shutdown's step once its grace is over
+    while consumer.complete_pending():
+        pass
+    assert client.get(ran.item.job_id).state is JobState.SUCCEEDED
+    released = client.get(not_run.item.job_id, with_attempts=True)
+    assert released.state is JobState.SCHEDULED
+    assert [a.outcome for a in released.attempts] == [AttemptOutcome.RELEASED]
+
+
 class _Ticks:
     """The rescuer's monotonic clock, moved by hand."""
 
