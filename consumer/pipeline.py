@@ -9,7 +9,6 @@ the loops.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -170,17 +169,6 @@ class Pipeline:
         cures nothing there."""
         return max(DEFAULT_PASS_BOUND_SECONDS,
                    ATTEMPTS * self.settings.sqs_call_timeout_seconds + 60)
-
-    def queued_outcomes(self) -> list[Finished]:
-        """The outcomes waiting in `done`, left there (a SimpleQueue cannot be read in
-        place: taken out and put back; the completer takes them in any order)."""
-        out: list[Finished] = []
-        with contextlib.suppress(queues.Empty):
-            while True:
-                out.append(self.done.get_nowait())
-        for finished in out:
-            self.done.put(finished)
-        return out
 
     def after_commit(self, queue: str, receipts: list[str], *, visible: bool = False) -> None:
         """The messages of outcomes just committed: deleted (`visible`: made visible again)

@@ -264,8 +264,10 @@ class Consumer:
                 time.sleep(0.2)
 
     def _release_unfinished(self) -> None:
-        pending = {f.item.job_id for f in self.pipe.queued_outcomes()}
-        release = [i for i in self.pipe.tracker.heartbeating() if i.job_id not in pending]
+        # A job whose handler has returned is not released: its outcome is queued or about
+        # to be (attempt.finish), and is written below. Releasing it would discard the
+        # result and run the job again.
+        release = [i for i in self.pipe.tracker.heartbeating() if not i.handler_done]
         for item in release:
             item.released = True  # before the signal: the handler may return at once
             item.abandoned = True
