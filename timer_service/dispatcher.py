@@ -464,6 +464,11 @@ class Dispatcher(Loop):
                     break
             if capacity <= 0 and skip is None:
                 self._filled(level, [p for p in pairs if (p[0], p[1], p[2]) not in held])
+        if window_full and len(batch.jobs) < self.batch_size:
+            # Room comes as consumers claim, which nothing announces, and the held work is
+            # overdue, so the next due time is now: without this the pass went straight
+            # back to an empty claim (four statements and a commit), over and over.
+            batch.held = batch.next_token_seconds
         return batch
 
     def _window_rooms(self, flow: FlowStore, now: datetime | None

@@ -19,7 +19,7 @@ from shared.store.operator_store import OperatorStore
 from tests.integration.readings import metric
 from tests.support.drive import dispatch, receive, run_all, timer_running
 from tests.support.wait import wait_for
-from timer_service.dispatcher import LANES_COUNTED
+from timer_service.dispatcher import LANES_COUNTED, WINDOW_POLL_SECONDS
 from timer_service.due_watcher import LOOK_AGAIN_SECONDS
 from timer_service.service import Timer
 
@@ -86,6 +86,24 @@ def test_a_full_window_holds_the_kind_in_postgres_and_claims_make_room(
     assert metric("tock_dispatch_window_jobs", kind="k", queue="default") == 0
     assert db.execute("SELECT count(*) FROM tock_jobs_all WHERE state = 'succeeded'"
                       ).fetchone()[0] == 105
+
+
+def test_while_the_window_holds_work_back_a_dispatch_thread_looks_again_later_not_at_once(
+        db, windowed, clock):
+    """The held jobs are overdue, so the next due time is now: a dispatch thread that went
+    by it went straight back to a pass that claimed nothing, four statements and a commit
+    each, over and over while consumers drained the window (most of a backlog's passes)."""
+    _due(db, WINDOW + 10, now=clock.now)
+    assert dispatch(windowed, clock.now) == WINDOW
+    dispatcher = windowed.dispatcher
+    assert dispatcher.run_once(clock.now) == 0
+    waits: list[float] = []
+    dispatcher.wait = lambda seconds: waits.append(seconds) or False  # type: ignore[method-assign]
+    dispatcher.idle()
+    assert waits == [WINDOW_POLL_SECONDS], "a look again once consumers had time to claim"
+    assert dispatcher.run_once(clock.now) == 0
+    dispatcher.idle()
+    assert waits == [WINDOW_POLL_SECONDS] * 2, "and again while the window stays full"
 
 
 def test_a_queue_nobody_consumes_holds_its_kind_back_on_that_queue_only(
