@@ -115,6 +115,22 @@ class DashboardSettings(CommonSettings):
     def _check(self) -> Self:
         # ConfigError, not ValueError: pydantic passes it through, so the message names
         # the variable instead of a field location.
+        for name in ("dashboard_operator_token", "dashboard_viewer_token",
+                     "dashboard_metrics_token"):
+            token = getattr(self, name)
+            if token is None or (self.dashboard_dev and not token):
+                continue  # unset (in dev mode, empty is unset: the dev token fills in)
+            if not self.dashboard_dev and len(token) < MIN_TOKEN_LENGTH:
+                raise ConfigError(f"TOCK_{name.upper()} must be at least "
+                                  f"{MIN_TOKEN_LENGTH} characters")
+            # In dev mode too: a token given there must still be one a client can send.
+            if not _TOKEN_TEXT.fullmatch(token):
+                # A client sends it in an Authorization header, read stripped and as
+                # Latin-1: a token with a space, a trailing newline (a secret written
+                # with `echo`), or other text would never match, and nobody could log in.
+                raise ConfigError(f"TOCK_{name.upper()} must be printable ASCII without "
+                                  "spaces (it is sent in an Authorization header); is "
+                                  "there a trailing newline from the file it came from?")
         if self.dashboard_dev:
             if not self.loopback_only:
                 raise ConfigError(
@@ -128,20 +144,6 @@ class DashboardSettings(CommonSettings):
             raise ConfigError(
                 "TOCK_DASHBOARD_OPERATOR_TOKEN is required (TOCK_DASHBOARD_DEV=1 fills in "
                 "a development token for make run)")
-        else:
-            for name in ("dashboard_operator_token", "dashboard_viewer_token",
-                         "dashboard_metrics_token"):
-                token = getattr(self, name)
-                if token is not None and len(token) < MIN_TOKEN_LENGTH:
-                    raise ConfigError(f"TOCK_{name.upper()} must be at least "
-                                     f"{MIN_TOKEN_LENGTH} characters")
-                if token is not None and not _TOKEN_TEXT.fullmatch(token):
-                    # A client sends it in an Authorization header, read stripped and as
-                    # Latin-1: a token with a space, a trailing newline (a secret written
-                    # with `echo`), or other text would never match, and nobody could log in.
-                    raise ConfigError(f"TOCK_{name.upper()} must be printable ASCII without "
-                                      "spaces (it is sent in an Authorization header); is "
-                                      "there a trailing newline from the file it came from?")
         if self.dashboard_operator_token == self.dashboard_viewer_token:
             raise ConfigError("TOCK_DASHBOARD_OPERATOR_TOKEN and TOCK_DASHBOARD_VIEWER_TOKEN "
                               "must differ")

@@ -155,8 +155,13 @@ def export_line(env: dict[str, str]) -> str:
 
 
 def process_env(stack: Stack, database_url: str) -> dict[str, str]:
+    """The processes' environment: the caller's, under what make run sets itself."""
+    return {**os.environ, **own_env(stack, database_url)}
+
+
+def own_env(stack: Stack, database_url: str) -> dict[str, str]:
+    """What make run sets for its processes, over the caller's environment."""
     return {
-        **os.environ,
         **consumer_env(stack, database_url),
         "TOCK_LOG_LEVEL": "DEBUG",
         # After a LocalStack restart the timer sends the lost messages again after 10 s
@@ -294,11 +299,37 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def dashboard_port(value: str) -> tuple[int | None, str]:
+    """TOCK_DASHBOARD_PORT as make run takes it: (the port, "") or (None, what is wrong).
+    Checked here, before anything starts: the dashboard would refuse it only once running,
+    and be restarted for ever behind a "running" line."""
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 65535:
+        return None, (f"TOCK_DASHBOARD_PORT={value!r} is not a port: give a number from 1 to "
+                      "65535, e.g. TOCK_DASHBOARD_PORT=8081 make run")
+    if not _port_free(int(value)):
+        return None, (f"port {value} on 127.0.0.1 is taken: the dashboard needs it; choose "
+                      "another with TOCK_DASHBOARD_PORT=8081 make run")
+    return int(value), ""
+
+
+def inherited_settings(shell: dict[str, str], own: dict[str, str]) -> list[str]:
+    """The TOCK_* variables of the caller's shell that make run passes on to every process
+    (`own`: what it sets itself, which wins): said at start, since one of them can change
+    what the demo does (TOCK_QUEUES moves its consumers off the default queue, say)."""
+    return sorted(name for name in shell if name.startswith("TOCK_")
+                  and name not in own and name != "TOCK_DASHBOARD_PORT")
+
+
+def token_shown(env: dict[str, str], name: str, dev_token: str) -> str:
+    """The dashboard token make run's dashboard takes: the development one unless the
+    caller's shell set its own (named, not printed)."""
+    return f"your {name}" if env.get(name) else dev_token
+
+
 def main() -> int:
-    port = os.environ.get("TOCK_DASHBOARD_PORT", "8080")
-    if not port.isdigit() or not _port_free(int(port)):
-        _say(f"port {port} on 127.0.0.1 is taken (or not a port): the dashboard needs it; "
-             "choose another with TOCK_DASHBOARD_PORT=8081 make run")
+    port, wrong = dashboard_port(os.environ.get("TOCK_DASHBOARD_PORT", "8080"))
+    if port is None:
+        _say(wrong)
         return 2
     stack = Stack()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -323,21 +354,26 @@ def main() -> int:
         _say(f"SQS ready at {stack.sqs.endpoint} (queue tock-{QUEUE}, DLQ tock-{QUEUE}-dlq)")
         env = process_env(stack, database_url)
         sqs_port = int(stack.sqs.endpoint.rsplit(":", 1)[1])
-        stack.children = children(free_ports(3, {int(port), stack.postgres.port, sqs_port}))
+        stack.children = children(free_ports(3, {port, stack.postgres.port, sqs_port}))
         for child in stack.children:
             child.start(env)
         from dashboard.settings import DEV_OPERATOR_TOKEN, DEV_VIEWER_TOKEN
 
+        operator = token_shown(env, "TOCK_DASHBOARD_OPERATOR_TOKEN", DEV_OPERATOR_TOKEN)
+        viewer = token_shown(env, "TOCK_DASHBOARD_VIEWER_TOKEN", DEV_VIEWER_TOKEN)
         _say(f"dashboard at http://127.0.0.1:{port}/  log in with operator token "
-             f"{DEV_OPERATOR_TOKEN} (or viewer token {DEV_VIEWER_TOKEN}, read only)")
-        _say(f"metrics: curl -H 'Authorization: Bearer {DEV_VIEWER_TOKEN}' "
+             f"{operator} (or viewer token {viewer}, read only)")
+        _say(f"metrics: curl -H 'Authorization: Bearer {viewer}' "
              f"http://127.0.0.1:{port}/metrics")
+        inherited = inherited_settings(dict(os.environ), own_env(stack, database_url))
+        if inherited:
+            _say("from your shell, passed to every process: " + ", ".join(inherited))
         probed = [c for c in stack.children if c.health_port is not None]
         _say("timer and consumers, no token: " + ", ".join(
             f"http://127.0.0.1:{c.health_port}/metrics ({c.name})" for c in probed)
              + "; /healthz and /readyz on the same ports")
         _say(f"CLI, in another terminal: . .venv/bin/activate && export "
-             f"TOCK_DATABASE_URL={database_url}  then e.g. tock stats, tock jobs")
+             f"TOCK_DATABASE_URL={shlex.quote(database_url)}  # then tock stats, tock jobs")
         _say("a consumer of your own, in another terminal: . .venv/bin/activate, paste "
              "the next line, then python -m consumer --tasks demo.tasks,YOUR_MODULE "
              "(with the demo's kinds too, as it shares their queue)")

@@ -296,3 +296,16 @@ def test_make_run_says_which_port_is_taken_instead_of_starting():
     assert done.returncode == 2
     assert f"port {port} on 127.0.0.1 is taken" in done.stderr
     assert "TOCK_DASHBOARD_PORT" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "99999", "abc", "", "-1", "\uff18\uff10\uff18\uff10"])
+def test_make_run_refuses_a_dashboard_port_that_is_not_one_before_starting(value):
+    """Port 0 binds (any free port), so it passed as free, and the dashboard then refused
+    it and was restarted for ever behind a "running" line; 99999 was a traceback."""
+    done = subprocess.run([sys.executable, "-m", "devstack.run"], cwd=ROOT, check=False,
+                          env={**os.environ, "TOCK_DASHBOARD_PORT": value},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"TOCK_DASHBOARD_PORT={value!r} is not a port: give a number from 1 to 65535" \
+        in done.stderr
+    assert "Traceback" not in done.stderr and "starting" not in done.stderr

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dashboard.app import create_app
-from dashboard.settings import DashboardSettings
+from dashboard.settings import DEV_VIEWER_TOKEN, DashboardSettings
 from shared.store.counts_sql import UNFINISHED_EXACT_UP_TO
 from tests.support.dashboard import METRICS, OPERATOR, TEST_HOSTS, VIEWER, make_dead
 from tests.support.history import fill_history
@@ -456,6 +456,14 @@ def test_settings_refuse_unsafe_configuration(database_url):
     dev = DashboardSettings.load(database_url=database_url, dashboard_dev=True)
     assert dev.dashboard_operator_token and dev.dashboard_viewer_token
     assert dev.dashboard_host == "127.0.0.1" and dev.loopback_only
+    # Dev mode fills in the tokens left unset (or empty) and takes short ones, but a token
+    # given there must still be one a header can carry: nobody could log in with it.
+    own = DashboardSettings.load(database_url=database_url, dashboard_dev=True,
+                                 dashboard_operator_token="mine", dashboard_viewer_token="")
+    assert (own.dashboard_operator_token, own.dashboard_viewer_token) == ("mine", DEV_VIEWER_TOKEN)
+    with pytest.raises(ConfigError, match="TOCK_DASHBOARD_OPERATOR_TOKEN must be printable"):
+        DashboardSettings.load(database_url=database_url, dashboard_dev=True,
+                               dashboard_operator_token="mine\n")
 
 
 def test_finished_counts_refresh_on_their_own_slower_clock(app, db, operator):
