@@ -152,7 +152,10 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     # limits) wait at most POOL_TIMEOUT_SECONDS, not the client's default 30 s.
     database = Database(settings.database_url, max_size=settings.pool_max_size,
                         name="tock-dashboard", timeout=POOL_TIMEOUT_SECONDS,
-                        answer_timeout=ANSWER_TIMEOUT_SECONDS)
+                        answer_timeout=ANSWER_TIMEOUT_SECONDS,
+                        # Its errors say why and name the setting, as the client pool's
+                        # do; it still starts (and answers /readyz) with the database down.
+                        setting="the dashboard's TOCK_DATABASE_URL", connect_at_open=False)
     store = OperatorStore(database)
     client = Client(ClientSettings(database_url=settings.database_url,
                                    queue_prefix=settings.queue_prefix,

@@ -86,7 +86,9 @@ class Database:
     background retries (and their log lines). Once the pool has worked, a call waits up to
     `timeout` for a connection as before, riding out a restart; if that wait runs out the
     error says why (asked once more), and until a connection attempt succeeds again the
-    following calls fail at once instead of each waiting out `timeout`.
+    following calls fail at once instead of each waiting out `timeout`. With
+    `connect_at_open=False` (the dashboard's, which must start and answer its probes with
+    the database down) `open()` does not connect first: the errors still say why.
     """
 
     def __init__(self, url: str, *, max_size: int = 10, name: str = "tock", check: bool = True,
@@ -94,13 +96,15 @@ class Database:
                  timeout: float = 30.0, reconnect_timeout: float = 300.0,
                  setting: str | None = None, answer_timeout: float | None = None,
                  answer_setting: str | None = None,
-                 idle_in_transaction_seconds: float | None = None) -> None:
+                 idle_in_transaction_seconds: float | None = None,
+                 connect_at_open: bool = True) -> None:
         hush_pool_repeats()  # an outage's reconnection warnings, once per 30 s
         self.url = url
         self.name = name
         self.timeout = timeout
         self.max_size = max_size
         self.setting = setting
+        self._connect_at_open = connect_at_open
         kwargs: dict[str, Any] = {"application_name": name, "autocommit": autocommit,
                                   **LINK_OPTIONS}
         kwargs.update(primary_only(url))
@@ -195,7 +199,7 @@ class Database:
                                  "make a new one to use the database again")
         if self._opened:
             return
-        if self.setting is not None:
+        if self.setting is not None and self._connect_at_open:
             self._require_answer(time.monotonic())
         with self._lock:
             if not self._opened:
