@@ -352,7 +352,8 @@ def main() -> int:
         os.environ.update(stack.sqs.env())
         _create_queue()
         _say(f"SQS ready at {stack.sqs.endpoint} (queue tock-{QUEUE}, DLQ tock-{QUEUE}-dlq)")
-        env = process_env(stack, database_url)
+        own = own_env(stack, database_url)
+        env = {**os.environ, **own}  # process_env, with `own` kept for the banner below
         sqs_port = int(stack.sqs.endpoint.rsplit(":", 1)[1])
         stack.children = children(free_ports(3, {port, stack.postgres.port, sqs_port}))
         for child in stack.children:
@@ -365,7 +366,7 @@ def main() -> int:
              f"{operator} (or viewer token {viewer}, read only)")
         _say(f"metrics: curl -H 'Authorization: Bearer {viewer}' "
              f"http://127.0.0.1:{port}/metrics")
-        inherited = inherited_settings(dict(os.environ), own_env(stack, database_url))
+        inherited = inherited_settings(dict(os.environ), own)
         if inherited:
             _say("from your shell, passed to every process: " + ", ".join(inherited))
         probed = [c for c in stack.children if c.health_port is not None]
