@@ -37,6 +37,17 @@ def read_only(server: PostgresServer) -> Iterator[None]:
             admin.execute("SET default_transaction_read_only = off")
             admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
             admin.execute("SELECT pg_reload_conf()")
+            # The reload is a signal the postmaster acts on in its own time: a connection
+            # made before it has, though after this block, is still read-only (CI met one).
+            # The fault ends when a new connection takes writes.
+            wait_for(lambda: _new_session_writable(server), timeout=10,
+                     message="the server to take writes again")
+
+
+def _new_session_writable(server: PostgresServer) -> bool:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        row = conn.execute("SHOW default_transaction_read_only").fetchone()
+        return row is not None and row[0] == "off"
 
 
 def _write(db: Database) -> Retryable | None:
