@@ -35,7 +35,7 @@ from uuid import UUID
 
 from consumer.inflight import InFlight
 from consumer.pipeline import Pipeline, Work
-from consumer.prefetch import Prefetch
+from consumer.prefetch import CAP_PER_SLOT, Prefetch
 from consumer.tasks import CancelFlag, TaskContext
 from shared.core.errors import (
     DataRejected,
@@ -141,7 +141,7 @@ class Claimer(Loop):
                                // (self.threads * max(len(settings.queues), 1)))
         """Every receiver of every queue can long-poll at once with this many slots."""
         self.prefetch = Prefetch(
-            2 * settings.concurrency,
+            CAP_PER_SLOT * settings.concurrency,
             min(PREFETCH_GIVE_BACK_SECONDS, settings.visibility_timeout_seconds / 2))
         """Received, not yet claimed: shared by this queue's receivers."""
         self._lendable = 0

@@ -9,9 +9,9 @@ are taken ahead of the backlog's: highest priority first, then the tenant with t
 recent starts here (plain counts: tenant weights are not looked up), oldest first within
 a tenant.
 
-The room is small and follows the starts: at most `cap` (twice the concurrency), and no
-more than `HORIZON_SECONDS` of this receiver's recent start rate, so a message waits
-here about that long at most. Slow handlers (seconds each) start a few jobs a second:
+The room follows the starts: no more than `HORIZON_SECONDS` of this queue's recent start
+rate, so a message waits here about that long at most, and at most `cap`
+(`CAP_PER_SLOT` per handler slot). Slow handlers (seconds each) start a few jobs a second:
 the room is then 0 or 1 and nothing is hoarded that another consumer could run. A
 message held past `FIRST_AFTER_SECONDS` (the rate fell) goes first; one held past
 `give_back_after` is handed back to SQS (Claimer) before its visibility runs out.
@@ -34,6 +34,13 @@ HORIZON_SECONDS = 0.5
 """The room is the starts of this long at the recent rate: about a receive's latency
 (LocalStack's send-to-receive is 150-200 ms), so a consumer holds what it would otherwise
 wait for from SQS, not more."""
+CAP_PER_SLOT = 8
+"""The room's bound per handler slot. It lets a busy consumer hold its whole share of what
+the timer keeps dispatched of a backlog (about the dispatch window's age, 0.25 s, of the
+fleet's work): what it cannot hold waits in SQS, ahead of any newcomer's messages. At two
+per slot (40 messages on 20 slots starting 400 jobs a second) a newcomer waited behind
+200-300 of the backlog's; at 8 the start rate (HORIZON_SECONDS) sets the room. The cost:
+SQS is then often near empty, and a receive brings fewer messages (about 6, not 8)."""
 RATE_WINDOW_SECONDS = 2.0
 """Starts counted over this long for the rate."""
 RECENT_HALF_LIFE_SECONDS = 1.0

@@ -26,7 +26,7 @@ from tests.support.wait import wait_for
 
 @pytest.fixture
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Any start rate gives the buffer its whole room (twice the concurrency)."""
+    """Any start rate gives the buffer its whole room (CAP_PER_SLOT per slot)."""
     monkeypatch.setattr(prefetch, "HORIZON_SECONDS", 1e6)
 
 
@@ -91,6 +91,25 @@ def test_a_tenant_received_behind_a_buffered_backlog_is_claimed_first(
     assert sorted(tenants(c)) == ["A", "B"]
     [left] = c.claimers["default"].prefetch.drain()
     assert decode(left.body).tenant == "A"
+
+
+def test_the_buffer_holds_a_consumers_share_of_the_window_so_sqs_stays_empty(
+        client, timer, registry, consumers, transport, wide):
+    """The room is CAP_PER_SLOT messages per slot, not two: the timer keeps about a
+    quarter second of a busy tenant's work dispatched, and at twice the concurrency most
+    of a fast consumer's share of it waited in SQS, where a newcomer's messages queue
+    behind it. Here 8 per slot all leave SQS for the buffer, ahead of any newcomer."""
+    registry.add("work", lambda payload, ctx: None)
+    c = consumers(concurrency=2)
+    warm(c, client, timer)
+    room = prefetch.CAP_PER_SLOT * 2
+    assert room > 4  # more than the two per slot that were the cap
+    for _ in range(room):
+        client.schedule("work", tenant="A")
+    dispatch(timer)
+    fill(c, room)
+    assert transport.counts("default") == (0, room)
+    assert len(c.claimers["default"].prefetch) == room
 
 
 def test_a_long_poll_holds_no_slot_so_the_other_receiver_starts_what_it_buffered(
