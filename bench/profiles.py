@@ -46,6 +46,8 @@ class Profile:
     """TOCK_DISPATCH_WINDOW for that run (None: the default)."""
     fair_sqs_compare: bool
     """Run it again with no window, to show what the window changes."""
+    fair_sqs_rounds: int
+    """Trials of it, each on a fresh fleet: the figures are the median round's."""
     soak_seconds: float
     """The sustained run (table health, memory over a long run)."""
     soak_rate: float
@@ -77,6 +79,7 @@ QUICK = Profile(
     fair_backlog=1_000_000, fair_window=20_000, fair_rounds=20,
     history_rows=1_000_000,
     fair_sqs_backlog=10_000, fair_sqs_window=None, fair_sqs_compare=False,
+    fair_sqs_rounds=3,
     soak_seconds=60.0, soak_rate=200.0, peer_jobs=6_000,
 )
 
@@ -92,6 +95,7 @@ FULL = Profile(
     fair_backlog=1_000_000, fair_window=50_000, fair_rounds=20,
     history_rows=10_000_000,
     fair_sqs_backlog=20_000, fair_sqs_window=None, fair_sqs_compare=True,
+    fair_sqs_rounds=3,
     soak_seconds=600.0, soak_rate=200.0, peer_jobs=20_000,
 )
 
@@ -107,6 +111,7 @@ TINY = Profile(
     fair_backlog=60_000, fair_window=2_000, fair_rounds=5,
     history_rows=20_000,
     fair_sqs_backlog=1_000, fair_sqs_window=100, fair_sqs_compare=False,
+    fair_sqs_rounds=1,
     soak_seconds=3.0, soak_rate=20.0,
 )
 
