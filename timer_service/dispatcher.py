@@ -37,6 +37,7 @@ from shared.store.job_store import JobStore
 from shared.store.rows import DueJob, LimitRoom, Refused
 from shared.transport.base import MAX_BATCH, EntryFailure, Outgoing, Transport
 from timer_service import fair_share
+from timer_service.dispatch_pace import Pace
 
 log = logging.getLogger("tock.timer.dispatch")
 
@@ -221,6 +222,9 @@ class Dispatcher(Loop):
         self._waited: set[tuple[str, str, str]] = set()
         # kinds with LANES_COUNTED windows in SQS, their queues together: held everywhere
         self._capped: set[str] = set()
+        # each (kind, queue, tenant)'s depth in SQS, cut when its consumers fall behind
+        self._pace = Pace(window=dispatch_window, age_seconds=dispatch_window_seconds,
+                          batch_size=batch_size)
         self._counted_at = -WINDOW_RECOUNT_SECONDS
         # Open unless the due watcher is running a pass: then backlog passes wait for it
         # (priority_pass), so its claim does not queue for the CPU behind theirs.
@@ -327,7 +331,8 @@ class Dispatcher(Loop):
         with self._lock:
             full = frozenset(lane for lane, n in self._in_sqs.items()
                              if n >= self.dispatch_window)
-            return WindowHeld(frozenset(self._waited), full)
+            paced = {t for t, room in self._pace.rooms(self._pairs_in_sqs).items() if room <= 0}
+            return WindowHeld(frozenset(self._waited | paced), full)
 
     def _filled(self, level: int, pairs: list[fair_share.Pair]) -> None:
         """A full batch at `level` in which `pairs` took their whole share."""
@@ -390,7 +395,8 @@ class Dispatcher(Loop):
         flow = tx.sibling(FlowStore)
         rooms = flow.limit_rooms(now)
         kind_room = {r.key: r.room for r in rooms if r.scope == "kind" and r.room is not None}
-        lane_room, waited, in_sqs = self._window_rooms(flow, now)
+        lane_room, pair_room, in_sqs = self._window_rooms(flow, now)
+        waited = {triple for triple, room in pair_room.items() if room <= 0}
         with self._lock:
             for kind in self._capped:
                 kind_room[kind] = 0
@@ -439,7 +445,8 @@ class Dispatcher(Loop):
             for _ in range(TOP_UP_ROUNDS):
                 share = fair_share.plan(pairs, capacity, kind_room=kind_room,
                                         tenant_room=tenant_room, lane_room=lane_room,
-                                        turn=turn, in_sqs=in_sqs, held=held)
+                                        pair_room=pair_room, turn=turn, in_sqs=in_sqs,
+                                        held=held)
                 if not share:
                     break
                 got = self._claim(flow, level, share, keyed=keyed, batch=batch, turn=turn,
@@ -456,6 +463,8 @@ class Dispatcher(Loop):
                         tenant_room[tenant] -= n
                     if (kind, queue) in lane_room:
                         lane_room[(kind, queue)] -= n
+                    if (kind, queue, tenant) in pair_room:
+                        pair_room[(kind, queue, tenant)] -= n
                 # Pairs that took their whole share may have more; the others are done.
                 wanted = {(k, q, t): n for k, q, t, n in share}
                 pairs = [p for p in pairs if (p[0], p[1], p[2]) in held
@@ -472,23 +481,24 @@ class Dispatcher(Loop):
         return batch
 
     def _window_rooms(self, flow: FlowStore, now: datetime | None
-                      ) -> tuple[dict[fair_share.Lane, int], set[tuple[str, str, str]],
+                      ) -> tuple[dict[fair_share.Lane, int], dict[tuple[str, str, str], int],
                                  dict[tuple[str, str, str], int]]:
-        """The dispatch window, per (kind, queue) lane: (room left of each lane that may
-        not have a whole batch of it: dispatch_window minus its jobs in SQS; the (kind,
-        queue, tenant) that get nothing, because a batch of their jobs has waited in SQS
-        past dispatch_window_seconds: consumers are behind on them, and what is sent now
-        would wait behind them; each one's jobs in SQS, for fair share to level).
-        Recounted when the count is older than WINDOW_RECOUNT_SECONDS.
+        """The dispatch window: (room left of each (kind, queue) lane that may not have a
+        whole batch of it: dispatch_window minus its jobs in SQS; room left of each (kind,
+        queue, tenant) under its pace (timer_service/dispatch_pace.py), 0 for one of which
+        a batch of jobs has waited in SQS past dispatch_window_seconds: consumers are
+        behind on them, and what is sent now would wait behind them; each one's jobs in
+        SQS, for fair share to level). Recounted when the count is older than
+        WINDOW_RECOUNT_SECONDS.
 
         Per lane, so a kind held back on a queue whose consumers are behind (or absent)
-        still goes out on its other queues; the age is judged per tenant too, so a
+        still goes out on its other queues; the age and the pace are per tenant too, so a
         tenant's backlog in SQS holds back that tenant only: another tenant's jobs go out
         at once, and wait behind about the window's age of it. The window is soft: between
         counts, other timers' sends are not seen, so the lanes may run over by what they
         send in that time."""
         if not self.dispatch_window:
-            return {}, set(), {}
+            return {}, {}, {}
         clock = self.monotonic()
         with self._lock:
             recount = clock - self._counted_at >= WINDOW_RECOUNT_SECONDS
@@ -507,10 +517,13 @@ class Dispatcher(Loop):
             capped = {kind for kind, n in by_kind.items() if n >= cap}
             waited = {key for key, (_, old) in counts.items()
                       if self.dispatch_window_seconds and old >= self.batch_size}
+            pairs = Counter({key: n for key, (n, _) in counts.items()})
             with self._lock:
                 emptied = self._in_sqs.keys() - by_lane.keys()
                 self._in_sqs, self._waited, self._capped = dict(by_lane), waited, capped
-                self._pairs_in_sqs = Counter({key: n for key, (n, _) in counts.items()})
+                self._pairs_in_sqs = pairs
+                self._pace.update({k: n for k, n in pairs.items() if k[0] not in capped},
+                                  waited, clock)
             for kind, queue in emptied:
                 metrics.IN_SQS.labels(kind, queue).set(0)
             for (kind, queue), n in by_lane.items():
@@ -521,7 +534,8 @@ class Dispatcher(Loop):
             for lane in rooms:
                 if lane[0] in self._capped:
                     rooms[lane] = 0
-            return rooms, set(self._waited), dict(self._pairs_in_sqs)
+            pair_rooms = self._pace.rooms(self._pairs_in_sqs)
+            return rooms, pair_rooms, dict(self._pairs_in_sqs)
 
     def _floors_for(self, level: int) -> dict[tuple[str, str, str], tuple[datetime, int]]:
         """The claim floors of the pairs at `level`, all dropped every FLOOR_RESET_SECONDS:

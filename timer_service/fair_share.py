@@ -118,15 +118,16 @@ def _round_order(tenants: list[str], cursor: str | None) -> list[str]:
 
 def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
          tenant_room: Mapping[str, int], lane_room: Mapping[Lane, int] | None = None,
-         turn: int = 0, in_sqs: Mapping[tuple[str, str, str], int] | None = None,
+         pair_room: Mapping[tuple[str, str, str], int] | None = None, turn: int = 0,
+         in_sqs: Mapping[tuple[str, str, str], int] | None = None,
          held: AbstractSet[tuple[str, str, str]] = frozenset()) -> list[Quota]:
     """Slots per (kind, queue, tenant) for one claim: tenants' weighted shares of
     `capacity` (levelled over the jobs of these lanes each has in SQS, `in_sqs`), each
     spread over its lanes, one slot at a time round the tenants (starting at `turn`, which
     the caller advances each pass, so a limit with room for one job does not always go to
-    the same tenant), never past a kind's, a tenant's or a lane's room (absent: no
-    bound). The (kind, queue, tenant) in `held` get nothing, but level the others (see
-    `quotas`)."""
+    the same tenant), never past a kind's, a tenant's, a lane's or a (kind, queue,
+    tenant)'s room (`pair_room`: the dispatch window's pace; absent: no bound). The
+    (kind, queue, tenant) in `held` get nothing, but level the others (see `quotas`)."""
     lanes_of: dict[str, list[Lane]] = {}
     weights: dict[str, int] = {}
     for kind, queue, tenant, weight in pairs:
@@ -148,6 +149,9 @@ def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
     kinds_left = {kind: kind_room.get(kind, UNBOUNDED) for kind, _, _, _ in pairs}
     lanes_left = {(kind, queue): (lane_room or {}).get((kind, queue), UNBOUNDED)
                   for kind, queue, _, _ in pairs}
+    triples_left = {(kind, queue, tenant): (pair_room or {}).get((kind, queue, tenant),
+                                                                 UNBOUNDED)
+                    for kind, queue, tenant, _ in pairs}
     nexts = dict.fromkeys(tenants, 0)
     order = [tenants[(turn + i) % len(tenants)] for i in range(len(tenants))
              if tenants[(turn + i) % len(tenants)] in left]
@@ -159,10 +163,12 @@ def plan(pairs: Sequence[Pair], capacity: int, *, kind_room: Mapping[str, int],
             lanes = lanes_of[tenant]
             for step in range(len(lanes)):  # this tenant's next lane with room
                 lane = lanes[(nexts[tenant] + step) % len(lanes)]
-                if kinds_left[lane[0]] > 0 and lanes_left[lane] > 0:
-                    assigned[(lane[0], lane[1], tenant)] += 1
+                triple = (lane[0], lane[1], tenant)
+                if kinds_left[lane[0]] > 0 and lanes_left[lane] > 0 and triples_left[triple] > 0:
+                    assigned[triple] += 1
                     kinds_left[lane[0]] -= 1
                     lanes_left[lane] -= 1
+                    triples_left[triple] -= 1
                     left[tenant] -= 1
                     nexts[tenant] = (nexts[tenant] + step + 1) % len(lanes)
                     if left[tenant] > 0:

@@ -170,6 +170,57 @@ def test_a_kind_whose_jobs_wait_in_sqs_gets_no_more_until_consumers_catch_up(
     run_all(consumer, entries)
 
 
+class Manual:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_tenant_consumers_fell_behind_on_gets_back_what_they_took_not_the_whole_window(
+        db, timer_settings, transport, registry, consumers, clock):
+    """A timeline through LocalStack showed the age as a hold making a backlog flow in
+    bursts: once consumers caught up, the timer sent the lane's whole room of the tenant
+    at once (300-600 jobs), which a newcomer's messages then waited behind. Paced, the
+    tenant's depth is cut to 3/4 of what waited, and each pass sends what consumers took
+    since (plus a slow growth), while a newcomer still goes out at once."""
+    registry.add("k", lambda payload, ctx: None)
+    timer = Timer(timer_settings.model_copy(update={"batch_size": 10,
+                                                    "dispatch_window": 1000}), transport)
+    ticks = timer.dispatcher.monotonic = Manual()
+
+    def a_in_sqs() -> int:
+        return db.execute("SELECT count(*) FROM tock_jobs WHERE state = 'dispatched' AND "
+                          "tenant = 'A'").fetchone()[0]
+
+    try:
+        _due(db, 100, tenant="A", now=clock.now)
+        assert dispatch(timer, clock.now) == 100, "nothing waited yet: up to the window"
+        _due(db, 500, tenant="A", now=clock.now)
+        later = clock.now + timedelta(seconds=timer.settings.dispatch_window_seconds + 1)
+        ticks.t = 1.0
+        assert dispatch(timer, later) == 0, "100 waited past the age: cut to 75, none sent"
+        consumer = consumers(clock, concurrency=80)
+        taken = receive(consumer, 40)
+        assert len(taken) >= 40 and a_in_sqs() < 75
+        ticks.t += 0.021  # a recount; the growth of 0.021 s is a fraction of a job
+        sent = dispatch(timer, later)
+        assert a_in_sqs() == 75, f"topped up to its depth, not to the window ({sent} sent)"
+        more = receive(consumer, 10)
+        ticks.t += 0.021
+        assert dispatch(timer, later) == len(more), "what consumers took goes out again"
+        assert a_in_sqs() == 75
+        _due(db, 50, tenant="B", now=clock.now)
+        ticks.t += 0.021
+        assert dispatch(timer, later) == 50, "a newcomer is not paced: all of it at once"
+        run_all(consumer, taken + more)
+    finally:
+        timer.close()
+
+
 def test_beside_a_held_tenant_another_sends_up_to_its_level_not_its_whole_backlog(
         db, timer_settings, transport, clock):
     """A walkthrough found tenants taking turns of whole backlogs whatever their weights:

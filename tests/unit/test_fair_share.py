@@ -204,3 +204,11 @@ def test_per_key_never_passes_a_room_or_the_capacity(rooms, capacity):
     given_out = dict(per_key(keyed, capacity))
     assert sum(given_out.values()) == min(capacity, sum(max(r, 0) for r in rooms))
     assert all(0 < given_out[k] <= room for k, room in keyed if k in given_out)
+
+
+def test_a_paced_tenant_gets_no_more_than_its_room_and_the_rest_goes_to_the_others():
+    pairs = [("k", "q", "A", 1), ("k", "q", "B", 1)]
+    got = {t: n for _, _, t, n in plan(pairs, 100, kind_room={}, tenant_room={},
+                                        pair_room={("k", "q", "A"): 7})}
+    assert got["A"] == 7
+    assert got["B"] == 50, "B's share is its own; A's unused share waits for a top-up round"
