@@ -92,9 +92,10 @@ PairAt = tuple[int, str, str]
 @dataclass(frozen=True)
 class WindowHeld:
     """What the dispatch window holds back as of its last count: the (kind, queue, tenant)
-    triples with a batch of jobs waited in SQS past the window's age, and the (kind,
-    queue) lanes with the whole window in SQS. The dispatch threads look again at them
-    every WINDOW_POLL_SECONDS; the due watcher serves everything else meanwhile."""
+    triples with as many jobs in SQS as their pace allows (timer_service/dispatch_pace.py),
+    and the (kind, queue) lanes with the whole window in SQS. The dispatch threads look
+    again at them every WINDOW_POLL_SECONDS; the due watcher serves everything else
+    meanwhile."""
 
     waited: frozenset[tuple[str, str, str]] = frozenset()
     lanes: frozenset[fair_share.Lane] = frozenset()
@@ -218,8 +219,6 @@ class Dispatcher(Loop):
         self._in_sqs: dict[fair_share.Lane, int] = {}
         # the same per (kind, queue, tenant): fair share tops the tenants with fewest up
         self._pairs_in_sqs: Counter[tuple[str, str, str]] = Counter()
-        # (kind, queue, tenant) with a batch of jobs in SQS past the window's age
-        self._waited: set[tuple[str, str, str]] = set()
         # kinds with LANES_COUNTED windows in SQS, their queues together: held everywhere
         self._capped: set[str] = set()
         # each (kind, queue, tenant)'s depth in SQS, cut when its consumers fall behind
@@ -332,7 +331,7 @@ class Dispatcher(Loop):
             full = frozenset(lane for lane, n in self._in_sqs.items()
                              if n >= self.dispatch_window)
             paced = {t for t, room in self._pace.rooms(self._pairs_in_sqs).items() if room <= 0}
-            return WindowHeld(frozenset(self._waited | paced), full)
+            return WindowHeld(frozenset(paced), full)
 
     def _filled(self, level: int, pairs: list[fair_share.Pair]) -> None:
         """A full batch at `level` in which `pairs` took their whole share."""
@@ -520,7 +519,7 @@ class Dispatcher(Loop):
             pairs = Counter({key: n for key, (n, _) in counts.items()})
             with self._lock:
                 emptied = self._in_sqs.keys() - by_lane.keys()
-                self._in_sqs, self._waited, self._capped = dict(by_lane), waited, capped
+                self._in_sqs, self._capped = dict(by_lane), capped
                 self._pairs_in_sqs = pairs
                 self._pace.update({k: n for k, n in pairs.items() if k[0] not in capped},
                                   waited, clock)

@@ -85,7 +85,8 @@ def _in_sqs_detail(job: Job, ctx: Context) -> list[str]:
     more = "+" if sum(ctx.in_sqs.values()) >= IN_SQS_CAP else ""
     return [f"{here}{more} job(s) of kind {job.kind} are in SQS on queue {job.queue!r} "
             "waiting for a consumer. A timer keeps at most its dispatch window "
-            "(TOCK_DISPATCH_WINDOW) of a kind on each queue and sends more as consumers "
+            "(TOCK_DISPATCH_WINDOW) of a kind on each queue, and of each tenant about what "
+            "consumers claim in TOCK_DISPATCH_WINDOW_SECONDS, and sends more as consumers "
             "claim them, so a backlog waits here, in priority and fair-share order."]
 
 

@@ -178,10 +178,11 @@ class TimerSettings(CommonSettings):
                     "priority, fair share and limits still order them; at least batch_size.")
     dispatch_window_seconds: float = Field(
         default=0.25, ge=0, le=3600,
-        description="While a batch of one tenant's jobs of a kind has waited in SQS longer "
-                    "than this, that tenant gets no more of the kind (consumers are behind "
-                    "on it); other tenants still go out, up to its level per weight. 0: "
-                    "the count alone applies.")
+        description="Paces each tenant's jobs of a kind into a queue: when a batch of them "
+                    "has waited in SQS longer than this (consumers are behind on it), the "
+                    "tenant's depth there is cut to 3/4 of what waits, and it grows back by "
+                    "a quarter batch per this long while none has; other tenants still go "
+                    "out, up to its level per weight. 0: the count alone applies.")
     sqs_fair_queues: bool = Field(
         default=True,
         description="Send each job's tenant as its SQS MessageGroupId, by which SQS fair "
