@@ -221,6 +221,7 @@ class Dispatcher(Loop):
         self._pairs_in_sqs: Counter[tuple[str, str, str]] = Counter()
         # kinds with LANES_COUNTED windows in SQS, their queues together: held everywhere
         self._capped: set[str] = set()
+        self._paced_lanes: set[fair_share.Lane] = set()  # those the PACED gauge shows
         # each (kind, queue, tenant)'s depth in SQS, cut when its consumers fall behind
         self._pace = Pace(window=dispatch_window, age_seconds=dispatch_window_seconds,
                           batch_size=batch_size)
@@ -523,6 +524,13 @@ class Dispatcher(Loop):
                 self._pairs_in_sqs = pairs
                 self._pace.update({k: n for k, n in pairs.items() if k[0] not in capped},
                                   waited, clock)
+                paced = Counter((kind, queue) for kind, queue, _ in self._pace.depths())
+                unpaced = self._paced_lanes - paced.keys()
+                self._paced_lanes = set(paced)
+            for kind, queue in unpaced:
+                metrics.PACED.labels(kind, queue).set(0)
+            for (kind, queue), n in paced.items():
+                metrics.PACED.labels(kind, queue).set(n)
             for kind, queue in emptied:
                 metrics.IN_SQS.labels(kind, queue).set(0)
             for (kind, queue), n in by_lane.items():

@@ -42,6 +42,10 @@ DUE_TO_DISPATCH = Histogram("tock_due_to_dispatch_seconds",
 IN_SQS = Gauge("tock_dispatch_window_jobs",
                "Jobs of a kind sent to an SQS queue and not yet claimed, as the timer last "
                "counted them (up to about TOCK_DISPATCH_WINDOW)", ["kind", "queue"])
+PACED = Gauge("tock_dispatch_paced_tenants",
+              "Tenants of a kind the timer sends to an SQS queue below TOCK_DISPATCH_WINDOW, "
+              "because a batch of their jobs waited there past TOCK_DISPATCH_WINDOW_SECONDS "
+              "(consumers fell behind on them) in the last few seconds", ["kind", "queue"])
 REDISPATCHED = Counter("tock_jobs_redispatched_total",
                        "Dispatched jobs nobody claimed in time, sent again")
 LEASE_EXPIRIES = Counter("tock_lease_expiries_total",
@@ -94,7 +98,7 @@ REGISTRY.register(_SqsRequests())
 
 SHARED_METRICS = (SQS_ERRORS, "tock_sqs_requests_total")
 """Incremented by both processes: each exports its own count."""
-TIMER_METRICS = (DISPATCHED, DISPATCH_FAILURES, DUE_TO_DISPATCH, IN_SQS, REDISPATCHED,
+TIMER_METRICS = (DISPATCHED, DISPATCH_FAILURES, DUE_TO_DISPATCH, IN_SQS, PACED, REDISPATCHED,
                  LEASE_EXPIRIES)
 CONSUMER_METRICS = (DUE_TO_START, RUN_DURATION, OUTCOMES, RETRIES, DEAD, STALE_COMPLETIONS,
                     MESSAGES_DROPPED, LEASES_LOST, STUCK_HANDLERS, HANDLER_PROCESSES_REPLACED)

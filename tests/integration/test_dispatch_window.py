@@ -203,6 +203,7 @@ def test_a_tenant_consumers_fell_behind_on_gets_back_what_they_took_not_the_whol
         later = clock.now + timedelta(seconds=timer.settings.dispatch_window_seconds + 1)
         ticks.t = 1.0
         assert dispatch(timer, later) == 0, "100 waited past the age: cut to 75, none sent"
+        assert metric("tock_dispatch_paced_tenants", kind="k", queue="default") == 1
         consumer = consumers(clock, concurrency=80)
         taken = receive(consumer, 40)
         assert len(taken) >= 40 and a_in_sqs() < 75

@@ -20,7 +20,8 @@ from shared.runtime import metrics
 from shared.runtime.health import HealthServer
 
 TIMER_ONLY = {"tock_jobs_dispatched", "tock_dispatch_failures", "tock_due_to_dispatch_seconds",
-              "tock_dispatch_window_jobs", "tock_jobs_redispatched", "tock_lease_expiries",
+              "tock_dispatch_window_jobs", "tock_dispatch_paced_tenants", "tock_jobs_redispatched",
+              "tock_lease_expiries",
               "tock_schedule_fires", "tock_schedule_slots_audited", "tock_history_moved",
               "tock_history_partitions_expired", "tock_retention_pruned"}
 CONSUMER_ONLY = {"tock_due_to_start_seconds", "tock_job_run_seconds", "tock_job_outcomes",
