@@ -78,5 +78,5 @@ class Pace:
                 for triple, depth in self._depth.items()}
 
     def depths(self) -> dict[Triple, int]:
-        """The depth of every paced (kind, queue, tenant), for explain and tests."""
+        """The depth of every paced (kind, queue, tenant), for the gauge and tests."""
         return {triple: int(depth) for triple, depth in self._depth.items()}

@@ -97,15 +97,15 @@ class WindowHeld:
     again at them every WINDOW_POLL_SECONDS; the due watcher serves everything else
     meanwhile."""
 
-    waited: frozenset[tuple[str, str, str]] = frozenset()
+    paced: frozenset[tuple[str, str, str]] = frozenset()
     lanes: frozenset[fair_share.Lane] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self.waited or self.lanes)
+        return bool(self.paced or self.lanes)
 
     def holds(self, kind: str, queue: str, tenant: str) -> bool:
         """Whether the window holds back this kind's jobs of `tenant` on `queue`."""
-        return (kind, queue) in self.lanes or (kind, queue, tenant) in self.waited
+        return (kind, queue) in self.lanes or (kind, queue, tenant) in self.paced
 
 
 PairFloor = tuple[int, str, str, str]
@@ -485,11 +485,11 @@ class Dispatcher(Loop):
                                  dict[tuple[str, str, str], int]]:
         """The dispatch window: (room left of each (kind, queue) lane that may not have a
         whole batch of it: dispatch_window minus its jobs in SQS; room left of each (kind,
-        queue, tenant) under its pace (timer_service/dispatch_pace.py), 0 for one of which
-        a batch of jobs has waited in SQS past dispatch_window_seconds: consumers are
-        behind on them, and what is sent now would wait behind them; each one's jobs in
-        SQS, for fair share to level). Recounted when the count is older than
-        WINDOW_RECOUNT_SECONDS.
+        queue, tenant) under its pace (timer_service/dispatch_pace.py): its depth, cut when
+        a batch of its jobs waited in SQS past dispatch_window_seconds (consumers are
+        behind on them, and what is sent now would wait behind them), less its jobs in
+        SQS; each one's jobs in SQS, for fair share to level). Recounted when the count is
+        older than WINDOW_RECOUNT_SECONDS.
 
         Per lane, so a kind held back on a queue whose consumers are behind (or absent)
         still goes out on its other queues; the age and the pace are per tenant too, so a
@@ -522,8 +522,7 @@ class Dispatcher(Loop):
                 emptied = self._in_sqs.keys() - by_lane.keys()
                 self._in_sqs, self._capped = dict(by_lane), capped
                 self._pairs_in_sqs = pairs
-                self._pace.update({k: n for k, n in pairs.items() if k[0] not in capped},
-                                  waited, clock)
+                self._pace.update(pairs, waited, clock)
                 paced = Counter((kind, queue) for kind, queue, _ in self._pace.depths())
                 unpaced = self._paced_lanes - paced.keys()
                 self._paced_lanes = set(paced)
