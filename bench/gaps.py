@@ -138,11 +138,11 @@ GAP_NOTES: dict[str, str] = {
         "indexes do not see it; a drop here would point at the key trigger "
         "(`tock_claim_key`, only for keyed jobs) or at autovacuum busy on the history. "
         "It compares with the base table's claim measured loop for loop beside it "
-        "(`scale.claim.base_at.history`), each the best of six sub-second loops, which "
-        "spread by a fifth here."
+        "(`scale.claim.base_at.history`), each the median of seven sub-second loops, "
+        "which spread by a fifth here."
     ),
     "scale.claim": (
-        "Measure again before acting: each size's claim is the best of six loops of well "
+        "Measure again before acting: each size's claim is the median of seven loops of well "
         "under a second, after a CHECKPOINT of the setup's writes, compared with the "
         "10k-row base table's claim measured loop for loop beside it "
         "(`scale.claim.base_at.*`, every pair of loops in results.json), and the loops "

@@ -183,7 +183,7 @@ def _scale(series: dict[str, Any]) -> list[str]:
     return ["## Scale", "",
             f"Each size's claim is compared with the claim on a {n}-row base table measured "
             "loop for loop beside it (the `scale.claim.base_at.*` figures, which the target "
-            "uses); at "
+            "uses), the median of each side's loops; at "
             f"{n} both tables hold the same rows, so that row's distance from 1.00 is the "
             "loops' own spread. Dispatch is compared with the timer's pass at "
             f"{n} (`scale.dispatch.base`).", "",
