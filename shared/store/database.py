@@ -10,7 +10,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -87,6 +87,9 @@ class Database:
     `timeout` for a connection as before, riding out a restart; if that wait runs out the
     error says why (asked once more), and until a connection attempt succeeds again the
     following calls fail at once instead of each waiting out `timeout`. With
+    `planner`: server settings ("name=value") for every session of the pool, for a pool
+    that runs one statement whose plan the planner gets wrong (the consumer's claims).
+
     `connect_at_open=False` (the dashboard's, which must start and answer its probes with
     the database down) `open()` does not connect first: the errors still say why.
     """
@@ -97,7 +100,7 @@ class Database:
                  setting: str | None = None, answer_timeout: float | None = None,
                  answer_setting: str | None = None,
                  idle_in_transaction_seconds: float | None = None,
-                 connect_at_open: bool = True) -> None:
+                 connect_at_open: bool = True, planner: Sequence[str] = ()) -> None:
         hush_pool_repeats()  # an outage's reconnection warnings, once per 30 s
         self.url = url
         self.name = name
@@ -124,6 +127,7 @@ class Database:
                    *([f"-c idle_in_transaction_session_timeout="
                       f"{round(idle_in_transaction_seconds * 1000)}"]
                      if idle_in_transaction_seconds is not None else []),
+                   *(f"-c {p}" for p in planner),
                    str(conninfo_to_dict(url).get("options") or "")]
         kwargs["options"] = " ".join(o for o in options if o)
         self._kwargs = kwargs
@@ -177,15 +181,15 @@ class Database:
     @classmethod
     def for_service(cls, url: str, *, name: str, max_size: int,
                     synchronous_commit: bool = True,
-                    idle_in_transaction_seconds: float = SERVICE_IDLE_IN_TRANSACTION_SECONDS
-                    ) -> Database:
+                    idle_in_transaction_seconds: float = SERVICE_IDLE_IN_TRANSACTION_SECONDS,
+                    planner: Sequence[str] = ()) -> Database:
         """A pool for a timer or consumer loop (see above): no checkout checks, a 2 s wait
         for a connection, reconnection driven by the loops' own retries, and transactions
         the server ends when the process stops talking in one (see
         SERVICE_IDLE_IN_TRANSACTION_SECONDS)."""
         return cls(url, max_size=max_size, name=name, check=False, timeout=2.0,
                    reconnect_timeout=1.0, synchronous_commit=synchronous_commit,
-                   idle_in_transaction_seconds=idle_in_transaction_seconds)
+                   idle_in_transaction_seconds=idle_in_transaction_seconds, planner=planner)
 
     def open(self) -> None:
         """Start the pool (idempotent); connections are made in the background. A pool that

@@ -14,10 +14,11 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from consumer.service import CLAIM_PLANNER
 from shared.core.errors import LockTimeout
 from shared.core.reports import Worker
 from shared.core.states import AttemptOutcome, JobState
-from shared.store import JobStore
+from shared.store import Database, JobStore, jobs_sql
 from shared.store import job_store as job_store_module
 from shared.store.rows import AttemptResult, Claim, ClaimedJob, Lease
 from tests.integration.store.helpers import (
@@ -129,6 +130,57 @@ def test_claim_messages_waiting_for_locks_sees_the_dispatch_once_it_commits(
         [message], "w1", 60, now=now, wait_for_locks=True), other.commit)
     assert [c.id for c in claimed] == [job]
     assert job_row(db, job)["state"] == "running"
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[str]:
+    return [plan["Node Type"], *(n for p in plan.get("Plans", []) for n in _plan_nodes(p))]
+
+
+def test_the_claim_pool_joins_a_batch_to_its_rows_by_hash_and_claims_every_one(
+        database_url, db, now):
+    """The consumer's claim pool (`CLAIM_PLANNER`): the messages of a batch are joined to
+    their rows by hash, not by a nested loop that unnests the batch's arrays again for each
+    row (quadratic in the batch), in the plan of a first execution and in the generic plan
+    every later one reuses; and the claim still takes each row, found by primary key."""
+    jobs = [add_dispatched(db, now) for _ in range(60)]
+    # A table of some size, analyzed: on a few rows any plan is cheap
+    db.execute("""
+        INSERT INTO tock_jobs (kind, payload, run_at, created_at, updated_at)
+        SELECT 'filler', '{}', %(at)s, %(at)s, %(at)s FROM generate_series(1, 5000)""",
+               {"at": now + secs(3600)})
+    db.execute("ANALYZE tock_jobs")
+    pool = Database.for_service(database_url, name="tock-claim", max_size=1,
+                                synchronous_commit=False, planner=CLAIM_PLANNER)
+    names = ["ids", "tokens", "default_max_attempts", "default_timeout_seconds", "kinds",
+             "queues", "worker", "lease_seconds", "now"]
+    types = "bigint[], uuid[], int[], float8[], text[], text[], text, float8, timestamptz"
+    numbered = jobs_sql.CLAIM_MESSAGES
+    for i, name in enumerate(names, 1):
+        numbered = numbered.replace(f"%({name})s", f"${i}")
+    batch = jobs[:50]
+    routes = [(job_row(db, j)["kind"], job_row(db, j)["queue"]) for j, _ in batch]
+    values = [[j for j, _ in batch], [t for _, t in batch], [3] * 50, [30.0] * 50,
+              [k for k, _ in routes], [q for _, q in routes], "w1", 60.0, now]
+    try:
+        with pool.connection() as conn:
+            conn.execute(f"PREPARE claim_plan ({types}) AS {numbered}")
+            for explain in (f"EXPLAIN (FORMAT JSON) {jobs_sql.CLAIM_MESSAGES}",
+                            "EXPLAIN (FORMAT JSON) EXECUTE claim_plan "
+                            "(%s, %s, %s, %s, %s, %s, %s, %s, %s)"):
+                args = dict(zip(names, values, strict=True)) if "%(" in explain else values
+                # Bound by the client: EXPLAIN EXECUTE cannot type its parameters
+                (plan,), = psycopg.ClientCursor(conn).execute(explain, args).fetchone()
+                nodes = _plan_nodes(plan["Plan"])
+                assert "Hash Join" in nodes and "Nested Loop" not in nodes, nodes
+            conn.execute("DEALLOCATE claim_plan")
+        store = JobStore(pool)
+        claimed = [c.id for i in range(0, 60, 6)  # past psycopg's prepare threshold
+                   for c in store.claim_messages([Claim(j, t, 3, 30.0) for j, t in jobs[i:i + 6]],
+                                                 "w1", 60, now=now)]
+    finally:
+        pool.close()
+    assert sorted(claimed) == sorted(j for j, _ in jobs)
+    assert {job_row(db, j)["state"] for j, _ in jobs} == {"running"}
 
 
 def test_job_states_reads_state_and_token_of_existing_jobs(job_store, db, now):
