@@ -87,11 +87,11 @@ class Database:
     `timeout` for a connection as before, riding out a restart; if that wait runs out the
     error says why (asked once more), and until a connection attempt succeeds again the
     following calls fail at once instead of each waiting out `timeout`. With
-    `planner`: server settings ("name=value") for every session of the pool, for a pool
-    that runs one statement whose plan the planner gets wrong (the consumer's claims).
-
     `connect_at_open=False` (the dashboard's, which must start and answer its probes with
     the database down) `open()` does not connect first: the errors still say why.
+
+    `planner`: server settings ("name=value") for every session of the pool, for a pool
+    that runs one statement whose plan the planner gets wrong (the consumer's claims).
     """
 
     def __init__(self, url: str, *, max_size: int = 10, name: str = "tock", check: bool = True,
