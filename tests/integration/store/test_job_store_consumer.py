@@ -190,7 +190,7 @@ def test_the_claim_pool_joins_a_batch_by_hash_through_the_primary_key(database_u
             types_seen = [t for t, _ in nodes]
             assert "Hash Join" in types_seen and "Nested Loop" not in types_seen, nodes
             assert "Seq Scan" not in types_seen, nodes
-            assert ("tock_jobs_pkey" in {i for _, i in nodes}), nodes
+            assert "tock_jobs_pkey" in {i for _, i in nodes}, nodes
         store = JobStore(pool)
         claimed = [c.id for i in range(0, 60, 6)  # past psycopg's prepare threshold
                    for c in store.claim_messages([Claim(j, t, 3, 30.0) for j, t in jobs[i:i + 6]],
