@@ -398,6 +398,22 @@ def test_finish_attempts_of_another_worker_writes_nothing(job_store, db, now):
 # --- plans ------------------------------------------------------------------------------------
 
 
+def _in_flight_after_stale_statistics(db: psycopg.Connection[Any], now: Any,
+                                      lease_seconds: float) -> None:
+    """4,000 jobs analyzed while all were scheduled, then 2,000 dispatched and 2,000
+    running under worker w1 with leases expiring `lease_seconds` from `now`: statistics
+    that count nothing in flight."""
+    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload)
+                  SELECT 'k', 'scheduled', %s, '{}' FROM generate_series(1, 4000)""", (now,))
+    db.execute("ANALYZE tock_jobs")
+    db.execute("""UPDATE tock_jobs SET state = 'dispatched', dispatch_token = gen_random_uuid(),
+                  dispatched_at = %s WHERE id <= 2000""", (now,))
+    db.execute("""UPDATE tock_jobs SET state = 'running', dispatch_token = gen_random_uuid(),
+                  attempt = 1, lease_owner = 'w1',
+                  lease_expires_at = %s + make_interval(secs => %s), started_at = %s
+                  WHERE id > 2000""", (now, lease_seconds, now))
+
+
 def test_the_consumers_statements_go_through_the_primary_key_whatever_the_statistics(
         job_store, db, now, monkeypatch):
     """Statistics taken when nothing was in flight (an ANALYZE, as between two autovacuums)
@@ -405,14 +421,7 @@ def test_the_consumers_statements_go_through_the_primary_key_whatever_the_statis
     dispatched or running row through them on each claim and each outcome (480 rows read
     per 10-row claim in the in-memory benchmark). Each statement must probe the primary
     key instead, however many rows are in flight."""
-    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload)
-                  SELECT 'k', 'scheduled', %s, '{}' FROM generate_series(1, 4000)""", (now,))
-    db.execute("ANALYZE tock_jobs")
-    db.execute("""UPDATE tock_jobs SET state = 'dispatched', dispatch_token = gen_random_uuid(),
-                  dispatched_at = %s WHERE id <= 2000""", (now,))
-    db.execute("""UPDATE tock_jobs SET state = 'running', dispatch_token = gen_random_uuid(),
-                  attempt = 1, lease_owner = 'w1', lease_expires_at = %s + interval '1 minute',
-                  started_at = %s WHERE id > 2000""", (now, now))
+    _in_flight_after_stale_statistics(db, now, lease_seconds=60)
     dispatched = db.execute("SELECT id, dispatch_token FROM tock_jobs WHERE state = "
                             "'dispatched' ORDER BY id LIMIT 10").fetchall()
     running = [Lease(r[0], 1, r[1]) for r in db.execute(
@@ -490,14 +499,7 @@ def test_batch_statements_probe_the_primary_key_per_row_and_read_the_batch_once(
     outcomes: 29 ms instead of 9; a heartbeat of 300 leases 11 ms instead of 0.7). The
     batch must be read once, each of its rows probing the primary key, in the plan of
     a first execution and in the generic one every later execution reuses."""
-    db.execute("""INSERT INTO tock_jobs (kind, state, run_at, payload)
-                  SELECT 'k', 'scheduled', %s, '{}' FROM generate_series(1, 4000)""", (now,))
-    db.execute("ANALYZE tock_jobs")
-    db.execute("""UPDATE tock_jobs SET state = 'dispatched', dispatch_token = gen_random_uuid(),
-                  dispatched_at = %s WHERE id <= 2000""", (now,))
-    db.execute("""UPDATE tock_jobs SET state = 'running', dispatch_token = gen_random_uuid(),
-                  attempt = 1, lease_owner = 'w1', lease_expires_at = %s - interval '1 minute',
-                  started_at = %s WHERE id > 2000""", (now, now))
+    _in_flight_after_stale_statistics(db, now, lease_seconds=-60)  # expired: rescuable
     n = 50
     dispatched = db.execute("SELECT id, dispatch_token FROM tock_jobs WHERE state = "
                             "'dispatched' ORDER BY id LIMIT %s", (n,)).fetchall()
